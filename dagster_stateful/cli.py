@@ -1,0 +1,110 @@
+"""The `dagster-stateful` command line.
+
+Owns argument parsing and what the commands print. `dagster-stateful kafka start | stop | status`
+runs a local development broker: `start` prints only the bootstrap address on stdout, so
+`export KAFKA_BOOTSTRAP_SERVERS=$(dagster-stateful kafka start)` works; progress and errors go to
+stderr. Exit codes: 0 success (for `status`: running), 1 error (for `status`: alive but not
+answering), 3 not running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dagster_stateful.errors import StatefulError
+
+DEFAULT_KAFKA_HOME = Path(".dagster-stateful") / "kafka"
+KAFKA_HOME_ENV = "DAGSTER_STATEFUL_KAFKA_HOME"
+EXIT_NOT_RUNNING = 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if arguments.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return arguments.handler(arguments)
+    except StatefulError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dagster-stateful", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    kafka = commands.add_parser("kafka", help="run a local single-node Kafka broker for development")
+    actions = kafka.add_subparsers(required=True, metavar="ACTION")
+
+    home_help = f"broker home: config, data, logs (default ${KAFKA_HOME_ENV} or ./{DEFAULT_KAFKA_HOME})"
+    start = actions.add_parser("start", help="start the broker (or find it running); print its bootstrap address")
+    start.add_argument("--home", type=Path, help=home_help)
+    start.add_argument("--port", type=int, help="client (PLAINTEXT) port; default: a free port")
+    start.add_argument("--controller-port", type=int, help="KRaft controller port; default: a free port")
+    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="extra server.properties entry (repeatable)")
+    start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the broker to answer")
+    start.set_defaults(handler=_start)
+
+    stop = actions.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL after --timeout)")
+    stop.add_argument("--home", type=Path, help=home_help)
+    stop.add_argument("--timeout", type=float, default=30.0)
+    stop.set_defaults(handler=_stop)
+
+    status = actions.add_parser("status", help="say whether the broker runs and answers")
+    status.add_argument("--home", type=Path, help=home_help)
+    status.set_defaults(handler=_status)
+    return parser
+
+
+def _home(arguments: argparse.Namespace) -> Path:
+    return arguments.home or Path(os.environ.get(KAFKA_HOME_ENV) or DEFAULT_KAFKA_HOME)
+
+
+def _start(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
+
+    properties = dict(_key_value(entry) for entry in arguments.set)
+    settings = BrokerSettings(port=arguments.port, controller_port=arguments.controller_port, properties=properties)
+    broker = LocalKafkaBroker(_home(arguments), settings)
+    print(f"starting Kafka broker in {broker.home} ...", file=sys.stderr)
+    bootstrap = broker.start(timeout=arguments.timeout)
+    print(f"Kafka broker running at {bootstrap} (logs: {broker.log_file})", file=sys.stderr)
+    print(bootstrap)
+    return 0
+
+
+def _stop(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+
+    broker = LocalKafkaBroker(_home(arguments))
+    stopped = broker.stop(timeout=arguments.timeout)
+    print(f"stopped the Kafka broker in {broker.home}" if stopped else f"no Kafka broker was running in {broker.home}")
+    return 0
+
+
+def _status(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.local_kafka.broker import BrokerState, LocalKafkaBroker
+
+    status = LocalKafkaBroker(_home(arguments)).status()
+    print(status.describe())
+    if status.state is BrokerState.RUNNING:
+        return 0
+    return 1 if status.state is BrokerState.UNRESPONSIVE else EXIT_NOT_RUNNING
+
+
+def _key_value(entry: str) -> tuple[str, str]:
+    key, separator, value = entry.partition("=")
+    if not separator or not key:
+        raise SystemExit(f"error: --set expects KEY=VALUE, got {entry!r}")
+    return key.strip(), value.strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""A real single-node Apache Kafka broker (KRaft, combined broker + controller) on 127.0.0.1.
+
+Owns the life of a development broker: its jars (from Maven Central through `maven`), its home
+directory (configuration, data, logs and a `broker.json` state file naming the running process),
+formatting storage, starting on free or chosen ports, waiting until it answers, reporting its
+status and stopping it cleanly (SIGTERM, wait, then SIGKILL). The settings suit one node and
+tests: replication factors of 1, no initial rebalance delay, a log cleaner that acts within
+seconds, and no automatic topic creation (topics are provisioned explicitly, as in production).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from dagster_stateful.errors import BrokerStartError, JavaNotFoundError, LocalKafkaError, PortInUseError
+from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.3.1"
+LOG4J_VERSION = "2.25.4"  # log4j-core's version in kafka 4.3.1's POM; the SLF4J binding must match it
+MIN_JAVA_MAJOR = 17
+HOST = "127.0.0.1"
+STATE_FILE = "broker.json"
+
+
+def broker_bundle(kafka_version: str = KAFKA_VERSION) -> JarBundle:
+    """The broker's jars: kafka_2.13 with its runtime closure plus the SLF4J binding its POM leaves out."""
+    return JarBundle(
+        name=f"kafka-broker-{kafka_version}",
+        artifacts=(
+            f"org.apache.kafka:kafka_2.13:{kafka_version}",
+            f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
+        ),
+    )
+
+
+class BrokerState(str, Enum):
+    RUNNING = "running"
+    UNRESPONSIVE = "unresponsive"
+    """The process lives but does not answer a metadata request."""
+    STALE = "stale"
+    """A state file names a process that is gone (killed, or the machine restarted)."""
+    NOT_RUNNING = "not running"
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    state: BrokerState
+    home: Path
+    pid: int | None = None
+    bootstrap_servers: str | None = None
+
+    def describe(self) -> str:
+        if self.state is BrokerState.RUNNING:
+            return f"running: {self.bootstrap_servers} (pid {self.pid}, home {self.home})"
+        if self.state is BrokerState.UNRESPONSIVE:
+            return (f"unresponsive: pid {self.pid} is alive but {self.bootstrap_servers} does not answer; "
+                    f"see {self.home / 'logs' / 'server.log'}")
+        if self.state is BrokerState.STALE:
+            return f"not running (the broker with pid {self.pid} is gone; its state file in {self.home} is stale)"
+        return f"not running (no broker started from {self.home})"
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """How to run the broker. Ports left as None are picked free at start."""
+
+    port: int | None = None
+    controller_port: int | None = None
+    heap: str = "512m"
+    kafka_version: str = KAFKA_VERSION
+    properties: Mapping[str, str] = field(default_factory=dict)
+    """Extra or overriding `server.properties` entries."""
+
+
+class LocalKafkaBroker:
+    """One broker living in `home`. Usable as a context manager (start on enter, stop on exit)."""
+
+    def __init__(self, home: Path | str, settings: BrokerSettings | None = None) -> None:
+        self.home = Path(home).resolve()
+        self.settings = settings or BrokerSettings()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "logs" / "server.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        state = self._read_state()
+        if state is None:
+            raise LocalKafkaError(f"no broker has been started from {self.home}")
+        return state["bootstrap_servers"]
+
+    def __enter__(self) -> LocalKafkaBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120.0, tie_to_parent: bool = False) -> str:
+        """Start the broker (or find it already running) and return its bootstrap address.
+
+        With `tie_to_parent`, the broker gets SIGTERM when the calling process dies, so a test
+        session killed outright leaves no broker behind.
+        """
+        current = self.status()
+        if current.state is BrokerState.RUNNING:
+            log.info("Kafka broker already %s", current.describe())
+            return current.bootstrap_servers or ""
+        if current.state is BrokerState.UNRESPONSIVE:
+            raise BrokerStartError(f"a broker from {self.home} is {current.describe()}; stop it first")
+        java = find_java()
+        port, controller_port = self._claim_ports()
+        jars = bundle_jars(broker_bundle(self.settings.kafka_version))
+        classpath = str(jars[0].parent / "*")
+        self._write_config(port, controller_port)
+        self._format_storage(java, classpath)
+        bootstrap = f"{HOST}:{port}"
+        self._launch(java, classpath, tie_to_parent)
+        assert self._process is not None
+        self._write_state({"pid": self._process.pid, "bootstrap_servers": bootstrap,
+                           "controller_port": controller_port, "kafka_version": self.settings.kafka_version})
+        try:
+            self._wait_until_ready(bootstrap, port, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("Kafka %s broker ready at %s (home %s)", self.settings.kafka_version, bootstrap, self.home)
+        return bootstrap
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop the broker: SIGTERM, wait up to `timeout`, then SIGKILL. Returns whether one was running."""
+        state = self._read_state()
+        pid = state["pid"] if state else None
+        was_running = pid is not None and self._is_broker_process(pid)
+        if was_running:
+            assert pid is not None
+            log.info("Stopping Kafka broker pid %d", pid)
+            _signal(pid, signal.SIGTERM)
+            if not self._wait_for_exit(pid, timeout):
+                log.warning("Kafka broker pid %d ignored SIGTERM for %.0f s; killing it", pid, timeout)
+                _signal(pid, signal.SIGKILL)
+                self._wait_for_exit(pid, 10.0)
+        if self._process is not None:
+            self._process.wait(timeout=10)
+            self._process = None
+        (self.home / STATE_FILE).unlink(missing_ok=True)
+        return was_running
+
+    def status(self) -> BrokerStatus:
+        """What is true right now: running and answering, alive but silent, gone, or never started."""
+        state = self._read_state()
+        if state is None:
+            return BrokerStatus(BrokerState.NOT_RUNNING, self.home)
+        pid, bootstrap = state["pid"], state["bootstrap_servers"]
+        if not self._is_broker_process(pid):
+            return BrokerStatus(BrokerState.STALE, self.home, pid, bootstrap)
+        answering = _answers_metadata(bootstrap, timeout=5.0)
+        return BrokerStatus(BrokerState.RUNNING if answering else BrokerState.UNRESPONSIVE, self.home, pid, bootstrap)
+
+    def _claim_ports(self) -> tuple[int, int]:
+        port = _check_port_free(self.settings.port, "PLAINTEXT (client)") if self.settings.port else _free_port()
+        controller = (_check_port_free(self.settings.controller_port, "CONTROLLER")
+                      if self.settings.controller_port else _free_port(avoid={port}))
+        return port, controller
+
+    def _write_config(self, port: int, controller_port: int) -> None:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        (self.home / "data").mkdir(parents=True, exist_ok=True)
+        properties = {**_server_properties(self.home / "data", port, controller_port), **self.settings.properties}
+        (self.home / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        (self.home / "log4j2.properties").write_text(_LOG4J2_PROPERTIES)
+
+    def _format_storage(self, java: str, classpath: str) -> None:
+        if (self.home / "data" / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        command = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+                   f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", classpath, "kafka.tools.StorageTool",
+                   "format", "-t", cluster_id, "-c", str(self.home / "server.properties")]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise BrokerStartError(f"formatting Kafka storage in {self.home / 'data'} failed "
+                                   f"(exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+
+    def _launch(self, java: str, classpath: str, tie_to_parent: bool) -> None:
+        heap = self.settings.heap
+        command = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                   f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+                   f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", classpath, "kafka.Kafka",
+                   str(self.home / "server.properties")]
+        self.log_file.unlink(missing_ok=True)
+        with open(self.home / "logs" / "stdout.log", "wb") as output:
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent if tie_to_parent else None,
+            )
+
+    def _wait_until_ready(self, bootstrap: str, port: int, timeout: float) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._raise_start_failure(f"the broker process exited with code {self._process.returncode}", port)
+            if _port_open(port) and _answers_metadata(bootstrap, timeout=5.0):
+                return
+            time.sleep(0.2)
+        self._raise_start_failure(f"the broker did not answer at {bootstrap} within {timeout:.0f} s", port)
+
+    def _raise_start_failure(self, reason: str, port: int) -> None:
+        tail = self._log_tail()
+        if "Address already in use" in tail:
+            raise PortInUseError(f"{reason}: a port it needs on {HOST} is already in use "
+                                 f"(client port {port}). Free it or choose other ports.\n{tail}")
+        raise BrokerStartError(f"{reason}. Last lines of {self.log_file}:\n{tail}")
+
+    def _log_tail(self, lines: int = 30) -> str:
+        chunks = []
+        for path in (self.log_file, self.home / "logs" / "stdout.log"):
+            if path.exists():
+                chunks.extend(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(chunks) or "(the broker wrote no log)"
+
+    def _is_broker_process(self, pid: int) -> bool:
+        """True when `pid` is a live (not zombie) java process running this home's configuration."""
+        if self._process is not None and self._process.pid == pid and self._process.poll() is not None:
+            return False
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+        return "kafka.Kafka" in cmdline and str(self.home) in cmdline
+
+    def _wait_for_exit(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.pid == pid:
+                try:
+                    self._process.wait(timeout=0.2)
+                    return True
+                except subprocess.TimeoutExpired:
+                    continue
+            if not self._is_broker_process(pid):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _read_state(self) -> dict | None:
+        try:
+            return json.loads((self.home / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write_state(self, state: dict) -> None:
+        temporary = self.home / (STATE_FILE + ".tmp")
+        temporary.write_text(json.dumps(state, indent=2))
+        temporary.replace(self.home / STATE_FILE)
+
+
+def find_java() -> str:
+    """The `java` executable (JAVA_HOME first, then PATH), checked to be version 17 or newer."""
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home) / "bin" / "java" if java_home else None
+    java = str(candidate) if candidate and candidate.exists() else shutil.which("java")
+    if java is None:
+        raise JavaNotFoundError(
+            f"Java was not found (JAVA_HOME is {'unset' if not java_home else repr(java_home)} and there is no "
+            f"`java` on PATH). The local Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA_MAJOR} or newer: "
+            "install a JDK (e.g. `apt-get install openjdk-17-jdk-headless`) or set JAVA_HOME, "
+            "or point KAFKA_BOOTSTRAP_SERVERS at an existing cluster."
+        )
+    major = _java_major_version(java)
+    if major < MIN_JAVA_MAJOR:
+        raise JavaNotFoundError(f"{java} is Java {major}; Kafka {KAFKA_VERSION} needs Java {MIN_JAVA_MAJOR}+. "
+                                "Install a newer JDK or set JAVA_HOME to one.")
+    return java
+
+
+def _java_major_version(java: str) -> int:
+    output = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if match is None:
+        raise JavaNotFoundError(f"could not read the version of {java}; it printed: {output.strip()[:300]}")
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def _server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
+    return {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "1000",
+        "log.cleaner.backoff.ms": "200",
+        "log.cleaner.dedupe.buffer.size": "33554432",
+        "log.retention.check.interval.ms": "1000",
+        "log.segment.delete.delay.ms": "1000",
+    }
+
+
+_LOG4J2_PROPERTIES = """\
+status = warn
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = ${sys:kafka.logs.dir}/server.log
+appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 50MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+
+def _free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((HOST, 0))
+            port = probe.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def _check_port_free(port: int, purpose: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"port {port} on {HOST} (wanted for the broker's {purpose} listener) is already in use; "
+                    f"stop what holds it (`ss -ltnp 'sport = :{port}'` shows it) or leave the port unset "
+                    "to pick a free one") from error
+            raise
+    return port
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((HOST, port)) == 0
+
+
+def _answers_metadata(bootstrap: str, timeout: float) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": int(timeout * 1000)})
+    try:
+        admin.list_topics(timeout=timeout)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not answering"
+        return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _die_with_parent() -> None:
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -1,0 +1,1 @@
+"""PySpark jobs of dagster-stateful, as plain functions of a SparkSession (no dagster import)."""

@@ -1,0 +1,67 @@
+"""Shared fixtures: one real Kafka broker and one local Spark session per test session.
+
+When KAFKA_BOOTSTRAP_SERVERS is set, tests use that cluster and start no broker. Every test
+makes its own uniquely named topics and consumer groups (`unique_name`), so tests never see each
+other's data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    broker = LocalKafkaBroker(tmp_path_factory.mktemp("kafka-broker"))
+    try:
+        yield broker.start(tie_to_parent=True)
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """`unique_name("orders")` -> `orders-<test name>-<random>`, a valid topic and group name."""
+    test = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name).strip("-")[:40]
+
+    def make(prefix: str) -> str:
+        return f"{prefix}-{test}-{uuid.uuid4().hex[:8]}"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session (with the Kafka connector jars) for the whole test run."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from dagster_stateful.spark.connector import spark_jars_conf
+
+    session = (SparkSession.builder.master("local[2]").appName("dagster-stateful-tests")
+               .config("spark.jars", spark_jars_conf())
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("WARN")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_noisy_loggers() -> None:
+    logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -1,0 +1,71 @@
+"""Small helpers for tests that talk to the real broker: topics, producing, reading, waiting."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.25) -> T:
+    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                           config=config or {})])[name]
+    future.result(timeout=30)
+    wait_for(lambda: name in admin.list_topics(timeout=10).topics, 30, f"topic {name} to appear")
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    errors: list[str] = []
+
+    def on_delivery(error, _message) -> None:
+        if error is not None:
+            errors.append(str(error))
+
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+    remaining = producer.flush(30)
+    assert remaining == 0 and not errors, f"undelivered: {remaining}, errors: {errors}"
+
+
+def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record of every partition of `topic` from the beginning up to the current end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
+        records: list[tuple[bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not read {topic} to its end within {timeout} s")
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error():
+                    raise KafkaException(message.error())
+                records.append((message.key(), message.value()))
+                if message.offset() >= ends[message.partition()] - 1:
+                    pending.discard(message.partition())
+        return records
+    finally:
+        consumer.close()
