@@ -26,3 +26,41 @@ class PortInUseError(LocalKafkaError):
 
 class BrokerStartError(LocalKafkaError):
     """The broker process exited or did not answer in time."""
+
+
+class ConfigurationError(StatefulError):
+    """An app, store or job was configured in a way that cannot work."""
+
+
+class TopicMismatchError(StatefulError):
+    """A topic exists but differs from what the app needs (partitions, cleanup policy)."""
+
+
+class TopicMissingError(StatefulError):
+    """A topic the app needs does not exist and is not the app's to create."""
+
+
+class DeliveryError(StatefulError):
+    """Kafka did not acknowledge records the commit depends on; nothing was committed."""
+
+
+class StateLockedError(StatefulError):
+    """A state partition (or the app's state) is held by another worker or process."""
+
+
+class StateStoreError(StatefulError):
+    """A local state store cannot be opened or written."""
+
+
+class RecoveryError(StatefulError):
+    """Local state, changelog and source offsets disagree in a way that needs an operator's choice."""
+
+
+class ProcessingError(StatefulError):
+    """A message could not be processed under the `raise` error policy; names topic, partition, offset."""
+
+    def __init__(self, message: str, topic: str, partition: int, offset: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset

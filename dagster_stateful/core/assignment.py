@@ -1,0 +1,120 @@
+"""What a worker does when Kafka gives it partitions, takes them back, or declares them lost.
+
+Owns `PartitionAssignments`, the rebalance callbacks. On assignment, before the partition's first
+message: read the group's committed offset, refuse a committed offset below the source's low
+watermark (with the operator's options), open each store partition, wipe local state that is
+ahead of the committed offset (it holds effects of messages that will be processed again), and
+restore from the changelog. On revocation: commit, then close the partition's stores before
+letting go. On loss (the group moved on without us): drop uncommitted work and close.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, TopicPartition
+
+from dagster_stateful.core.listeners import AppState
+from dagster_stateful.core.recovery import Restorer
+from dagster_stateful.core.report import WorkerReport
+from dagster_stateful.core.state import PartitionTransaction
+from dagster_stateful.core.store import StorePartition
+from dagster_stateful.errors import RecoveryError
+
+if TYPE_CHECKING:
+    from dagster_stateful.core.app import App
+
+log = logging.getLogger(__name__)
+
+
+class PartitionAssignments:
+    def __init__(self, app: App, restorer: Restorer | None, report: WorkerReport, commit: Callable[[], None]) -> None:
+        self.app = app
+        self._restorer = restorer
+        self._report = report
+        self._commit = commit
+        self.transactions: dict[int, PartitionTransaction] = {}
+        self.assigned_once = False
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned_once = True
+        if not partitions:
+            return
+        self.app.listeners.transition(AppState.REBALANCING)
+        self._report.rebalances += 1
+        committed = consumer.committed(partitions, timeout=30)
+        for topic_partition in committed:
+            offset = topic_partition.offset if topic_partition.offset >= 0 else None
+            self._check_source_offset(consumer, topic_partition.partition, offset)
+            self.transactions[topic_partition.partition] = self._open(topic_partition.partition, offset)
+        log.info("Assigned %s partitions %s", self.app.source, sorted(tp.partition for tp in partitions))
+        self.app.listeners.transition(AppState.RUNNING)
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = [tp.partition for tp in partitions if tp.partition in self.transactions]
+        if not revoked:
+            return
+        self.app.listeners.transition(AppState.REBALANCING)
+        self._report.rebalances += 1
+        self._commit()
+        for partition in revoked:
+            self._close(partition)
+        log.info("Revoked %s partitions %s", self.app.source, revoked)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = [tp.partition for tp in partitions if tp.partition in self.transactions]
+        if lost:
+            log.warning("Lost %s partitions %s (the group moved on without this worker); their uncommitted work "
+                        "is dropped and will be processed again by the new owner", self.app.source, lost)
+            self._report.rebalances += 1
+        for partition in lost:
+            self._close(partition)
+
+    def close_all(self) -> None:
+        for partition in list(self.transactions):
+            self._close(partition)
+
+    def _open(self, partition: int, committed: int | None) -> PartitionTransaction:
+        app = self.app
+        stores = {}
+        try:
+            for name in app.stores:
+                store = StorePartition(app.state_dir, app.name, name, partition, app.changelog_topic(name), app.source)
+                store.open()
+                stores[name] = store
+                if store.source_offset is not None and store.source_offset > (committed or 0):
+                    log.warning("Store %r partition %d holds state up to source offset %d but the group's committed "
+                                "offset is %s (offsets were reset?); rebuilding it from the changelog", name,
+                                partition, store.source_offset, committed)
+                    store.wipe()
+                    store.open()
+                if self._restorer is not None:
+                    restored = self._restorer.restore(store, committed)
+                    if restored is not None:
+                        self._report.restores.append(restored)
+        except BaseException:
+            for store in stores.values():
+                store.close()
+            raise
+        return PartitionTransaction(partition, stores, app.state_serde, committed)
+
+    def _close(self, partition: int) -> None:
+        txn = self.transactions.pop(partition, None)
+        if txn is not None:
+            for store in txn.stores.values():
+                store.close()
+
+    def _check_source_offset(self, consumer: Consumer, partition: int, committed: int | None) -> None:
+        if committed is None:
+            return
+        low, _ = consumer.get_watermark_offsets(TopicPartition(self.app.source, partition), timeout=30, cached=False)
+        if committed < low:
+            raise RecoveryError(
+                f"group {self.app.consumer_group!r} committed offset {committed} on {self.app.source}[{partition}], "
+                f"below the topic's low watermark {low}: messages {committed}..{low - 1} were deleted (retention) "
+                "before they were processed. Options: accept the gap and move the group to the low watermark "
+                f"(`kafka-consumer-groups --reset-offsets --to-earliest --group {self.app.consumer_group} "
+                f"--topic {self.app.source}:{partition} --execute`), or reprocess from a source that still holds "
+                "them.")

@@ -1,0 +1,116 @@
+"""Recovery: bring a store partition up to date from its changelog before it processes a message.
+
+Owns the restore decision and the replay. A partition without local state replays the whole
+changelog (full restore); one with state replays only the tail after its stored changelog offset
+(partial restore). Records whose processed source offset (a header) is at or past the committed
+source offset are skipped: they belong to messages that will be processed again. Replay consumes
+thousands of records at a time, deduplicates each batch by key and writes it sorted, in one
+WriteBatch with the changelog position. Inconsistencies an operator must decide on (a stored
+offset beyond the changelog's end) are raised with the options.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from dagster_stateful.core.listeners import Listeners
+from dagster_stateful.core.report import RestoreReport
+from dagster_stateful.core.store import StorePartition
+from dagster_stateful.errors import RecoveryError
+
+log = logging.getLogger(__name__)
+
+SOURCE_OFFSET_HEADER = "source_offset"
+STALL_TIMEOUT = 60.0
+
+
+def source_offset_header(offset: int) -> list[tuple[str, bytes]]:
+    return [(SOURCE_OFFSET_HEADER, offset.to_bytes(8, "big", signed=True))]
+
+
+def processed_offset(headers: list[tuple[str, bytes]] | None) -> int | None:
+    for name, value in headers or ():
+        if name == SOURCE_OFFSET_HEADER and value is not None:
+            return int.from_bytes(value, "big", signed=True)
+    return None
+
+
+class Restorer:
+    """Restores store partitions through one dedicated, assign-only consumer."""
+
+    def __init__(self, consumer: Consumer, listeners: Listeners, batch_size: int = 10_000) -> None:
+        self._consumer = consumer
+        self._listeners = listeners
+        self._batch_size = batch_size
+
+    def restore(self, store: StorePartition, committed_source_offset: int | None) -> RestoreReport | None:
+        """Replay what the store lacks; None when it was already up to date."""
+        topic, partition = store.changelog_topic, store.partition
+        low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+        stored = store.changelog_offset
+        if stored is not None and stored > high:
+            raise RecoveryError(
+                f"store {store.store!r} partition {partition} at {store.path} has changelog offset {stored}, beyond "
+                f"the end ({high}) of {topic}[{partition}]: the changelog was probably deleted and recreated, so it "
+                "no longer matches the local state. Options: (1) clear this partition's local state "
+                f"(App.clear_state(partitions=[{partition}]) or the clear-state job) and let it restore from what "
+                "the changelog holds now; (2) restore it from a snapshot taken before the changelog was lost.")
+        if stored is not None and stored < low:
+            log.warning("Store %r partition %d: stored changelog offset %d is below the changelog's low watermark "
+                        "%d (records were deleted); restoring the partition fully", store.store, partition, stored, low)
+            store.wipe()
+            store.open()
+            stored = None
+        start = stored if stored is not None else low
+        skip_from = committed_source_offset if committed_source_offset is not None else 0
+        if start >= high:
+            if stored is None or store.source_offset != committed_source_offset:
+                store.finish_restore(high, committed_source_offset)
+            return None
+        report = RestoreReport(store.store, partition, "partial" if stored is not None else "full", start, high)
+        began = time.monotonic()
+        self._listeners.restore_start(partition, store.store, start, high)
+        self._replay(store, start, high, skip_from, report)
+        store.finish_restore(high, committed_source_offset)
+        report.seconds = time.monotonic() - began
+        self._listeners.restore_end(partition, store.store, report.records_applied)
+        log.info("Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied, %d skipped, %.2f s",
+                 store.store, partition, report.kind, topic, start, high, report.records_applied,
+                 report.records_skipped, report.seconds)
+        return report
+
+    def _replay(self, store: StorePartition, start: int, end: int, skip_from: int, report: RestoreReport) -> None:
+        topic_partition = TopicPartition(store.changelog_topic, store.partition, start)
+        self._consumer.assign([topic_partition])
+        position = start
+        last_progress = time.monotonic()
+        try:
+            while position < end:
+                messages = self._consumer.consume(self._batch_size, timeout=0.5)
+                batch: dict[bytes, bytes | None] = {}
+                for message in messages:
+                    if message.error():
+                        raise KafkaException(message.error())
+                    source_offset = processed_offset(message.headers())
+                    if source_offset is not None and source_offset >= skip_from:
+                        report.records_skipped += 1
+                    else:
+                        batch[message.key()] = message.value()
+                    position = message.offset() + 1
+                if messages:
+                    last_progress = time.monotonic()
+                    store.write_restored(sorted(batch.items()), position)
+                    report.records_applied += len(batch)
+                    self._listeners.batch_restored(store.partition, store.store, position, len(batch))
+                else:
+                    # Compaction and transaction markers leave offsets no record sits on.
+                    position = max(position, self._consumer.position([topic_partition])[0].offset)
+                    if time.monotonic() - last_progress > STALL_TIMEOUT:
+                        raise RecoveryError(f"restoring store {store.store!r} from {store.changelog_topic}"
+                                            f"[{store.partition}] made no progress for {STALL_TIMEOUT:.0f} s at "
+                                            f"offset {position} (end {end}); is the broker reachable?")
+        finally:
+            self._consumer.unassign()

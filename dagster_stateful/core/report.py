@@ -1,0 +1,49 @@
+"""What a bounded worker run did: the report it returns.
+
+Owns `RestoreReport` (one store partition's restore) and `WorkerReport` (messages processed and
+offsets committed per partition, restores, rebalances, bad messages, lag left, why it stopped),
+both plain data with a `to_dict()` for metadata and logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RestoreReport:
+    store: str
+    partition: int
+    kind: str
+    """"full" (no local state) or "partial" (only the changelog tail)."""
+    start_offset: int
+    end_offset: int
+    records_applied: int = 0
+    records_skipped: int = 0
+    """Changelog records of messages not yet committed on the source (they will be processed again)."""
+    seconds: float = 0.0
+
+
+@dataclass
+class WorkerReport:
+    app: str
+    stop_reason: str = ""
+    messages_processed: dict[int, int] = field(default_factory=dict)
+    committed_offsets: dict[int, int] = field(default_factory=dict)
+    restores: list[RestoreReport] = field(default_factory=list)
+    rebalances: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    lag: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def total_processed(self) -> int:
+        return sum(self.messages_processed.values())
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag.values())
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total_processed": self.total_processed, "total_lag": self.total_lag}

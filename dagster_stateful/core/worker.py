@@ -1,0 +1,254 @@
+"""The bounded worker: consume, process, commit, and stop when the run's limits say so.
+
+Owns the worker's loop and lifetime: subscribing with the app's consumer group (cooperative-sticky
+assignment, optional static membership), processing each message through the steps with the
+app's error policy, committing every `commit_interval` seconds or `commit_every` messages, and
+stopping when caught up (every assigned partition at its high watermark), after `max_messages`,
+after `max_seconds`, or on SIGTERM, always with a final commit and a clean close. Partition
+assignment and revocation are handled by `assignment.PartitionAssignments`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from dagster_stateful.core.assignment import PartitionAssignments
+from dagster_stateful.core.bad_input import BadInputHandler
+from dagster_stateful.core.commit import Committer, DeliveryTracker
+from dagster_stateful.core.dataframe import DROPPED, StepFailed
+from dagster_stateful.core.listeners import AppState
+from dagster_stateful.core.recovery import Restorer
+from dagster_stateful.core.report import WorkerReport
+from dagster_stateful.errors import ProcessingError
+
+if TYPE_CHECKING:
+    from dagster_stateful.core.app import App
+
+log = logging.getLogger(__name__)
+
+CONSUME_BATCH = 1000
+CAUGHT_UP_CHECK_INTERVAL = 0.5
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    max_messages: int | None = None
+    max_seconds: float | None = None
+    until_caught_up: bool = True
+
+
+class StopSignal:
+    """Set by SIGTERM (when the worker runs on the main thread) or by `request()`."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def request(self, *_: object) -> None:
+        self.requested = True
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self.request)
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+class Worker:
+    def __init__(self, app: App, limits: RunLimits | None = None) -> None:
+        self.app = app
+        self.limits = limits or RunLimits()
+        self.stop = StopSignal()
+        self.report = WorkerReport(app.name)
+
+    def run(self) -> WorkerReport:
+        app = self.app
+        started = time.monotonic()
+        activity = app.activity_lock()
+        activity.hold_shared()
+        self.stop.install()
+        self._open_clients()
+        failed = False
+        try:
+            app.provision()
+            self._consumer.subscribe([app.source], on_assign=self._assignments.on_assign,
+                                     on_revoke=self._assignments.on_revoke, on_lost=self._assignments.on_lost)
+            self.report.stop_reason = self._loop(started)
+            app.listeners.transition(AppState.PENDING_SHUTDOWN)
+            self._commit()
+            self.report.lag = self._lag()
+        except ProcessingError:
+            failed = True
+            self._commit()  # everything before the bad message; its own offset stays uncommitted
+            raise
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if failed:
+                app.listeners.transition(AppState.ERROR)
+            self._close()
+            activity.release()
+            self.stop.restore()
+            self.report.skipped = self._bad_input.skipped
+            self.report.dead_lettered = self._bad_input.dead_lettered
+            self.report.seconds = time.monotonic() - started
+            if not failed:
+                app.listeners.transition(AppState.NOT_RUNNING)
+        log.info("Worker of %r stopped (%s): %d messages, lag left %d, %d rebalances, %.1f s", app.name,
+                 self.report.stop_reason, self.report.total_processed, self.report.total_lag, self.report.rebalances,
+                 self.report.seconds)
+        return self.report
+
+    def _open_clients(self) -> None:
+        app = self.app
+        consumer_config = {
+            "group.id": app.consumer_group, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "partition.assignment.strategy": "cooperative-sticky",
+            **({"group.instance.id": app.group_instance_id} if app.group_instance_id else {}),
+            **app.consumer_config,
+        }
+        self._consumer = app.kafka.consumer(consumer_config)
+        self._tracker = DeliveryTracker()
+        self._producer = app.kafka.producer({
+            "acks": "all", "enable.idempotence": True, "linger.ms": 5, "partitioner": "murmur2_random",
+            "on_delivery": self._tracker, **app.producer_config,
+        })
+        self._restore_consumer = app.kafka.consumer({
+            "group.id": f"{app.consumer_group}-restore", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",
+        })
+        changelogs = {store: app.changelog_topic(store) for store in app.stores} if app.use_changelog_topics else None
+        self._committer = Committer(self._consumer, self._producer, self._tracker, app.source, changelogs)
+        self._bad_input = BadInputHandler(app.on_error, self._producer, app.dead_letter_topic)
+        restorer = Restorer(self._restore_consumer, app.listeners, app.restore_batch_size)
+        self._assignments = PartitionAssignments(app, restorer if changelogs else None, self.report, self._commit)
+
+    def _loop(self, started: float) -> str:
+        limits, app = self.limits, self.app
+        last_commit = time.monotonic()
+        since_commit = processed = 0
+        next_check = 0.0
+        while True:
+            if self.stop.requested:
+                return "stop requested (SIGTERM)"
+            now = time.monotonic()
+            if limits.max_seconds is not None and now - started >= limits.max_seconds:
+                return "max_seconds"
+            messages = self._consumer.consume(CONSUME_BATCH, timeout=0.2)
+            for message in messages:
+                if message.error():
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(message.error())
+                if self._process(message):
+                    processed += 1
+                    since_commit += 1
+                if limits.max_messages is not None and processed >= limits.max_messages:
+                    return "max_messages"
+                if since_commit >= app.commit_every:
+                    self._commit()
+                    since_commit, last_commit = 0, time.monotonic()
+            if time.monotonic() - last_commit >= app.commit_interval:
+                self._commit()
+                since_commit, last_commit = 0, time.monotonic()
+            if (limits.until_caught_up and not messages and self._assignments.assigned_once
+                    and time.monotonic() >= next_check):
+                if self._caught_up():
+                    return "caught_up"
+                next_check = time.monotonic() + CAUGHT_UP_CHECK_INTERVAL
+
+    def _process(self, message: Message) -> bool:
+        """Process one message; False when its partition is no longer ours."""
+        partition = message.partition()
+        txn = self._assignments.transactions.get(partition)
+        if txn is None:
+            return False
+        app = self.app
+        offset = message.offset()
+        raw_key, raw_value = message.key(), message.value()
+        try:
+            if raw_key is not None:
+                app.key_serde.loads(raw_key)
+            value = app.value_serde.loads(raw_value) if raw_value is not None else None
+        except Exception as error:  # noqa: BLE001 - any codec failure is bad input
+            self._bad_input.handle(message, "deserializing the key or value", error)
+            txn.pass_message(offset)
+            self._count(partition)
+            return True
+        dataframe = app.dataframe()
+        if dataframe.is_stateful:
+            if raw_key is None:
+                self._bad_input.handle(message, "stateful step", ValueError("stateful steps need a message key; "
+                                                                            "this message has none"))
+                txn.pass_message(offset)
+                self._count(partition)
+                return True
+            txn.begin_message(raw_key)
+        try:
+            result = dataframe.run(value, txn.states)
+        except StepFailed as failure:
+            txn.discard_message()
+            self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
+            txn.pass_message(offset)
+            self._count(partition)
+            return True
+        txn.accept_message(offset)
+        if app.emits_output and result is not DROPPED:
+            self._produce_output(raw_key, app.output_serde.dumps(result))
+        self._count(partition)
+        return True
+
+    def _count(self, partition: int) -> None:
+        counts = self.report.messages_processed
+        counts[partition] = counts.get(partition, 0) + 1
+
+    def _produce_output(self, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                self._producer.produce(self.app.output, key=key, value=value)
+                return
+            except BufferError:
+                self._producer.poll(0.1)
+
+    def _commit(self) -> None:
+        committed = self._committer.commit(self._assignments.transactions.values())
+        self.report.committed_offsets.update(committed)
+
+    def _watermarks(self, partition: int) -> tuple[int, int]:
+        return self._consumer.get_watermark_offsets(TopicPartition(self.app.source, partition), timeout=10,
+                                                    cached=False)
+
+    def _caught_up(self) -> bool:
+        for partition, txn in self._assignments.transactions.items():
+            low, high = self._watermarks(partition)
+            position = txn.next_offset if txn.next_offset is not None else low
+            if position < high:
+                return False
+        return True
+
+    def _lag(self) -> dict[int, int]:
+        lag = {}
+        for partition, txn in self._assignments.transactions.items():
+            low, high = self._watermarks(partition)
+            lag[partition] = max(0, high - (txn.next_offset if txn.next_offset is not None else low))
+        return lag
+
+    def _close(self) -> None:
+        try:
+            self._consumer.close()
+        except Exception:  # noqa: BLE001 - closing must go on
+            log.exception("Closing the consumer of %r failed", self.app.name)
+        self._assignments.close_all()
+        self._producer.flush(30)
+        self._restore_consumer.close()

@@ -1,0 +1,66 @@
+"""Helpers for engine tests: an order-totals app, order messages, and reading a store's content."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from dagster_stateful.core import App, State
+from dagster_stateful.core.keys import split_store_key
+from dagster_stateful.core.store import StorePartition
+from kafka_helpers import create_topic, produce
+
+FAST_COMMITS = {"commit_interval": 0.5}
+FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+
+
+def add_to_total(order: dict, state: State) -> dict:
+    total = state.get("total", 0) + order["amount"]
+    state.set("total", total)
+    return {"customer": order["customer"], "total": total}
+
+
+def totals_app(bootstrap: str, source: str, state_dir: Path, name: str, **settings) -> App:
+    app = App(name=name, source=source, stores=["totals"], state_dir=state_dir, kafka=bootstrap,
+              consumer_config={**FAST_GROUP, **settings.pop("consumer_config", {})}, **{**FAST_COMMITS, **settings})
+    app.dataframe().apply(add_to_total, stateful=True)
+    return app
+
+
+def make_orders(count: int, customers: int, start: int = 0) -> list[tuple[bytes, bytes]]:
+    return [(f"c{i % customers}".encode(), orjson.dumps({"customer": f"c{i % customers}", "amount": 1 + i % 7}))
+            for i in range(start, start + count)]
+
+
+def expected_totals(orders: list[tuple[bytes, bytes]]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for key, value in orders:
+        totals[key.decode()] = totals.get(key.decode(), 0) + orjson.loads(value)["amount"]
+    return totals
+
+
+def orders_topic(bootstrap: str, name: str, partitions: int, orders: list[tuple[bytes, bytes]]) -> str:
+    create_topic(bootstrap, name, partitions=partitions)
+    produce(bootstrap, name, orders)
+    return name
+
+
+def store_content(app: App, store: str, partitions: int) -> dict[tuple[bytes, bytes], bytes]:
+    """{(message key, state key): raw value} across every local partition of `store`."""
+    content = {}
+    for partition in range(partitions):
+        part = StorePartition(app.state_dir, app.name, store, partition, app.changelog_topic(store), app.source)
+        part.open()
+        try:
+            for key, value in part.items():
+                content[split_store_key(key)] = value
+        finally:
+            part.close()
+    return content
+
+
+def totals_in_store(app: App, partitions: int) -> dict[str, int]:
+    return {message_key.decode(): orjson.loads(value)
+            for (message_key, state_key), value in store_content(app, "totals", partitions).items()
+            if state_key == b"total"}
