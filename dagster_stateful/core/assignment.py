@@ -11,6 +11,7 @@ letting go. On loss (the group moved on without us): drop uncommitted work and c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -36,12 +37,16 @@ class PartitionAssignments:
         self._report = report
         self._commit = commit
         self.transactions: dict[int, PartitionTransaction] = {}
-        self.assigned_once = False
+        self.empty_since: float | None = None
+        """Since when this worker has held no partition, once it joined the group."""
+        self.shutting_down = False
+        """Set before the worker closes its consumer: the final revocation is not a rebalance."""
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.assigned_once = True
         if not partitions:
+            self._note_empty()
             return
+        self.empty_since = None
         self.app.listeners.transition(AppState.REBALANCING)
         self._report.rebalances += 1
         committed = consumer.committed(partitions, timeout=30)
@@ -56,11 +61,13 @@ class PartitionAssignments:
         revoked = [tp.partition for tp in partitions if tp.partition in self.transactions]
         if not revoked:
             return
-        self.app.listeners.transition(AppState.REBALANCING)
-        self._report.rebalances += 1
+        if not self.shutting_down:
+            self.app.listeners.transition(AppState.REBALANCING)
+            self._report.rebalances += 1
         self._commit()
         for partition in revoked:
             self._close(partition)
+        self._note_empty()
         log.info("Revoked %s partitions %s", self.app.source, revoked)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -71,6 +78,11 @@ class PartitionAssignments:
             self._report.rebalances += 1
         for partition in lost:
             self._close(partition)
+        self._note_empty()
+
+    def _note_empty(self) -> None:
+        if not self.transactions and self.empty_since is None:
+            self.empty_since = time.monotonic()
 
     def close_all(self) -> None:
         for partition in list(self.transactions):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from dagster_stateful.core.recovery import source_offset_header
 from dagster_stateful.core.state import PartitionTransaction
@@ -25,6 +25,16 @@ from dagster_stateful.errors import DeliveryError
 log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT = 60.0
+_RETRIABLE_COMMIT_ERRORS = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
+                            KafkaError.UNKNOWN_MEMBER_ID, KafkaError._ASSIGNMENT_LOST}
+
+
+class CommitDeferred(Exception):
+    """The group is rebalancing (or moved on): the source commit was refused, nothing else was written.
+
+    The transactions keep their changes and the next commit retries; changelog records already
+    sent carry processed offsets at or past the committed offset, so a restore skips them.
+    """
 
 
 class DeliveryTracker:
@@ -68,7 +78,12 @@ class Committer:
             for txn in pending:
                 self._produce_changelog(txn.partition, prepared[txn.partition])
         offsets = [TopicPartition(self._source_topic, txn.partition, txn.next_offset) for txn in pending]
-        self._deliver_and_commit_offsets(offsets)
+        try:
+            self._deliver_and_commit_offsets(offsets)
+        except CommitDeferred as deferred:
+            log.info("Commit of %s partitions %s deferred: %s", self._source_topic,
+                     [tp.partition for tp in offsets], deferred)
+            return {}
         for txn in pending:
             for store, changes in prepared[txn.partition].items():
                 changelog_offset = (self._tracker.next_offset(self._changelog_topics[store], txn.partition)
@@ -103,4 +118,10 @@ class Committer:
                 f"{' and rejected: ' + '; '.join(errors[:5]) if errors else ''}. Nothing was committed for "
                 f"{self._source_topic} partitions {[tp.partition for tp in offsets]}: those messages will be "
                 "processed again. Check the brokers and the topics' min.insync.replicas.")
-        self._consumer.commit(offsets=offsets, asynchronous=False)
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as error:
+            code = error.args[0].code() if error.args and isinstance(error.args[0], KafkaError) else None
+            if code not in _RETRIABLE_COMMIT_ERRORS:
+                raise
+            raise CommitDeferred(str(error.args[0])) from error

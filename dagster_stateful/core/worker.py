@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 CONSUME_BATCH = 1000
 CAUGHT_UP_CHECK_INTERVAL = 0.5
+EMPTY_ASSIGNMENT_GRACE = 5.0
+"""Seconds a worker must hold no partition, after joining, before a bounded run stops idle."""
 
 
 @dataclass(frozen=True)
@@ -162,10 +164,9 @@ class Worker:
             if time.monotonic() - last_commit >= app.commit_interval:
                 self._commit()
                 since_commit, last_commit = 0, time.monotonic()
-            if (limits.until_caught_up and not messages and self._assignments.assigned_once
-                    and time.monotonic() >= next_check):
+            if limits.until_caught_up and not messages and time.monotonic() >= next_check:
                 if self._caught_up():
-                    return "caught_up"
+                    return "caught_up" if self._assignments.transactions else "no partitions assigned"
                 next_check = time.monotonic() + CAUGHT_UP_CHECK_INTERVAL
 
     def _process(self, message: Message) -> bool:
@@ -230,6 +231,10 @@ class Worker:
                                                     cached=False)
 
     def _caught_up(self) -> bool:
+        if not self._assignments.transactions:
+            # Cooperative rebalancing assigns in two rounds: an empty first round says little.
+            idle_since = self._assignments.empty_since
+            return idle_since is not None and time.monotonic() - idle_since >= EMPTY_ASSIGNMENT_GRACE
         for partition, txn in self._assignments.transactions.items():
             low, high = self._watermarks(partition)
             position = txn.next_offset if txn.next_offset is not None else low
@@ -245,6 +250,7 @@ class Worker:
         return lag
 
     def _close(self) -> None:
+        self._assignments.shutting_down = True
         try:
             self._consumer.close()
         except Exception:  # noqa: BLE001 - closing must go on

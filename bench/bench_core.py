@@ -1,0 +1,430 @@
+"""Benchmark of the stateful engine (dagster_stateful.core) against a real Kafka broker.
+
+Measures two things:
+
+1. Processing throughput: an App with one store ("totals") keeping a running total per key
+   (a stateful `apply`, like tests/core_helpers.py's add_to_total) consumes a source topic of
+   --messages JSON orders over --keys keys in --partitions partitions with
+   `run_worker(until_caught_up=True)`. Printed: messages/s = report.total_processed / wall
+   seconds of run_worker. The totals in the store are then checked against the expected ones
+   (every key is checked, not only a sample); a mismatch fails the script loudly.
+2. Changelog restore: a second app whose source has --restore-keys distinct keys is processed
+   once (its changelog then holds one record per key), its local state is deleted
+   (App.clear_state), and run_worker is run again with a RestoreListener. Printed: restored
+   records/s (sum of RestoreReport.records_applied / sum of RestoreReport.seconds), and the wall
+   seconds of that second run_worker, i.e. until processing could resume (it ends caught up right
+   after the restore). The restored store is checked (key count and a sample of values).
+
+Producing the input is timed and printed separately; it is not what is measured.
+
+A real single-node broker is started in a temporary directory with
+dagster_stateful.local_kafka.broker.LocalKafkaBroker (and stopped at the end) unless
+KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used.
+
+Run it from the repository root:
+
+    .venv/bin/python bench/bench_core.py                       # 1M messages, 10k keys, 1M-key restore
+    .venv/bin/python bench/bench_core.py --messages 200000 --restore-keys 0 --profile
+
+--profile runs each measured run_worker under cProfile and prints the top entries (by cumulative
+time) of the engine's own functions; the throughput figures of a profiled run are not comparable.
+--restore-keys 0 skips the restore phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import logging
+import os
+import platform
+import pstats
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dagster_stateful.core import App, AppState, RestoreListener, State, WorkerReport
+from dagster_stateful.core.keys import split_store_key
+from dagster_stateful.core.store import StorePartition
+from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+
+STORE = "totals"
+SAMPLE_SIZE = 1000
+PRODUCER_SETTINGS = {
+    "linger.ms": 50,
+    "batch.size": 1_000_000,
+    "batch.num.messages": 100_000,
+    "queue.buffering.max.messages": 1_000_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+    "compression.type": "lz4",
+    "acks": "all",
+}
+
+
+def add_to_total(order: dict, state: State) -> dict:
+    total = state.get("total", 0) + order["amount"]
+    state.set("total", total)
+    return {"customer": order["customer"], "total": total}
+
+
+def amount(i: int) -> int:
+    return 1 + i % 7
+
+
+class CountingRestoreListener(RestoreListener):
+    """Counts batches and records as the engine reports them (a cross-check of the RestoreReports)."""
+
+    def __init__(self) -> None:
+        self.partitions_started = 0
+        self.batches = 0
+        self.records = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+
+    def on_restore_start(self, partition: int, store: str, start_offset: int, end_offset: int) -> None:
+        self.partitions_started += 1
+        if self.first_start is None:
+            self.first_start = time.monotonic()
+
+    def on_batch_restored(self, partition: int, store: str, batch_end_offset: int, num_restored: int) -> None:
+        self.batches += 1
+        self.records += num_restored
+
+    def on_restore_end(self, partition: int, store: str, total_restored: int) -> None:
+        self.last_end = time.monotonic()
+
+
+class StateClock:
+    """A state listener noting when the worker last entered each state (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.entered: dict[AppState, float] = {}
+
+    def __call__(self, new: AppState, old: AppState) -> None:
+        self.entered[new] = time.monotonic()
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine, Kafka set-up and input
+
+
+def total_ram() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def print_machine() -> None:
+    print("== machine")
+    print(f"cpu_count:   {os.cpu_count()}")
+    print(f"platform:    {platform.platform()} ({platform.machine()})")
+    print(f"processor:   {platform.processor() or 'unknown'}")
+    print(f"python:      {sys.version.split()[0]} ({platform.python_implementation()})")
+    print(f"total RAM:   {total_ram()}")
+    print(f"load avg:    {load()} (1/5/15 min; other work on the machine skews the figures)")
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while name not in admin.list_topics(timeout=10).topics:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {name} did not appear within 30 s")
+        time.sleep(0.2)
+
+
+def produce_orders(bootstrap: str, topic: str, count: int, key_of) -> float:
+    """Produce `count` orders (message i: customer and key key_of(i), amount amount(i)); returns seconds."""
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS})
+    errors: list[str] = []
+
+    def on_delivery(error, _message) -> None:
+        if error is not None:
+            errors.append(str(error))
+
+    dumps = orjson.dumps
+    began = time.monotonic()
+    for i in range(count):
+        customer = key_of(i)
+        value = dumps({"customer": customer, "amount": amount(i), "order": i})
+        while True:
+            try:
+                producer.produce(topic, key=customer.encode(), value=value, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(120)
+    seconds = time.monotonic() - began
+    if remaining or errors:
+        raise RuntimeError(f"producing to {topic}: {remaining} undelivered, errors: {errors[:5]}")
+    return seconds
+
+
+def make_app(bootstrap: str, name: str, source: str, state_dir: Path, args: argparse.Namespace) -> App:
+    app = App(name=name, source=source, stores=[STORE], state_dir=state_dir, kafka=bootstrap,
+              commit_interval=args.commit_interval, commit_every=args.commit_every,
+              restore_batch_size=args.restore_batch_size)
+    app.dataframe().apply(add_to_total, stateful=True)
+    return app
+
+
+def read_store(app: App, partitions: int) -> dict[bytes, bytes]:
+    """{message key: raw value of state key "total"} across every local partition of the store."""
+    content: dict[bytes, bytes] = {}
+    for partition in range(partitions):
+        part = StorePartition(app.state_dir, app.name, STORE, partition, app.changelog_topic(STORE), app.source)
+        part.open()
+        try:
+            for key, value in part.items():
+                message_key, state_key = split_store_key(key)
+                if state_key == b"total":
+                    content[message_key] = value
+        finally:
+            part.close()
+    return content
+
+
+# ----------------------------------------------------------------------------------------------
+# Measured runs
+
+
+def run_measured(app: App, profile: bool, label: str) -> tuple[WorkerReport, float, dict[str, float]]:
+    """run_worker(until_caught_up=True); returns the report, its wall seconds and, in seconds from
+    the start of the call: "running" (partitions assigned and restored: processing can start) and
+    "loop_done" (the loop saw it was caught up; final commit, lag query and close follow)."""
+    profiler = cProfile.Profile() if profile else None
+    clock = StateClock()
+    app.add_state_listener(clock)
+    began = time.monotonic()
+    if profiler is not None:
+        profiler.enable()
+    try:
+        report = app.run_worker(until_caught_up=True)
+    finally:
+        if profiler is not None:
+            profiler.disable()
+        app.listeners.state.remove(clock)
+    wall = time.monotonic() - began
+    marks = {name: clock.entered[state] - began for name, state in
+             (("running", AppState.RUNNING), ("loop_done", AppState.PENDING_SHUTDOWN)) if state in clock.entered}
+    print(f"({label}: load avg at the end {load()})")
+    if profiler is not None:
+        print_profile(profiler, label)
+    return report, wall, marks
+
+
+def describe_marks(marks: dict[str, float], wall: float) -> str:
+    running, done = marks.get("running"), marks.get("loop_done")
+    if running is None or done is None:
+        return ""
+    return (f"  [start-up until partitions assigned {running:.2f} s | processing loop {done - running:.2f} s | "
+            f"final commit + lag query + close {wall - done:.2f} s]")
+
+
+def print_profile(profiler: cProfile.Profile, label: str, top: int = 15) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(r"dagster_stateful", top)
+    print(f"-- cProfile of {label}: top {top} engine functions by cumulative time")
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+    print("\n".join(lines[start:]).rstrip())
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    print(f"-- cProfile of {label}: top {top} functions (any module) by own time")
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+    print("\n".join(lines[start:]).rstrip())
+
+
+def check_report(report: WorkerReport, expected_messages: int, what: str) -> None:
+    if report.total_processed != expected_messages or report.total_lag != 0:
+        raise SystemExit(f"FAILED ({what}): processed {report.total_processed} of {expected_messages} messages, "
+                         f"lag left {report.total_lag}, stop reason {report.stop_reason!r}")
+
+
+def processing_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.Namespace) -> None:
+    print("\n== processing throughput")
+    source = f"bench-orders-{run_id}"
+    create_topic(bootstrap, source, args.partitions)
+    keys = [f"c{k}".encode() for k in range(args.keys)]
+    customers = [key.decode() for key in keys]
+    seconds = produce_orders(bootstrap, source, args.messages, lambda i: customers[i % args.keys])
+    print(f"produce: {args.messages:,} messages in {seconds:.1f} s ({args.messages / seconds:,.0f} msg/s; "
+          "not measured)")
+
+    app = make_app(bootstrap, f"bench-totals-{run_id}", source, state_dir, args)
+    report, wall, marks = run_measured(app, args.profile,
+                                       f"processing {args.messages:,} messages over {args.keys:,} keys")
+    check_report(report, args.messages, "processing")
+    print(f"processed: {report.total_processed:,} messages in {wall:.2f} s wall "
+          f"(worker's own {report.seconds:.2f} s; {report.rebalances} rebalance(s); stop: {report.stop_reason})")
+    print(describe_marks(marks, wall))
+    print(f"PROCESSING THROUGHPUT: {report.total_processed / wall:,.0f} messages/s")
+    if "running" in marks and "loop_done" in marks:
+        loop = marks["loop_done"] - marks["running"]
+        print(f"(inside the processing loop only, start-up and shut-down excluded: "
+              f"{report.total_processed / loop:,.0f} messages/s)")
+
+    # Correctness: every key's total (the check is cheap, so no need to sample).
+    expected = [0] * args.keys
+    for i in range(args.messages):
+        expected[i % args.keys] += amount(i)
+    stored = read_store(app, args.partitions)
+    wrong = [(keys[k], expected[k], stored.get(keys[k])) for k in range(args.keys)
+             if stored.get(keys[k]) is None or orjson.loads(stored[keys[k]]) != expected[k]]
+    if wrong or len(stored) != args.keys:
+        raise SystemExit(f"FAILED: totals wrong for {len(wrong)} of {args.keys} keys (store holds {len(stored)} "
+                         f"keys); first: {[(k.decode(), e, g) for k, e, g in wrong[:5]]}")
+    print(f"check: totals of all {args.keys:,} keys are right")
+
+
+def restore_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.Namespace) -> None:
+    print("\n== changelog restore")
+    count = args.restore_keys
+    source = f"bench-restore-src-{run_id}"
+    create_topic(bootstrap, source, args.partitions)
+    seconds = produce_orders(bootstrap, source, count, lambda i: "k%08d" % i)
+    print(f"produce: {count:,} messages with distinct keys in {seconds:.1f} s (not measured)")
+
+    app = make_app(bootstrap, f"bench-restore-{run_id}", source, state_dir, args)
+    began = time.monotonic()
+    first = app.run_worker(until_caught_up=True)
+    wall = time.monotonic() - began
+    check_report(first, count, "filling the store")
+    print(f"fill: {first.total_processed:,} messages ({count:,} distinct keys) processed in {wall:.2f} s "
+          f"({first.total_processed / wall:,.0f} messages/s; every message a new key)")
+    watermarks = app.kafka.watermarks(app.changelog_topic(STORE), range(args.partitions))
+    changelog_records = sum(high - low for low, high in watermarks.values())
+    print(f"changelog {app.changelog_topic(STORE)}: {changelog_records:,} records over {args.partitions} partitions")
+    if changelog_records < count:
+        raise SystemExit(f"FAILED: the changelog holds {changelog_records} records, fewer than {count}")
+
+    deleted = app.clear_state()
+    if not deleted or (app.app_dir() / STORE).exists():
+        raise SystemExit(f"FAILED: clear_state did not delete the local state under {app.app_dir()}")
+    print(f"deleted local state: {', '.join(str(path) for path in deleted)}")
+
+    listener = CountingRestoreListener()
+    app.add_restore_listener(listener)
+    report, wall, marks = run_measured(app, args.profile, f"restoring {count:,} keys")
+    check_report(report, 0, "restore run")
+    restores = report.restores
+    applied = sum(r.records_applied for r in restores)
+    skipped = sum(r.records_skipped for r in restores)
+    restore_seconds = sum(r.seconds for r in restores)
+    for r in sorted(restores, key=lambda r: r.partition):
+        print(f"  partition {r.partition}: {r.kind}, offsets {r.start_offset}..{r.end_offset}, "
+              f"{r.records_applied:,} applied, {r.records_skipped:,} skipped, {r.seconds:.2f} s")
+    if len(restores) != args.partitions or applied != count or listener.records != applied:
+        raise SystemExit(f"FAILED: expected {args.partitions} full restores applying {count} records; got "
+                         f"{len(restores)} restores applying {applied} (listener saw {listener.records} in "
+                         f"{listener.batches} batches)")
+    print(f"restored: {applied:,} records ({skipped:,} skipped) in {restore_seconds:.2f} s "
+          f"({listener.batches} batches seen by the RestoreListener)")
+    print(f"RESTORE THROUGHPUT: {applied / restore_seconds:,.0f} records/s")
+    print(f"SECONDS UNTIL PROCESSING RESUMES: {wall:.2f} s (wall of the run_worker that restored; "
+          f"stop: {report.stop_reason})")
+    print(describe_marks(marks, wall))
+    if "running" in marks:
+        print(f"(the worker entered RUNNING, i.e. could process again, {marks['running']:.2f} s after run_worker "
+              f"started; the rest of the wall is the caught-up check, final lag query and close)")
+
+    stored = read_store(app, args.partitions)
+    rng = random.Random(7)
+    sample = rng.sample(range(count), min(SAMPLE_SIZE, count))
+    wrong = [i for i in sample if stored.get(b"k%08d" % i) is None or orjson.loads(stored[b"k%08d" % i]) != amount(i)]
+    if len(stored) != count or wrong:
+        raise SystemExit(f"FAILED: restored store holds {len(stored)} keys (expected {count}); "
+                         f"{len(wrong)} of {len(sample)} sampled values wrong")
+    print(f"check: restored store holds all {count:,} keys; {len(sample):,} sampled values are right")
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages in the processing phase")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct keys in the processing phase")
+    parser.add_argument("--restore-keys", type=int, default=1_000_000,
+                        help="keys in the restored store (0 skips the restore phase)")
+    parser.add_argument("--partitions", type=int, default=6, help="partitions of the source topics")
+    parser.add_argument("--commit-interval", type=float, default=5.0, help="App commit_interval (s)")
+    parser.add_argument("--commit-every", type=int, default=50_000, help="App commit_every (messages)")
+    parser.add_argument("--restore-batch-size", type=int, default=10_000, help="App restore_batch_size")
+    parser.add_argument("--broker-heap", default="1g", help="heap of the local broker (when one is started)")
+    parser.add_argument("--profile", action="store_true", help="run the measured run_worker calls under cProfile")
+    parser.add_argument("--skip-processing", action="store_true", help="only run the restore phase")
+    parser.add_argument("--log-level", default="WARNING", help="level of the engine's logging (INFO shows restores)")
+    args = parser.parse_args()
+    if args.messages <= 0 or args.keys <= 0 or args.partitions <= 0 or args.restore_keys < 0:
+        parser.error("--messages, --keys and --partitions must be positive, --restore-keys >= 0")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    print_machine()
+    print("== settings")
+    print(f"messages:            {args.messages:,}{' (processing phase skipped)' if args.skip_processing else ''}")
+    print(f"keys:                {args.keys:,}")
+    print(f"restore keys:        {args.restore_keys:,}{' (restore phase skipped)' if not args.restore_keys else ''}")
+    print(f"partitions:          {args.partitions}")
+    print(f"commit_interval:     {args.commit_interval} s")
+    print(f"commit_every:        {args.commit_every:,} messages")
+    print(f"restore batch size:  {args.restore_batch_size:,}")
+    print(f"state serde / value: json / json (orjson); store: one ({STORE!r}), state key 'total' per message key")
+    print(f"input producer:      {PRODUCER_SETTINGS}")
+    print(f"kafka:               {external or f'local broker started for this run (heap {args.broker_heap})'}")
+    print(f"profile:             {args.profile}")
+
+    with tempfile.TemporaryDirectory(prefix="bench-core-") as scratch:
+        scratch_dir = Path(scratch)
+        broker = None
+        try:
+            if external:
+                bootstrap = external
+            else:
+                from dagster_stateful.local_kafka.broker import BrokerSettings
+
+                broker = LocalKafkaBroker(scratch_dir / "kafka", BrokerSettings(heap=args.broker_heap))
+                began = time.monotonic()
+                bootstrap = broker.start(tie_to_parent=True)
+                print(f"broker: {bootstrap} started in {time.monotonic() - began:.1f} s")
+            run_id = uuid.uuid4().hex[:8]
+            state_dir = scratch_dir / "state"
+            if not args.skip_processing:
+                processing_phase(bootstrap, state_dir, run_id, args)
+            if args.restore_keys:
+                restore_phase(bootstrap, state_dir, run_id, args)
+        finally:
+            if broker is not None:
+                broker.stop()
+                print("broker: stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Two workers of one app share the partitions and hand them over correctly when one joins or leaves."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from dagster_stateful.core import AppState, State
+from dagster_stateful.core.worker import RunLimits, Worker
+from kafka_helpers import produce, wait_for
+
+
+def slow_total(order: dict, state: State) -> dict:
+    time.sleep(0.003)
+    state.set("total", state.get("total", 0) + order["amount"])
+    return order
+
+
+def slow_app(bootstrap, source, state_dir, name):
+    app = totals_app(bootstrap, source, state_dir, name)
+    app.dataframe().steps.clear()
+    app.dataframe().update(slow_total, stateful=True)
+    return app
+
+
+def test_two_workers_split_partitions_and_survive_join_and_leave(kafka_bootstrap, unique_name, tmp_path):
+    orders = make_orders(2400, customers=30)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 4, orders)
+    name = unique_name("totals")
+    app_a = slow_app(kafka_bootstrap, source, tmp_path / "a", name)
+    app_b = slow_app(kafka_bootstrap, source, tmp_path / "b", name)
+    worker_a = Worker(app_a, RunLimits(max_seconds=180))
+    worker_b = Worker(app_b, RunLimits(max_seconds=180))
+    results: dict[str, object] = {}
+
+    def run(label: str, worker: Worker) -> None:
+        try:
+            results[label] = worker.run()
+        except BaseException as error:  # surfaced by the assertions below
+            results[label] = error
+
+    thread_a = threading.Thread(target=run, args=("a", worker_a))
+    thread_a.start()
+    wait_for(lambda: worker_a.report.total_processed >= 200, 60, "worker A to get going")
+    thread_b = threading.Thread(target=run, args=("b", worker_b))
+    thread_b.start()  # B joins mid-run: a rebalance moves partitions from A to B
+    thread_a.join(200)
+    thread_b.join(200)
+
+    report_a, report_b = results["a"], results["b"]
+    assert not isinstance(report_a, BaseException), report_a
+    assert not isinstance(report_b, BaseException), report_b
+    assert report_a.rebalances >= 2, "A saw its initial assignment and the revocation when B joined"
+    assert report_b.total_processed > 0, "B took over some partitions"
+    assert report_a.total_processed + report_b.total_processed >= len(orders)
+
+    # B leaves; new orders arrive; A alone takes every partition back and restores what B changed.
+    more = make_orders(400, customers=30, start=2400)
+    produce(kafka_bootstrap, source, more)
+    states: list[AppState] = []
+    final = totals_app(kafka_bootstrap, source, tmp_path / "a", name)
+    final.add_state_listener(lambda new, old: states.append(new))
+    report = final.run_worker(max_seconds=120)
+
+    moved = {p for p, count in report_b.messages_processed.items() if count}
+    assert moved <= {r.partition for r in report.restores if r.kind == "partial"}
+    assert totals_in_store(final, 4) == expected_totals(orders + more)
+    assert states[:2] == [AppState.REBALANCING, AppState.RUNNING] and states[-1] == AppState.NOT_RUNNING
