@@ -41,6 +41,7 @@ import os
 import platform
 import pstats
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -86,20 +87,13 @@ class CountingRestoreListener(RestoreListener):
         self.partitions_started = 0
         self.batches = 0
         self.records = 0
-        self.first_start: float | None = None
-        self.last_end: float | None = None
 
     def on_restore_start(self, partition: int, store: str, start_offset: int, end_offset: int) -> None:
         self.partitions_started += 1
-        if self.first_start is None:
-            self.first_start = time.monotonic()
 
     def on_batch_restored(self, partition: int, store: str, batch_end_offset: int, num_restored: int) -> None:
         self.batches += 1
         self.records += num_restored
-
-    def on_restore_end(self, partition: int, store: str, total_restored: int) -> None:
-        self.last_end = time.monotonic()
 
 
 class StateClock:
@@ -134,6 +128,19 @@ def print_machine() -> None:
     print(f"python:      {sys.version.split()[0]} ({platform.python_implementation()})")
     print(f"total RAM:   {total_ram()}")
     print(f"load avg:    {load()} (1/5/15 min; other work on the machine skews the figures)")
+
+
+def engine_revision() -> str:
+    """The repository's commit, with "+ uncommitted changes" when the engine's files differ from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "dagster_stateful"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{commit}{' + uncommitted changes' if dirty else ''}"
 
 
 def load() -> str:
@@ -335,7 +342,8 @@ def restore_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.N
     for r in sorted(restores, key=lambda r: r.partition):
         print(f"  partition {r.partition}: {r.kind}, offsets {r.start_offset}..{r.end_offset}, "
               f"{r.records_applied:,} applied, {r.records_skipped:,} skipped, {r.seconds:.2f} s")
-    if len(restores) != args.partitions or applied != count or listener.records != applied:
+    if (len(restores) != args.partitions or applied != count or listener.records != applied
+            or listener.partitions_started != args.partitions):
         raise SystemExit(f"FAILED: expected {args.partitions} full restores applying {count} records; got "
                          f"{len(restores)} restores applying {applied} (listener saw {listener.records} in "
                          f"{listener.batches} batches)")
@@ -400,6 +408,7 @@ def main() -> None:
     print(f"input producer:      {PRODUCER_SETTINGS}")
     print(f"kafka:               {external or f'local broker started for this run (heap {args.broker_heap})'}")
     print(f"profile:             {args.profile}")
+    print(f"engine revision:     {engine_revision()}")
 
     with tempfile.TemporaryDirectory(prefix="bench-core-") as scratch:
         scratch_dir = Path(scratch)

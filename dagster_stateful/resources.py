@@ -1,7 +1,9 @@
-"""Dagster resources: how a code location reaches Kafka.
+"""Dagster resources: how a code location reaches Kafka, where state lives, and Spark.
 
-Owns configuration only: `KafkaResource` turns bootstrap servers and client settings (secrets
-through `EnvVar`) into confluent-kafka configuration and clients. It holds no processing logic.
+Owns configuration only. `KafkaResource` turns bootstrap servers and client settings (secrets
+through `EnvVar`, never logged) into the core's `KafkaClients`; `StateStoreResource` names the
+state directory and binds an app to it and to a connection; `spark_resource` builds
+dagster-pyspark's resource with Spark's Kafka connector jars on the classpath.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from typing import Any
 
 from dagster import ConfigurableResource
 from pydantic import Field
+
+from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka import KafkaClients
 
 
 class KafkaResource(ConfigurableResource):
@@ -38,7 +43,33 @@ class KafkaResource(ConfigurableResource):
         settings.update(self.client_config)
         return settings
 
-    def admin_client(self):  # -> confluent_kafka.admin.AdminClient
-        from confluent_kafka.admin import AdminClient
+    def clients(self) -> KafkaClients:
+        return KafkaClients(self.client_settings())
 
-        return AdminClient(self.client_settings())
+    def admin_client(self):  # -> confluent_kafka.admin.AdminClient
+        return self.clients().admin()
+
+
+class StateStoreResource(ConfigurableResource):
+    """Where the apps of this code location keep their RocksDB state on the machine that runs them."""
+
+    state_dir: str = Field(description="Directory holding `<app>/<store>/<partition>/` RocksDB databases.")
+
+    def bind(self, app: App, kafka: KafkaResource) -> App:
+        """The app, connected through `kafka` and keeping its state under `state_dir`."""
+        return app.bind(kafka=kafka.clients(), state_dir=self.state_dir)
+
+
+def spark_resource(master: str = "local[*]", extra_config: dict[str, str] | None = None):
+    """dagster-pyspark's resource with Spark's Kafka connector jars (fetched once from Maven Central).
+
+    `master="local[*]"` runs Spark in the run's process; set a cluster's master URL to run the
+    same jobs there (the jars are shipped with `spark.jars`).
+    """
+    from dagster_pyspark import PySparkResource
+
+    from dagster_stateful.spark.connector import spark_jars_conf
+
+    config = {"spark.master": master, "spark.jars": spark_jars_conf(), "spark.sql.shuffle.partitions": "8",
+              "spark.ui.showConsoleProgress": "false", **(extra_config or {})}
+    return PySparkResource(spark_config=config)

@@ -83,7 +83,8 @@ def test_open_from_another_process_is_refused_naming_holder_pid(tmp_path):
     assert f"pid {os.getpid()}" in refused.stdout and str(holder.path) in refused.stdout, refused.stdout
 
     after_close = open_in_another_process(tmp_path)
-    assert after_close.returncode == 0 and after_close.stdout.strip() == "OPENED", after_close.stdout + after_close.stderr
+    assert after_close.returncode == 0, after_close.stdout + after_close.stderr
+    assert after_close.stdout.strip() == "OPENED"
 
 
 def test_lock_of_a_killed_holder_is_released(tmp_path):

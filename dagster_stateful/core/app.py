@@ -8,9 +8,11 @@ provisioning plan checks, and the operations users call: `dataframe()`, `to_topi
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from pathlib import Path
@@ -80,7 +82,7 @@ class App:
             raise ConfigurationError(f"app {name!r} needs distinct store names, got {self.stores}")
         self.output = output
         self.state_dir = Path(state_dir)
-        self.kafka = _kafka_clients(kafka)
+        self._kafka = None if kafka is None else _kafka_clients(kafka)
         self.key_serde = resolve_serde(key_serde)
         self.value_serde = resolve_serde(value_serde)
         self.output_serde = resolve_serde(output_serde)
@@ -110,8 +112,35 @@ class App:
         self.emits_output = False
 
     @property
+    def kafka(self) -> KafkaClients:
+        """The connection: as given, else from $KAFKA_BOOTSTRAP_SERVERS when first needed."""
+        if self._kafka is None:
+            self._kafka = _kafka_clients(None)
+        return self._kafka
+
+    def bind(self, kafka: KafkaClients | Mapping[str, Any] | str | None = None,
+             state_dir: str | Path | None = None) -> App:
+        """A copy of this app (same steps and listeners) with another connection or state directory.
+
+        Lets a deployment declare an app once and give it the connection and disk of the place it
+        runs (a Dagster resource, a test) later.
+        """
+        bound = copy.copy(self)
+        if kafka is not None:
+            bound._kafka = _kafka_clients(kafka)
+        if state_dir is not None:
+            bound.state_dir = Path(state_dir)
+        return bound
+
+    @property
     def consumer_group(self) -> str:
         return self.name
+
+    @property
+    def worker_client_id(self) -> str:
+        """The Kafka client.id of this app's workers here: says which host and state directory own a
+        partition, so a sensor can tell its own machine's copies from others'."""
+        return f"{self.name}@{socket.gethostname()}:{self.state_dir.resolve()}"
 
     def changelog_topic(self, store: str) -> str:
         return f"{self.name}-{store}-changelog"
@@ -162,11 +191,13 @@ class App:
         return apply(self.provisioning_plan(), self.kafka, self.auto_create_topics if create is None else create)
 
     def run_worker(self, max_messages: int | None = None, max_seconds: float | None = None,
-                   until_caught_up: bool = True) -> WorkerReport:
-        """Run one bounded worker in this process; see `Worker`."""
+                   until_caught_up: bool = True, partitions: Iterable[int] | None = None) -> WorkerReport:
+        """Run one bounded worker in this process: until caught up, `max_messages` or `max_seconds`,
+        whichever comes first. `partitions` pins it to those source partitions (see `Worker`)."""
         from dagster_stateful.core.worker import RunLimits, Worker
 
-        return Worker(self, RunLimits(max_messages, max_seconds, until_caught_up)).run()
+        chosen = None if partitions is None else list(partitions)
+        return Worker(self, RunLimits(max_messages, max_seconds, until_caught_up), chosen).run()
 
     def app_dir(self) -> Path:
         return self.state_dir / self.name

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from dagster_stateful.core.listeners import AppState
 from dagster_stateful.core.recovery import Restorer
@@ -29,10 +29,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+COMMITTED_ATTEMPTS = 3
+COMMITTED_TIMEOUT = 15.0
+
 
 class PartitionAssignments:
-    def __init__(self, app: App, restorer: Restorer | None, report: WorkerReport, commit: Callable[[], None]) -> None:
+    def __init__(self, app: App, restorer: Restorer | None, report: WorkerReport, commit: Callable[[], None],
+                 offset_reader: Consumer) -> None:
         self.app = app
+        self._offset_reader = offset_reader
         self._restorer = restorer
         self._report = report
         self._commit = commit
@@ -40,16 +45,17 @@ class PartitionAssignments:
         self.empty_since: float | None = None
         """Since when this worker has held no partition, once it joined the group."""
         self.shutting_down = False
+        self.failure: BaseException | None = None
         """Set before the worker closes its consumer: the final revocation is not a rebalance."""
 
-    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
             self._note_empty()
             return
         self.empty_since = None
         self.app.listeners.transition(AppState.REBALANCING)
         self._report.rebalances += 1
-        committed = consumer.committed(partitions, timeout=30)
+        committed = self._committed_offsets(partitions)
         for topic_partition in committed:
             offset = topic_partition.offset if topic_partition.offset >= 0 else None
             self._check_source_offset(consumer, topic_partition.partition, offset)
@@ -57,7 +63,7 @@ class PartitionAssignments:
         log.info("Assigned %s partitions %s", self.app.source, sorted(tp.partition for tp in partitions))
         self.app.listeners.transition(AppState.RUNNING)
 
-    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions if tp.partition in self.transactions]
         if not revoked:
             return
@@ -70,7 +76,7 @@ class PartitionAssignments:
         self._note_empty()
         log.info("Revoked %s partitions %s", self.app.source, revoked)
 
-    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _lose(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = [tp.partition for tp in partitions if tp.partition in self.transactions]
         if lost:
             log.warning("Lost %s partitions %s (the group moved on without this worker); their uncommitted work "
@@ -84,9 +90,51 @@ class PartitionAssignments:
         if not self.transactions and self.empty_since is None:
             self.empty_since = time.monotonic()
 
+    # confluent-kafka's propagation of an exception out of a rebalance callback is unreliable (it can
+    # surface as a bare KafkaError, which is no exception), so failures are kept and re-raised by
+    # `raise_failure` once `consume()` has returned.
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guarded(self._assign, consumer, partitions)
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guarded(self._revoke, consumer, partitions)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guarded(self._lose, consumer, partitions)
+
+    def _guarded(self, handler: Callable[[Consumer, list[TopicPartition]], None], consumer: Consumer,
+                 partitions: list[TopicPartition]) -> None:
+        if self.failure is not None:
+            return
+        try:
+            handler(consumer, partitions)
+        except BaseException as error:  # noqa: BLE001 - re-raised by raise_failure
+            self.failure = error
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+
     def close_all(self) -> None:
         for partition in list(self.transactions):
             self._close(partition)
+
+    def _committed_offsets(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        # Not the subscribed consumer: its committed() can stall until timeout inside a cooperative
+        # rebalance callback. A second consumer of the group that never joins it reads the same offsets.
+        for attempt in range(1, COMMITTED_ATTEMPTS + 1):
+            try:
+                return self._offset_reader.committed(partitions, timeout=COMMITTED_TIMEOUT)
+            except KafkaException as error:
+                if attempt == COMMITTED_ATTEMPTS:
+                    raise RecoveryError(
+                        f"could not read group {self.app.consumer_group!r}'s committed offsets for "
+                        f"{self.app.source} partitions {[tp.partition for tp in partitions]} after {attempt} "
+                        f"attempts ({error}); is the group coordinator reachable?") from error
+                log.warning("Reading committed offsets failed (%s); retrying", error)
+        raise AssertionError("unreachable")
 
     def _open(self, partition: int, committed: int | None) -> PartitionTransaction:
         app = self.app

@@ -9,12 +9,13 @@ and a consumer group's committed offsets.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Producer,
@@ -28,6 +29,29 @@ from confluent_kafka.admin import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str
+    client_id: str
+    host: str
+    group_instance_id: str | None
+    partitions: tuple[int, ...]
+    """Partitions of the topic asked about that this member owns."""
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group: str
+    state: str
+    """Kafka's group state: STABLE, PREPARING_REBALANCE, COMPLETING_REBALANCE, EMPTY, DEAD, UNKNOWN."""
+    members: tuple[GroupMember, ...]
+
+    def owners(self) -> dict[int, str]:
+        """Partition -> a stable name of the member that owns it (instance id, else client@host)."""
+        return {p: member.group_instance_id or f"{member.client_id}@{member.host}/{member.member_id[-8:]}"
+                for member in self.members for p in member.partitions}
 
 ADMIN_TIMEOUT = 30.0
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
@@ -80,8 +104,21 @@ class KafkaClients:
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+        self._wait_for_leaders(name, partitions)
         log.info("Created topic %s (%d partitions, replication %d, %s)", name, partitions, replication_factor,
                  dict(config))
+
+    def _wait_for_leaders(self, topic: str, partitions: int) -> None:
+        """Creation returns before every broker knows the new partitions' leaders; wait for them."""
+        deadline = time.monotonic() + ADMIN_TIMEOUT
+        while time.monotonic() < deadline:
+            metadata = self.admin().list_topics(topic, timeout=ADMIN_TIMEOUT).topics.get(topic)
+            if (metadata is not None and metadata.error is None and len(metadata.partitions) == partitions
+                    and all(p.leader >= 0 for p in metadata.partitions.values())):
+                return
+            time.sleep(0.1)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"topic {topic} has no leaders after "
+                                                               f"{ADMIN_TIMEOUT:.0f} s"))
 
     def watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
         """(low, high) offsets per partition."""
@@ -93,13 +130,60 @@ class KafkaClients:
         return {p: (low[p], high[p]) for p in partitions}
 
     def _list_offsets(self, topic: str, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
-        futures = self.admin().list_offsets({TopicPartition(topic, p): spec for p in partitions},
-                                            request_timeout=ADMIN_TIMEOUT)
-        return {tp.partition: future.result(timeout=ADMIN_TIMEOUT).offset for tp, future in futures.items()}
+        def call() -> dict[int, int]:
+            futures = self.admin().list_offsets({TopicPartition(topic, p): spec for p in partitions},
+                                                request_timeout=ADMIN_TIMEOUT)
+            return {tp.partition: future.result(timeout=ADMIN_TIMEOUT).offset for tp, future in futures.items()}
+
+        return _retrying(call)
 
     def committed_offsets(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
-        """The group's committed offset per partition (None where it never committed)."""
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
-        result = self.admin().list_consumer_group_offsets([request])[group].result(timeout=ADMIN_TIMEOUT)
-        return {tp.partition: (None if tp.offset < 0 else tp.offset) for tp in result.topic_partitions}
+        """The group's committed offset per partition (None where it never committed).
 
+        Read through a consumer that never joins the group: the admin ListConsumerGroupOffsets
+        call can crash librdkafka 2.x when the coordinator is still loading (librdkafka#5040).
+        """
+        partitions = list(partitions)
+        if not partitions:
+            return {}
+        reader = self.consumer({"group.id": group, "enable.auto.commit": False})
+        try:
+            result = _retrying(lambda: reader.committed([TopicPartition(topic, p) for p in partitions],
+                                                        timeout=ADMIN_TIMEOUT))
+        finally:
+            reader.close()
+        return {tp.partition: (None if tp.offset < 0 else tp.offset) for tp in result}
+
+    def describe_group(self, group: str, topic: str) -> GroupDescription:
+        """The group's state and members, with the partitions of `topic` each one owns."""
+        description = _retrying(lambda: self.admin().describe_consumer_groups(
+            [group], request_timeout=ADMIN_TIMEOUT)[group].result(timeout=ADMIN_TIMEOUT))
+        members = tuple(
+            GroupMember(member.member_id, member.client_id, member.host, member.group_instance_id,
+                        tuple(sorted(tp.partition for tp in (member.assignment.topic_partitions or [])
+                                     if tp.topic == topic)))
+            for member in description.members)
+        state = getattr(description.state, "name", str(description.state))
+        return GroupDescription(group, state, members)
+
+
+_T = TypeVar("_T")
+_TRANSIENT = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+              KafkaError.NOT_COORDINATOR, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART}
+
+
+def _retrying(call: Callable[[], _T]) -> _T:
+    """Run an admin call, retrying transient errors (a coordinator still loading, a new partition
+    whose leader is not elected yet) for up to ADMIN_TIMEOUT."""
+    deadline = time.monotonic() + ADMIN_TIMEOUT
+    while True:
+        try:
+            return call()
+        except KafkaException as error:
+            kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+            retriable = kafka_error is not None and (kafka_error.retriable() or kafka_error.code() in _TRANSIENT)
+            if not retriable or time.monotonic() > deadline:
+                raise
+            log.debug("Retrying a Kafka admin call after %s", error)
+            time.sleep(0.2)

@@ -89,7 +89,8 @@ class Restorer:
         last_progress = time.monotonic()
         try:
             while position < end:
-                messages = self._consumer.consume(self._batch_size, timeout=0.5)
+                # consume() waits for a full batch: ask for no more than the offsets left.
+                messages = self._consumer.consume(min(self._batch_size, end - position), timeout=0.5)
                 batch: dict[bytes, bytes | None] = {}
                 for message in messages:
                     if message.error():

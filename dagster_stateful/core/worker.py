@@ -26,7 +26,7 @@ from dagster_stateful.core.dataframe import DROPPED, StepFailed
 from dagster_stateful.core.listeners import AppState
 from dagster_stateful.core.recovery import Restorer
 from dagster_stateful.core.report import WorkerReport
-from dagster_stateful.errors import ProcessingError
+from dagster_stateful.errors import ConfigurationError, ProcessingError, StateLockedError
 
 if TYPE_CHECKING:
     from dagster_stateful.core.app import App
@@ -67,9 +67,14 @@ class StopSignal:
 
 
 class Worker:
-    def __init__(self, app: App, limits: RunLimits | None = None) -> None:
+    """One bounded run. With `partitions`, the worker takes exactly those source partitions (manual
+    assignment, no group rebalancing: for restoring or inspecting chosen partitions while no other
+    worker of the app runs); otherwise it joins the app's consumer group."""
+
+    def __init__(self, app: App, limits: RunLimits | None = None, partitions: list[int] | None = None) -> None:
         self.app = app
         self.limits = limits or RunLimits()
+        self.partitions = partitions
         self.stop = StopSignal()
         self.report = WorkerReport(app.name)
 
@@ -82,9 +87,12 @@ class Worker:
         self._open_clients()
         failed = False
         try:
-            app.provision()
-            self._consumer.subscribe([app.source], on_assign=self._assignments.on_assign,
-                                     on_revoke=self._assignments.on_revoke, on_lost=self._assignments.on_lost)
+            plan = app.provision()
+            if self.partitions is None:
+                self._consumer.subscribe([app.source], on_assign=self._assignments.on_assign,
+                                         on_revoke=self._assignments.on_revoke, on_lost=self._assignments.on_lost)
+            else:
+                self._assign_manually(plan.check(app.source).found_partitions or 0)
             self.report.stop_reason = self._loop(started)
             app.listeners.transition(AppState.PENDING_SHUTDOWN)
             self._commit()
@@ -115,7 +123,8 @@ class Worker:
     def _open_clients(self) -> None:
         app = self.app
         consumer_config = {
-            "group.id": app.consumer_group, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "group.id": app.consumer_group, "client.id": app.worker_client_id,
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "partition.assignment.strategy": "cooperative-sticky",
             **({"group.instance.id": app.group_instance_id} if app.group_instance_id else {}),
             **app.consumer_config,
@@ -129,12 +138,32 @@ class Worker:
         self._restore_consumer = app.kafka.consumer({
             "group.id": f"{app.consumer_group}-restore", "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",
+            "fetch.wait.max.ms": 10,  # restores read to a known end: never wait on an idle partition
         })
         changelogs = {store: app.changelog_topic(store) for store in app.stores} if app.use_changelog_topics else None
         self._committer = Committer(self._consumer, self._producer, self._tracker, app.source, changelogs)
         self._bad_input = BadInputHandler(app.on_error, self._producer, app.dead_letter_topic)
+        self._stateful = app.dataframe().is_stateful
         restorer = Restorer(self._restore_consumer, app.listeners, app.restore_batch_size)
-        self._assignments = PartitionAssignments(app, restorer if changelogs else None, self.report, self._commit)
+        self._offset_reader = app.kafka.consumer({"group.id": app.consumer_group, "enable.auto.commit": False})
+        self._assignments = PartitionAssignments(app, restorer if changelogs else None, self.report, self._commit,
+                                                 self._offset_reader)
+
+    def _assign_manually(self, source_partitions: int) -> None:
+        unknown = sorted(set(self.partitions or ()) - set(range(source_partitions)))
+        if unknown:
+            raise ConfigurationError(f"{self.app.source} has partitions 0..{source_partitions - 1}; there is no "
+                                     f"partition {unknown}")
+        group = self.app.kafka.describe_group(self.app.consumer_group, self.app.source)
+        if group.members:
+            raise StateLockedError(
+                f"consumer group {self.app.consumer_group!r} has {len(group.members)} active member(s) "
+                f"({', '.join(sorted(set(group.owners().values())))}); a run pinned to partitions {self.partitions} "
+                "must not compete with them. Wait until they stop (bounded runs end by themselves) and retry.")
+        topic_partitions = [TopicPartition(self.app.source, p) for p in sorted(set(self.partitions or ()))]
+        self._assignments.on_assign(self._consumer, topic_partitions)
+        self._assignments.raise_failure()
+        self._consumer.assign(topic_partitions)
 
     def _loop(self, started: float) -> str:
         limits, app = self.limits, self.app
@@ -148,6 +177,7 @@ class Worker:
             if limits.max_seconds is not None and now - started >= limits.max_seconds:
                 return "max_seconds"
             messages = self._consumer.consume(CONSUME_BATCH, timeout=0.2)
+            self._assignments.raise_failure()
             for message in messages:
                 if message.error():
                     if message.error().code() == KafkaError._PARTITION_EOF:
@@ -188,7 +218,7 @@ class Worker:
             self._count(partition)
             return True
         dataframe = app.dataframe()
-        if dataframe.is_stateful:
+        if self._stateful:
             if raw_key is None:
                 self._bad_input.handle(message, "stateful step", ValueError("stateful steps need a message key; "
                                                                             "this message has none"))
@@ -226,35 +256,30 @@ class Worker:
         committed = self._committer.commit(self._assignments.transactions.values())
         self.report.committed_offsets.update(committed)
 
-    def _watermarks(self, partition: int) -> tuple[int, int]:
-        return self._consumer.get_watermark_offsets(TopicPartition(self.app.source, partition), timeout=10,
-                                                    cached=False)
-
     def _caught_up(self) -> bool:
-        if not self._assignments.transactions:
+        transactions = self._assignments.transactions
+        if not transactions:
             # Cooperative rebalancing assigns in two rounds: an empty first round says little.
             idle_since = self._assignments.empty_since
             return idle_since is not None and time.monotonic() - idle_since >= EMPTY_ASSIGNMENT_GRACE
-        for partition, txn in self._assignments.transactions.items():
-            low, high = self._watermarks(partition)
-            position = txn.next_offset if txn.next_offset is not None else low
-            if position < high:
-                return False
-        return True
+        return not any(self._lag().values())
 
     def _lag(self) -> dict[int, int]:
-        lag = {}
-        for partition, txn in self._assignments.transactions.items():
-            low, high = self._watermarks(partition)
-            lag[partition] = max(0, high - (txn.next_offset if txn.next_offset is not None else low))
-        return lag
+        """Messages left per assigned partition. One admin request for all partitions: asking the
+        fetching consumer would queue behind its long-polling fetches."""
+        transactions = self._assignments.transactions
+        marks = self.app.kafka.watermarks(self.app.source, transactions)
+        return {p: max(0, high - (transactions[p].next_offset if transactions[p].next_offset is not None else low))
+                for p, (low, high) in marks.items()}
 
     def _close(self) -> None:
         self._assignments.shutting_down = True
         try:
             self._consumer.close()
+            self._assignments.raise_failure()
         except Exception:  # noqa: BLE001 - closing must go on
             log.exception("Closing the consumer of %r failed", self.app.name)
         self._assignments.close_all()
         self._producer.flush(30)
         self._restore_consumer.close()
+        self._offset_reader.close()

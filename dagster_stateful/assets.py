@@ -1,0 +1,101 @@
+"""Assets of a stateful app: its source topic, its changelog topics and its state stores.
+
+Owns the asset builders. The source topic is an external asset (its producers write it, not
+Dagster). Materializing the changelog assets provisions or validates the compacted topics.
+Materializing a state store runs a bounded worker: over every partition it joins the app's consumer
+group; over chosen partitions (the store is partitioned by Kafka partition) it pins a worker to
+them, so one partition can be restored and brought up to date from the UI.
+"""
+
+from collections.abc import Iterator
+
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    BackfillPolicy,
+    Config,
+    MaterializeResult,
+    StaticPartitionsDefinition,
+    multi_asset,
+)
+from pydantic import Field
+
+from dagster_stateful.core.app import App
+from dagster_stateful.core.maintenance import describe_partitions
+from dagster_stateful.core.provisioning import TopicRole
+from dagster_stateful.metadata import partitions_metadata, topic_metadata, worker_metadata
+from dagster_stateful.naming import changelog_key, group_name, job_name, source_key, store_key
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+
+SHOWN_TOPIC_CONFIGS = ("cleanup.policy", "min.insync.replicas", "segment.bytes", "segment.ms",
+                       "min.cleanable.dirty.ratio", "max.compaction.lag.ms", "delete.retention.ms", "retention.ms")
+
+
+class WorkerConfig(Config):
+    """Limits of one bounded worker run; it stops at the first one reached."""
+
+    max_messages: int | None = Field(default=None, description="Stop after this many messages (none: no limit).")
+    max_seconds: float = Field(default=120.0, description="Stop after this many seconds.")
+    until_caught_up: bool = Field(default=True, description="Stop once every assigned partition is at its end.")
+
+
+def kafka_partitions(count: int) -> StaticPartitionsDefinition:
+    return StaticPartitionsDefinition([str(p) for p in range(count)])
+
+
+def source_topic_spec(app: App) -> AssetSpec:
+    return AssetSpec(
+        source_key(app), group_name=group_name(app), kinds={"kafka"},
+        description=f"Kafka topic `{app.source}`: the input of app `{app.name}`, written by its producers.",
+        metadata={"topic": app.source, "consumer_group": app.consumer_group},
+    )
+
+
+def changelog_assets(app: App):
+    specs = [AssetSpec(changelog_key(app, store), deps=[source_key(app)], group_name=group_name(app),
+                       kinds={"kafka"},
+                       description=f"Compacted changelog of store `{store}`: every state change, the source of "
+                                   "truth for restoring the store.") for store in app.stores]
+
+    @multi_asset(name=job_name(app, "changelogs"), specs=specs, can_subset=False)
+    def changelogs(context: AssetExecutionContext, kafka: KafkaResource,
+                   state_store: StateStoreResource) -> Iterator[MaterializeResult]:
+        bound = state_store.bind(app, kafka)
+        plan = bound.provision()
+        context.log.info("Provisioning plan for %s:\n%s", app.name, plan.describe())
+        for check in plan.checks:
+            if check.spec.role is not TopicRole.CHANGELOG:
+                continue
+            topic, partitions = check.spec.name, check.found_partitions or 0
+            config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
+            store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
+            yield MaterializeResult(asset_key=changelog_key(app, store), metadata=topic_metadata(
+                partitions, config, bound.kafka.watermarks(topic, range(partitions)), check.status.value))
+
+    return changelogs
+
+
+def store_assets(app: App, source_partitions: int):
+    partitions_def = kafka_partitions(source_partitions)
+    specs = [AssetSpec(store_key(app, store), deps=[changelog_key(app, store)] if app.use_changelog_topics else
+                       [source_key(app)], group_name=group_name(app), kinds={"rocksdb"}, partitions_def=partitions_def,
+                       description=f"RocksDB state store `{store}` of app `{app.name}`, one database per Kafka "
+                                   "partition. Materializing runs a bounded worker on the chosen partitions.")
+             for store in app.stores]
+
+    @multi_asset(name=job_name(app, "stores"), specs=specs, can_subset=False, partitions_def=partitions_def,
+                 backfill_policy=BackfillPolicy.single_run())
+    def stores(context: AssetExecutionContext, config: WorkerConfig, kafka: KafkaResource,
+               state_store: StateStoreResource) -> Iterator[MaterializeResult]:
+        bound = state_store.bind(app, kafka)
+        chosen = sorted(int(key) for key in context.partition_keys)
+        pinned = None if len(chosen) == source_partitions else chosen
+        context.log.info("Running a bounded worker of %s on %s", app.name,
+                         f"partitions {pinned}" if pinned else "every partition (joining the consumer group)")
+        report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up, pinned)
+        descriptions = describe_partitions(bound, chosen)
+        for store in app.stores:
+            yield MaterializeResult(asset_key=store_key(app, store), metadata={
+                **worker_metadata(report), **partitions_metadata(d for d in descriptions if d.store == store)})
+
+    return stores

@@ -1,0 +1,59 @@
+"""One call builds every Dagster definition of a stateful app.
+
+Owns `build_stateful_definitions`: the app's assets (source topic, changelogs, state stores),
+asset checks, jobs (provision, worker, restore, clear state), the worker schedule and the lag and
+rebalance sensors, with the resources they need under the keys `kafka` and `state_store`.
+"""
+
+from __future__ import annotations
+
+from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions, ScheduleDefinition
+
+from dagster_stateful.assets import changelog_assets, source_topic_spec, store_assets
+from dagster_stateful.checks import stateful_checks
+from dagster_stateful.core.app import App
+from dagster_stateful.jobs import clear_state_job, provision_job, restore_job, worker_job
+from dagster_stateful.naming import job_name
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+from dagster_stateful.sensors import lag_sensor, rebalance_sensor
+
+
+def build_stateful_definitions(
+    app: App,
+    source_partitions: int,
+    kafka: KafkaResource,
+    state_store: StateStoreResource,
+    worker_every_minutes: int | None = 5,
+    automation_running: bool = False,
+    lag_threshold: int = 1000,
+    restore_threshold: int = 1000,
+    max_changelog_lag: int = 100_000,
+) -> Definitions:
+    """Definitions for `app`, whose source topic has `source_partitions` partitions (a check verifies it).
+
+    worker_every_minutes: run a bounded worker on this schedule (None: no schedule).
+    automation_running: start the schedule and sensors switched on (otherwise a user turns them on in the UI).
+    """
+    schedule_status = DefaultScheduleStatus.RUNNING if automation_running else DefaultScheduleStatus.STOPPED
+    sensor_status = DefaultSensorStatus.RUNNING if automation_running else DefaultSensorStatus.STOPPED
+    worker = worker_job(app)
+    assets = [source_topic_spec(app), store_assets(app, source_partitions)]
+    jobs = [worker, restore_job(app), clear_state_job(app)]
+    if app.use_changelog_topics:
+        assets.append(changelog_assets(app))
+        jobs.append(provision_job(app))
+    schedules = []
+    if worker_every_minutes:
+        schedules.append(ScheduleDefinition(
+            name=job_name(app, "worker_schedule"), job=worker, cron_schedule=f"*/{worker_every_minutes} * * * *",
+            default_status=schedule_status,
+            description=f"A bounded worker of `{app.name}` every {worker_every_minutes} minutes."))
+    return Definitions(
+        assets=assets,
+        asset_checks=stateful_checks(app, max_changelog_lag),
+        jobs=jobs,
+        schedules=schedules,
+        sensors=[lag_sensor(app, lag_threshold, default_status=sensor_status),
+                 rebalance_sensor(app, restore_threshold, default_status=sensor_status)],
+        resources={"kafka": kafka, "state_store": state_store},
+    )

@@ -1,0 +1,111 @@
+"""Jobs an operator launches from the Dagster UI for a stateful app, each with typed run config.
+
+Owns the provision job (materializes the changelog assets), the worker job (one bounded worker in
+the app's consumer group, recording a materialization of every store partition it touched), the
+restore job (bring chosen partitions up to date from the changelog, optionally from scratch) and
+the clear-state job (delete local state; refused without `confirm` and while a worker runs).
+"""
+
+from dagster import (
+    AssetMaterialization,
+    AssetSelection,
+    Config,
+    Failure,
+    OpExecutionContext,
+    define_asset_job,
+    job,
+    op,
+)
+from pydantic import Field
+
+from dagster_stateful.assets import WorkerConfig
+from dagster_stateful.core.app import App
+from dagster_stateful.core.maintenance import describe_partitions, restore_partitions
+from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
+from dagster_stateful.naming import changelog_key, job_name, store_key
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+
+
+class RestoreConfig(Config):
+    partitions: list[int] = Field(description="Kafka partitions to restore, e.g. [0, 3].")
+    from_scratch: bool = Field(default=False, description="Delete local state first and replay the whole changelog.")
+    skip_locked: bool = Field(default=True, description="Skip partitions a running worker holds (it restores them "
+                                                        "itself) instead of failing.")
+
+
+class ClearStateConfig(Config):
+    partitions: list[int] = Field(default_factory=list, description="Partitions to clear; empty clears all.")
+    confirm: bool = Field(default=False, description="Must be true: local state is deleted (it is restored from "
+                                                     "the changelog on the next run).")
+
+
+def provision_job(app: App):
+    return define_asset_job(job_name(app, "provision"),
+                            selection=AssetSelection.assets(*(changelog_key(app, s) for s in app.stores)),
+                            description=f"Create or validate the changelog topics of app `{app.name}`.")
+
+
+def worker_job(app: App):
+    @op(name=job_name(app, "run_worker_op"))
+    def run_worker_op(context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource,
+                      state_store: StateStoreResource) -> None:
+        bound = state_store.bind(app, kafka)
+        report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
+        touched = sorted(set(report.messages_processed) | {r.partition for r in report.restores} | set(report.lag))
+        for description in describe_partitions(bound, touched):
+            context.log_event(AssetMaterialization(
+                asset_key=store_key(app, description.store), partition=str(description.partition),
+                description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
+                metadata={**partition_metadata(description),
+                          "messages_processed": report.messages_processed.get(description.partition, 0)}))
+        context.add_output_metadata(worker_metadata(report))
+
+    @job(name=job_name(app, "worker"), description=f"Run one bounded worker of app `{app.name}` in its consumer "
+                                                   "group: process until caught up or a limit, commit, stop.")
+    def worker():
+        run_worker_op()
+
+    return worker
+
+
+def restore_job(app: App):
+    @op(name=job_name(app, "restore_op"))
+    def restore_op(context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource,
+                   state_store: StateStoreResource) -> None:
+        bound = state_store.bind(app, kafka)
+        reports = restore_partitions(bound, config.partitions, from_scratch=config.from_scratch,
+                                     skip_locked=config.skip_locked)
+        for description in describe_partitions(bound, config.partitions):
+            mine = [r for r in reports if r.partition == description.partition and r.store == description.store]
+            context.log_event(AssetMaterialization(
+                asset_key=store_key(app, description.store), partition=str(description.partition),
+                description=f"restore: {', '.join(r.kind for r in mine)}",
+                metadata={**partition_metadata(description), **restore_metadata(mine)}))
+        context.add_output_metadata(restore_metadata(reports))
+
+    @job(name=job_name(app, "restore"), description=f"Restore chosen partitions of app `{app.name}` from their "
+                                                    "changelogs (the rebalance sensor requests this too).")
+    def restore():
+        restore_op()
+
+    return restore
+
+
+def clear_state_job(app: App):
+    @op(name=job_name(app, "clear_state_op"))
+    def clear_state_op(context: OpExecutionContext, config: ClearStateConfig, kafka: KafkaResource,
+                       state_store: StateStoreResource) -> None:
+        if not config.confirm:
+            raise Failure(description=f"Refusing to delete the local state of app {app.name!r}: set `confirm: true` "
+                                      "in the run config. The state is rebuilt from the changelog on the next run.")
+        bound = state_store.bind(app, kafka)
+        deleted = bound.clear_state(partitions=config.partitions or None)
+        context.log.warning("Deleted local state of %s: %s", app.name, [str(path) for path in deleted])
+        context.add_output_metadata({"deleted_paths": [str(path) for path in deleted]})
+
+    @job(name=job_name(app, "clear_state"), description=f"Delete local state of app `{app.name}` (all, or chosen "
+                                                        "partitions). Refused while a worker of the app runs.")
+    def clear_state():
+        clear_state_op()
+
+    return clear_state

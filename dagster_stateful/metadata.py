@@ -1,0 +1,86 @@
+"""Turning the core's results into the metadata a person wants to see in the Dagster UI.
+
+Owns the metadata of worker runs (messages, committed offsets, restores, lag, rebalances, bad
+messages), of store partitions (keys, bytes on disk, offsets, how far behind the changelog) and of
+topics (partitions, config, low/high offsets). Plain numbers where the UI can plot them, JSON or
+Markdown tables where a breakdown helps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dagster import MetadataValue
+
+from dagster_stateful.core.maintenance import PartitionDescription
+from dagster_stateful.core.report import RestoreReport, WorkerReport
+
+
+def worker_metadata(report: WorkerReport) -> dict[str, Any]:
+    return {
+        "stop_reason": report.stop_reason,
+        "messages_processed": report.total_processed,
+        "messages_per_partition": MetadataValue.json({str(p): n for p, n in sorted(report.messages_processed.items())}),
+        "committed_offsets": MetadataValue.json({str(p): o for p, o in sorted(report.committed_offsets.items())}),
+        "lag_left": report.total_lag,
+        "lag_per_partition": MetadataValue.json({str(p): n for p, n in sorted(report.lag.items())}),
+        "rebalances_seen": report.rebalances,
+        "skipped_messages": report.skipped,
+        "dead_lettered_messages": report.dead_lettered,
+        "duration_seconds": round(report.seconds, 3),
+        **restore_metadata(report.restores),
+    }
+
+
+def restore_metadata(restores: Iterable[RestoreReport]) -> dict[str, Any]:
+    restores = list(restores)
+    rows = ["| store | partition | kind | offsets | applied | skipped | seconds |", "|---|---|---|---|---|---|---|"]
+    rows += [f"| {r.store} | {r.partition} | {r.kind} | {r.start_offset}..{r.end_offset} | {r.records_applied} | "
+             f"{r.records_skipped} | {r.seconds:.3f} |" for r in restores]
+    return {
+        "restores": len([r for r in restores if r.kind != "none"]),
+        "records_restored": sum(r.records_applied for r in restores),
+        "restore_seconds": round(sum(r.seconds for r in restores), 3),
+        "restore_details": MetadataValue.md("\n".join(rows) if restores else "No restore was needed."),
+    }
+
+
+def partitions_metadata(descriptions: Iterable[PartitionDescription]) -> dict[str, Any]:
+    descriptions = list(descriptions)
+    return {
+        "keys": sum(d.keys or 0 for d in descriptions),
+        "bytes_on_disk": sum(d.bytes_on_disk for d in descriptions),
+        "changelog_lag": sum(d.changelog_lag for d in descriptions),
+        "keys_per_partition": MetadataValue.json({str(d.partition): d.keys for d in descriptions}),
+        "bytes_per_partition": MetadataValue.json({str(d.partition): d.bytes_on_disk for d in descriptions}),
+        "local_changelog_offsets": MetadataValue.json(
+            {str(d.partition): d.local_changelog_offset for d in descriptions}),
+        "committed_source_offsets": MetadataValue.json(
+            {str(d.partition): d.committed_source_offset for d in descriptions}),
+    }
+
+
+def partition_metadata(description: PartitionDescription) -> dict[str, Any]:
+    return {
+        "keys": description.keys if description.keys is not None else -1,
+        "bytes_on_disk": description.bytes_on_disk,
+        "local_changelog_offset": description.local_changelog_offset if description.local_changelog_offset is not None else -1,
+        "changelog_high": description.changelog_high,
+        "changelog_lag": description.changelog_lag,
+        "committed_source_offset": (description.committed_source_offset
+                                    if description.committed_source_offset is not None else -1),
+        "source_lag": description.source_lag,
+    }
+
+
+def topic_metadata(partitions: int, config: dict[str, str], watermarks: dict[int, tuple[int, int]],
+                   status: str) -> dict[str, Any]:
+    return {
+        "status": status,
+        "partitions": partitions,
+        "config": MetadataValue.json(config),
+        "low_offsets": MetadataValue.json({str(p): low for p, (low, _) in sorted(watermarks.items())}),
+        "high_offsets": MetadataValue.json({str(p): high for p, (_, high) in sorted(watermarks.items())}),
+        "records_upper_bound": sum(high - low for low, high in watermarks.values()),
+    }

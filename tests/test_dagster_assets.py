@@ -1,0 +1,114 @@
+"""The Dagster layer against the real broker: assets, checks and jobs materialize with the metadata a
+user looks at."""
+
+import pytest
+from dagster import AssetKey, DagsterInstance, materialize
+
+from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from dagster_stateful.builder import build_stateful_definitions
+from dagster_stateful.checks import stateful_checks
+from dagster_stateful.naming import changelog_key, job_name, store_key
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+
+PARTITIONS = 3
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap, unique_name, tmp_path):
+    orders = make_orders(300, customers=12)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, orders)
+    app = totals_app(kafka_bootstrap, source, tmp_path, unique_name("totals")).bind(state_dir=tmp_path / "unbound")
+    resources = {"kafka": KafkaResource(bootstrap_servers=kafka_bootstrap),
+                 "state_store": StateStoreResource(state_dir=str(tmp_path / "state"))}
+    defs = build_stateful_definitions(app, PARTITIONS, resources["kafka"], resources["state_store"])
+    bound = resources["state_store"].bind(app, resources["kafka"])
+    return defs, app, bound, resources, orders
+
+
+def asset_def(defs, key: AssetKey):
+    return defs.get_assets_def(key)
+
+
+def test_changelog_asset_provisions_a_compacted_topic(deployment):
+    defs, app, bound, resources, _ = deployment
+
+    result = materialize([asset_def(defs, changelog_key(app, "totals"))], resources=resources)
+
+    metadata = result.asset_materializations_for_node(job_name(app, "changelogs"))[0].metadata
+    assert metadata["status"].value == "created"
+    assert metadata["partitions"].value == PARTITIONS
+    assert metadata["config"].value["cleanup.policy"] == "compact"
+    assert bound.kafka.topic_config(app.changelog_topic("totals"))["cleanup.policy"] == "compact"
+    again = materialize([asset_def(defs, changelog_key(app, "totals"))], resources=resources)
+    assert again.asset_materializations_for_node(job_name(app, "changelogs"))[0].metadata["status"].value == "ok"
+
+
+def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
+    defs, app, bound, resources, orders = deployment
+
+    result = materialize([asset_def(defs, store_key(app, "totals"))], resources=resources,
+                         tags={"dagster/asset_partition_range_start": "0",
+                               "dagster/asset_partition_range_end": str(PARTITIONS - 1)})
+
+    metadata = result.asset_materializations_for_node(job_name(app, "stores"))[0].metadata
+    assert metadata["messages_processed"].value == len(orders)
+    assert metadata["lag_left"].value == 0 and metadata["stop_reason"].value == "caught_up"
+    assert metadata["keys"].value == 12 and metadata["bytes_on_disk"].value > 0
+    assert sum(metadata["committed_offsets"].value.values()) == len(orders)
+    assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+
+
+def test_one_partition_of_the_state_store_can_be_materialized_alone(deployment):
+    defs, app, bound, resources, orders = deployment
+
+    result = materialize([asset_def(defs, store_key(app, "totals"))], resources=resources, partition_key="1")
+
+    metadata = result.asset_materializations_for_node(job_name(app, "stores"))[0].metadata
+    assert set(metadata["messages_per_partition"].value) == {"1"}
+    assert set(metadata["keys_per_partition"].value) == {"1"}
+    committed = bound.kafka.committed_offsets(app.consumer_group, app.source, range(PARTITIONS))
+    assert committed[0] is None and committed[2] is None and committed[1] > 0
+
+
+def test_worker_job_records_each_partition_and_checks_pass(deployment):
+    defs, app, bound, resources, orders = deployment
+    instance = DagsterInstance.ephemeral()
+
+    result = defs.resolve_job_def(job_name(app, "worker")).execute_in_process(
+        instance=instance, run_config={"ops": {job_name(app, "run_worker_op"): {"config": {"max_seconds": 120}}}})
+
+    assert result.success
+    events = [e.event_specific_data.materialization for e in result.all_events if e.is_step_materialization]
+    assert sorted(m.partition for m in events) == [str(p) for p in range(PARTITIONS)]
+    assert sum(m.metadata["messages_processed"].value for m in events) == len(orders)
+    assert all(m.metadata["changelog_lag"].value == 0 for m in events)
+    changelog_checks = [c for c in stateful_checks(app)
+                        if {k.asset_key for k in c.check_keys} == {changelog_key(app, "totals")}]
+    check_results = materialize([asset_def(defs, changelog_key(app, "totals")), *changelog_checks],
+                                resources=resources, instance=instance).get_asset_check_evaluations()
+    assert {c.check_name: c.passed for c in check_results} == {
+        "partition_parity": True, "cleanup_policy_compact": True, "stored_offsets_within_changelog": True,
+        "committed_offsets_retained": True}
+
+
+def test_restore_and_clear_state_jobs(deployment):
+    defs, app, bound, resources, orders = deployment
+    bound.run_worker(max_seconds=120)
+    instance = DagsterInstance.ephemeral()
+    clear = defs.resolve_job_def(job_name(app, "clear_state"))
+
+    refused = clear.execute_in_process(instance=instance, raise_on_error=False, run_config={
+        "ops": {job_name(app, "clear_state_op"): {"config": {"partitions": [2]}}}})
+    assert not refused.success and (bound.state_dir / app.name / "totals" / "2").exists()
+
+    cleared = clear.execute_in_process(instance=instance, run_config={
+        "ops": {job_name(app, "clear_state_op"): {"config": {"partitions": [2], "confirm": True}}}})
+    assert cleared.success and not (bound.state_dir / app.name / "totals" / "2").exists()
+
+    restored = defs.resolve_job_def(job_name(app, "restore")).execute_in_process(instance=instance, run_config={
+        "ops": {job_name(app, "restore_op"): {"config": {"partitions": [2]}}}})
+    assert restored.success
+    [event] = [e.event_specific_data.materialization for e in restored.all_events if e.is_step_materialization]
+    assert event.partition == "2" and event.metadata["changelog_lag"].value == 0
+    assert event.metadata["records_restored"].value > 0
+    assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
