@@ -64,6 +64,8 @@ def test_two_workers_split_partitions_and_survive_join_and_leave(kafka_bootstrap
     report = final.run_worker(max_seconds=120)
 
     moved = {p for p, count in report_b.messages_processed.items() if count}
-    assert moved <= {r.partition for r in report.restores if r.kind == "partial"}
+    # A caught up on B's work partially: when B left during the shared run, or in this final run.
+    restored_by_a = {r.partition for r in report_a.restores + report.restores if r.kind == "partial"}
+    assert moved <= restored_by_a
     assert totals_in_store(final, 4) == expected_totals(orders + more)
     assert states[:2] == [AppState.REBALANCING, AppState.RUNNING] and states[-1] == AppState.NOT_RUNNING
