@@ -7,6 +7,7 @@ other's data.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield broker.start(tie_to_parent=True)
     finally:
+        gc.collect()  # close clients tests left to the garbage collector while the broker still answers
         broker.stop()
 
 

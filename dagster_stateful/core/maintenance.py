@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from dagster_stateful.core.checkpoint import read_checkpoint
+from dagster_stateful.core.kafka import RESTORE_CONSUMER_CONFIG
 from dagster_stateful.core.recovery import Restorer
 from dagster_stateful.core.report import RestoreReport
 from dagster_stateful.core.store import StorePartition, partition_path
@@ -34,8 +35,7 @@ def restore_partitions(app: App, partitions: Iterable[int], stores: Iterable[str
     partitions = sorted(set(partitions))
     store_names = list(stores or app.stores)
     committed = app.kafka.committed_offsets(app.consumer_group, app.source, partitions)
-    consumer = app.kafka.consumer({"group.id": f"{app.consumer_group}-restore", "enable.auto.commit": False,
-                                   "fetch.wait.max.ms": 10})
+    consumer = app.kafka.consumer({"group.id": f"{app.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(consumer, app.listeners, app.restore_batch_size)
     reports = []
     activity = app.activity_lock()

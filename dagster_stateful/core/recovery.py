@@ -82,6 +82,35 @@ class Restorer:
                  report.records_skipped, report.seconds)
         return report
 
+    @staticmethod
+    def _deduplicate(messages: list, skip_from: int, report: RestoreReport) -> dict[bytes, bytes | None]:
+        """The batch's last value per key (None: tombstone), without records of uncommitted messages.
+
+        This loop runs once per changelog record: the header written by the commit path (one,
+        an 8-byte big-endian offset) is compared as bytes, which orders like the offsets.
+        """
+        skip_key = skip_from.to_bytes(8, "big", signed=True)
+        batch: dict[bytes, bytes | None] = {}
+        skipped = 0
+        for message in messages:
+            if message.error():
+                raise KafkaException(message.error())
+            headers = message.headers()
+            if headers:
+                name, value = headers[0]
+                if name == SOURCE_OFFSET_HEADER and len(headers) == 1 and value is not None and len(value) == 8:
+                    if value >= skip_key:
+                        skipped += 1
+                        continue
+                else:
+                    offset = processed_offset(headers)
+                    if offset is not None and offset >= skip_from:
+                        skipped += 1
+                        continue
+            batch[message.key()] = message.value()
+        report.records_skipped += skipped
+        return batch
+
     def _replay(self, store: StorePartition, start: int, end: int, skip_from: int, report: RestoreReport) -> None:
         topic_partition = TopicPartition(store.changelog_topic, store.partition, start)
         self._consumer.assign([topic_partition])
@@ -91,17 +120,9 @@ class Restorer:
             while position < end:
                 # consume() waits for a full batch: ask for no more than the offsets left.
                 messages = self._consumer.consume(min(self._batch_size, end - position), timeout=0.5)
-                batch: dict[bytes, bytes | None] = {}
-                for message in messages:
-                    if message.error():
-                        raise KafkaException(message.error())
-                    source_offset = processed_offset(message.headers())
-                    if source_offset is not None and source_offset >= skip_from:
-                        report.records_skipped += 1
-                    else:
-                        batch[message.key()] = message.value()
-                    position = message.offset() + 1
+                batch = self._deduplicate(messages, skip_from, report)
                 if messages:
+                    position = messages[-1].offset() + 1
                     last_progress = time.monotonic()
                     store.write_restored(sorted(batch.items()), position)
                     report.records_applied += len(batch)

@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from dagster_stateful.core.assignment import PartitionAssignments
 from dagster_stateful.core.bad_input import BadInputHandler
 from dagster_stateful.core.commit import Committer, DeliveryTracker
+from dagster_stateful.core.kafka import RESTORE_CONSUMER_CONFIG
 from dagster_stateful.core.dataframe import DROPPED, StepFailed
 from dagster_stateful.core.listeners import AppState
 from dagster_stateful.core.recovery import Restorer
@@ -135,11 +136,8 @@ class Worker:
             "acks": "all", "enable.idempotence": True, "linger.ms": 5, "partitioner": "murmur2_random",
             "on_delivery": self._tracker, **app.producer_config,
         })
-        self._restore_consumer = app.kafka.consumer({
-            "group.id": f"{app.consumer_group}-restore", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",
-            "fetch.wait.max.ms": 10,  # restores read to a known end: never wait on an idle partition
-        })
+        self._restore_consumer = app.kafka.consumer({"group.id": f"{app.consumer_group}-restore",
+                                                     **RESTORE_CONSUMER_CONFIG})
         changelogs = {store: app.changelog_topic(store) for store in app.stores} if app.use_changelog_topics else None
         self._committer = Committer(self._consumer, self._producer, self._tracker, app.source, changelogs)
         self._bad_input = BadInputHandler(app.on_error, self._producer, app.dead_letter_topic)
