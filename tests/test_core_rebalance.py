@@ -69,3 +69,30 @@ def test_two_workers_split_partitions_and_survive_join_and_leave(kafka_bootstrap
     assert moved <= restored_by_a
     assert totals_in_store(final, 4) == expected_totals(orders + more)
     assert states[:2] == [AppState.REBALANCING, AppState.RUNNING] and states[-1] == AppState.NOT_RUNNING
+
+
+def test_static_membership_keeps_the_worker_named_across_restarts(kafka_bootstrap, unique_name, tmp_path):
+    orders = make_orders(200, customers=10)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 2, orders)
+    name = unique_name("totals")
+    app = totals_app(kafka_bootstrap, source, tmp_path, name, group_instance_id="worker-a")
+    worker = Worker(app, RunLimits(max_seconds=120, until_caught_up=False))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        group = wait_for(lambda: (g := app.kafka.describe_group(app.consumer_group, source)).members and g, 60,
+                         "the worker to join the group")
+        assert [member.group_instance_id for member in group.members] == ["worker-a"]
+        assert sorted(p for member in group.members for p in member.partitions) == [0, 1]
+        wait_for(lambda: worker.report.total_processed == 200, 60, "the backlog to be processed")
+    finally:
+        worker.stop.request()
+        thread.join(60)
+
+    more = make_orders(100, customers=10, start=200)
+    produce(kafka_bootstrap, source, more)
+    restarted = totals_app(kafka_bootstrap, source, tmp_path, name, group_instance_id="worker-a")
+    report = restarted.run_worker(max_seconds=120)
+
+    assert report.stop_reason == "caught_up" and report.total_processed == 100
+    assert totals_in_store(restarted, 2) == expected_totals(orders + more)

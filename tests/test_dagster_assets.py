@@ -2,7 +2,7 @@
 user looks at."""
 
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from dagster_stateful.builder import build_stateful_definitions
@@ -112,3 +112,34 @@ def test_restore_and_clear_state_jobs(deployment):
     assert event.partition == "2" and event.metadata["changelog_lag"].value == 0
     assert event.metadata["records_restored"].value > 0
     assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+
+
+def test_changelog_checks_fail_with_what_to_do(deployment):
+    defs, app, bound, resources, orders = deployment
+    bound.kafka.create_topic(app.changelog_topic("totals"), PARTITIONS + 1, 1, {"cleanup.policy": "delete"})
+    checks = {c.check_key.name: c for c in stateful_checks(app, max_changelog_lag=0)}
+
+    parity = _evaluate(checks["partition_parity"], resources)
+    policy = _evaluate(checks["cleanup_policy_compact"], resources)
+
+    assert not parity.passed and f"has {PARTITIONS + 1} partitions" in parity.description
+    assert not policy.passed and "cleanup.policy=delete" in policy.description
+
+
+def test_freshness_check_flags_local_state_behind_its_changelog(deployment):
+    defs, app, bound, resources, orders = deployment
+    elsewhere = bound.bind(state_dir=bound.state_dir.parent / "elsewhere")
+    bound.run_worker(max_messages=30, max_seconds=120)
+    elsewhere.run_worker(max_seconds=120)  # moves the changelog on without this machine's copies
+    [fresh] = [c for c in stateful_checks(app, max_changelog_lag=0) if c.check_key.name == "local_state_fresh"]
+
+    result = _evaluate(fresh, resources)
+
+    assert not result.passed and "behind their changelog" in result.description
+    assert result.metadata["partitions_behind"].value > 0
+
+
+def _evaluate(check, resources):
+    result = materialize([check], resources=resources, selection=AssetSelection.checks(check))
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation
