@@ -2,7 +2,8 @@
 
 Owns `build_stateful_definitions`: the app's assets (source topic, changelogs, state stores),
 asset checks, jobs (provision, worker, restore, clear state), the worker schedule and the lag and
-rebalance sensors, with the resources they need under the keys `kafka` and `state_store`.
+rebalance sensors, with the resources they need under the keys `kafka`, `state_store` and
+`pyspark` (Spark with the Kafka connector, for the Spark jobs).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dagster_stateful.checks import stateful_checks
 from dagster_stateful.core.app import App
 from dagster_stateful.jobs import clear_state_job, provision_job, restore_job, worker_job
 from dagster_stateful.naming import job_name
-from dagster_stateful.resources import KafkaResource, StateStoreResource
+from dagster_stateful.resources import KafkaResource, StateStoreResource, StatefulSparkResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor
 
 
@@ -28,6 +29,7 @@ def build_stateful_definitions(
     lag_threshold: int = 1000,
     restore_threshold: int = 1000,
     max_changelog_lag: int = 100_000,
+    spark: StatefulSparkResource | None = None,
 ) -> Definitions:
     """Definitions for `app`, whose source topic has `source_partitions` partitions (a check verifies it).
 
@@ -55,5 +57,6 @@ def build_stateful_definitions(
         schedules=schedules,
         sensors=[lag_sensor(app, lag_threshold, default_status=sensor_status),
                  rebalance_sensor(app, restore_threshold, default_status=sensor_status)],
-        resources={"kafka": kafka, "state_store": state_store},
+        resources={"kafka": kafka, "state_store": state_store,
+                   "pyspark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"})},
     )

@@ -2,7 +2,7 @@
 
 Owns configuration only. `KafkaResource` turns bootstrap servers and client settings (secrets
 through `EnvVar`, never logged) into the core's `KafkaClients`; `StateStoreResource` names the
-state directory and binds an app to it and to a connection; `spark_resource` builds
+state directory and binds an app to it and to a connection; `StatefulSparkResource` is
 dagster-pyspark's resource with Spark's Kafka connector jars on the classpath.
 """
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
+from dagster_pyspark import PySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field
 
 from dagster_stateful.core.app import App
@@ -60,16 +62,26 @@ class StateStoreResource(ConfigurableResource):
         return app.bind(kafka=kafka.clients(), state_dir=self.state_dir)
 
 
-def spark_resource(master: str = "local[*]", extra_config: dict[str, str] | None = None):
-    """dagster-pyspark's resource with Spark's Kafka connector jars (fetched once from Maven Central).
 
-    `master="local[*]"` runs Spark in the run's process; set a cluster's master URL to run the
-    same jobs there (the jars are shipped with `spark.jars`).
+class StatefulSparkResource(PySparkResource):
+    """dagster-pyspark's resource, with Spark's Kafka connector jars added to `spark.jars`.
+
+    The jars (fetched once from Maven Central) are resolved when a run first needs Spark, not
+    when the code location loads. `spark.master` defaults to `local[*]`; set a cluster's master
+    URL to run the same jobs there.
     """
-    from dagster_pyspark import PySparkResource
 
-    from dagster_stateful.spark.connector import spark_jars_conf
+    include_kafka_connector: bool = Field(default=True, description="Add spark-sql-kafka and its dependencies "
+                                                                    "to spark.jars.")
 
-    config = {"spark.master": master, "spark.jars": spark_jars_conf(), "spark.sql.shuffle.partitions": "8",
-              "spark.ui.showConsoleProgress": "false", **(extra_config or {})}
-    return PySparkResource(spark_config=config)
+    def effective_spark_config(self) -> dict[str, Any]:
+        config = {"spark.master": "local[*]", "spark.ui.showConsoleProgress": "false", **self.spark_config}
+        if self.include_kafka_connector:
+            from dagster_stateful.spark.connector import spark_jars_conf
+
+            jars = [jar for jar in (config.get("spark.jars", ""), spark_jars_conf()) if jar]
+            config["spark.jars"] = ",".join(jars)
+        return config
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._spark_session = spark_session_from_config(self.effective_spark_config())
