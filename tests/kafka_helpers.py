@@ -1,8 +1,10 @@
-"""Small helpers for tests that talk to the real broker: topics, producing, reading, waiting."""
+"""Small helpers for tests of real services: Kafka topics, producing, reading, waiting, ports, HTTP."""
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -46,8 +48,9 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
     assert remaining == 0 and not errors, f"undelivered: {remaining}, errors: {errors}"
 
 
-def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
-    """Every record of every partition of `topic` from the beginning up to the current end."""
+def read_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
+    """Every message (confluent_kafka.Message) of every partition of `topic`, from the beginning up
+    to the current end."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}-{time.monotonic_ns()}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     try:
@@ -55,7 +58,7 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[by
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
         pending = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        records: list[tuple[bytes | None, bytes | None]] = []
+        messages = []
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
@@ -63,9 +66,28 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[by
             for message in consumer.consume(500, timeout=0.5):
                 if message.error():
                     raise KafkaException(message.error())
-                records.append((message.key(), message.value()))
+                messages.append(message)
                 if message.offset() >= ends[message.partition()] - 1:
                     pending.discard(message.partition())
-        return records
+        return messages
     finally:
         consumer.close()
+
+
+def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
+    """(key, value) of every record of `topic`, from the beginning up to the current end."""
+    return [(message.key(), message.value()) for message in read_messages(bootstrap, topic, timeout)]
+
+
+def answers_http(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from core_helpers import (
     FAST_COMMITS,
@@ -21,7 +20,7 @@ from core_helpers import (
 from dagster_stateful.core import App, AppState, State
 from dagster_stateful.core.bad_input import ERROR_HEADER_PREFIX
 from dagster_stateful.errors import ProcessingError
-from kafka_helpers import create_topic
+from kafka_helpers import create_topic, read_messages
 
 NOT_JSON = b"{not json"
 
@@ -87,30 +86,10 @@ def expected_state(records: list[tuple[bytes, bytes]]) -> dict[str, dict[str, in
     return result
 
 
-def read_with_headers(bootstrap: str, topic: str, timeout: float = 30.0) -> list[dict]:
-    """Every record of `topic` from the beginning to its current end, with headers and position."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}-{time.monotonic_ns()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        records = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"could not read {topic} to its end within {timeout} s")
-            for message in consumer.consume(500, timeout=0.5):
-                if message.error():
-                    raise KafkaException(message.error())
-                records.append({"key": message.key(), "value": message.value(),
-                                "headers": dict(message.headers() or [])})
-                if message.offset() >= ends[message.partition()] - 1:
-                    pending.discard(message.partition())
-        return records
-    finally:
-        consumer.close()
+def read_with_headers(bootstrap: str, topic: str) -> list[dict]:
+    """Every record of `topic` from the beginning to its current end, with its headers."""
+    return [{"key": m.key(), "value": m.value(), "headers": dict(m.headers() or [])}
+            for m in read_messages(bootstrap, topic)]
 
 
 # --- raise (the default) -------------------------------------------------------------------------------------

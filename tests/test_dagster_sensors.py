@@ -7,7 +7,6 @@ from dagster import DagsterInstance, SkipReason, build_sensor_context
 
 from core_helpers import make_orders, orders_topic, totals_app
 from dagster_stateful.builder import build_stateful_definitions
-from dagster_stateful.core.checkpoint import read_checkpoint
 from dagster_stateful.core.maintenance import describe_partitions
 from dagster_stateful.core.worker import RunLimits, Worker
 from dagster_stateful.naming import job_name, store_key

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance
 
-from kafka_helpers import wait_for
+from kafka_helpers import answers_http, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,9 +62,7 @@ def test_example_generates_orders_and_keeps_totals(example):
 
 
 def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {key: value for key, value in os.environ.items() if key != "KAFKA_BOOTSTRAP_SERVERS"}
     env.update(DAGSTER_PORT=str(port), DAGSTER_STATEFUL_DEV_DIR=str(tmp_path / "dev"),
                DAGSTER_STATEFUL_VENV=sys.prefix)
@@ -74,7 +70,7 @@ def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
     process = subprocess.Popen(["bash", str(ROOT / "scripts" / "run-example")], env=env, stdout=output,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/server_info"), 180,
+        wait_for(lambda: answers_http(f"http://127.0.0.1:{port}/server_info"), 180,
                  f"the Dagster UI on port {port} (log: {tmp_path / 'run-example.log'})", interval=1.0)
         status = subprocess.run([sys.executable, "-m", "dagster_stateful.cli", "kafka", "status", "--home",
                                  str(tmp_path / "dev" / "kafka")], capture_output=True, text=True, check=False)
@@ -92,15 +88,7 @@ def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
     assert "stopped the Kafka broker" in log, log[-2000:]
     assert not _processes_mentioning(str(tmp_path / "dev")), "the broker outlived Ctrl-C"
     assert not _processes_mentioning(str(port)), "Dagster outlived Ctrl-C"
-    assert not _answers(f"http://127.0.0.1:{port}/server_info")
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    assert not answers_http(f"http://127.0.0.1:{port}/server_info")
 
 
 def _processes_mentioning(text: str) -> list[int]:

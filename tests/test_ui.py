@@ -7,10 +7,8 @@ Playwright (its own browser download is never used).
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import orjson
@@ -19,7 +17,7 @@ from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import expect, sync_playwright
 
 from dagster_stateful.core.kafka import KafkaClients
-from kafka_helpers import produce, wait_for
+from kafka_helpers import answers_http, free_port, produce, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCATION = "dagster-stateful-example"
@@ -29,27 +27,13 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-d
                  "--no-first-run"]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def dagster_ui(kafka_bootstrap, tmp_path):
     clients = KafkaClients({"bootstrap.servers": kafka_bootstrap})
     if clients.partition_count("orders") is None:
         clients.create_topic("orders", 6, 1, {})
     produce(kafka_bootstrap, "orders", [(b"customer-001", orjson.dumps({"customer": "customer-001", "amount": 5}))])
-    port = _free_port()
+    port = free_port()
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -60,7 +44,7 @@ def dagster_ui(kafka_bootstrap, tmp_path):
                                 "-p", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:
-        wait_for(lambda: process.poll() is None and _answers(f"http://127.0.0.1:{port}/server_info"), 120,
+        wait_for(lambda: process.poll() is None and answers_http(f"http://127.0.0.1:{port}/server_info"), 120,
                  f"the Dagster UI (log: {tmp_path / 'dagster-dev.log'})", interval=0.5)
         yield port
     finally:

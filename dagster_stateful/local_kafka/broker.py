@@ -29,6 +29,7 @@ from enum import Enum
 from pathlib import Path
 
 from dagster_stateful.errors import BrokerStartError, JavaNotFoundError, LocalKafkaError, PortInUseError
+from dagster_stateful.local_kafka.config import HOST, LOG4J2_PROPERTIES, server_properties
 from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 KAFKA_VERSION = "4.3.1"
 LOG4J_VERSION = "2.25.4"  # log4j-core's version in kafka 4.3.1's POM; the SLF4J binding must match it
 MIN_JAVA_MAJOR = 17
-HOST = "127.0.0.1"
 STATE_FILE = "broker.json"
 
 
@@ -186,9 +186,9 @@ class LocalKafkaBroker:
     def _write_config(self, port: int, controller_port: int) -> None:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "data").mkdir(parents=True, exist_ok=True)
-        properties = {**_server_properties(self.home / "data", port, controller_port), **self.settings.properties}
+        properties = {**server_properties(self.home / "data", port, controller_port), **self.settings.properties}
         (self.home / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
-        (self.home / "log4j2.properties").write_text(_LOG4J2_PROPERTIES)
+        (self.home / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
 
     def _format_storage(self, java: str, classpath: str) -> None:
         if (self.home / "data" / "meta.properties").exists():
@@ -302,58 +302,6 @@ def _java_major_version(java: str) -> int:
         raise JavaNotFoundError(f"could not read the version of {java}; it printed: {output.strip()[:300]}")
     major = int(match.group(1))
     return int(match.group(2) or 0) if major == 1 else major
-
-
-def _server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
-    return {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(data_dir),
-        "num.network.threads": "2",
-        "num.io.threads": "2",
-        "num.partitions": "1",
-        "default.replication.factor": "1",
-        "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        "group.initial.rebalance.delay.ms": "0",
-        "group.min.session.timeout.ms": "1000",
-        "log.cleaner.backoff.ms": "200",
-        "log.cleaner.dedupe.buffer.size": "33554432",
-        "log.retention.check.interval.ms": "1000",
-        "log.segment.delete.delay.ms": "1000",
-    }
-
-
-_LOG4J2_PROPERTIES = """\
-status = warn
-appender.file.type = RollingFile
-appender.file.name = file
-appender.file.fileName = ${sys:kafka.logs.dir}/server.log
-appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-appender.file.policies.type = Policies
-appender.file.policies.size.type = SizeBasedTriggeringPolicy
-appender.file.policies.size.size = 50MB
-appender.file.strategy.type = DefaultRolloverStrategy
-appender.file.strategy.max = 3
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.state.name = state.change.logger
-logger.state.level = warn
-"""
 
 
 def _free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]
