@@ -6,9 +6,15 @@ rebalance sensors, with the resources they need under the keys `kafka`, `state_s
 `pyspark` (Spark with the Kafka connector, for the Spark jobs).
 """
 
-from __future__ import annotations
-
-from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions, ScheduleDefinition
+from dagster import (
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    Definitions,
+    RunRequest,
+    ScheduleEvaluationContext,
+    SkipReason,
+    schedule,
+)
 
 from dagster_stateful.assets import changelog_assets, source_topic_spec, store_assets
 from dagster_stateful.checks import stateful_checks
@@ -44,12 +50,7 @@ def build_stateful_definitions(
     if app.use_changelog_topics:
         assets.append(changelog_assets(app))
         jobs.append(provision_job(app))
-    schedules = []
-    if worker_every_minutes:
-        schedules.append(ScheduleDefinition(
-            name=job_name(app, "worker_schedule"), job=worker, cron_schedule=f"*/{worker_every_minutes} * * * *",
-            default_status=schedule_status,
-            description=f"A bounded worker of `{app.name}` every {worker_every_minutes} minutes."))
+    schedules = [worker_schedule(app, worker, worker_every_minutes, schedule_status)] if worker_every_minutes else []
     return Definitions(
         assets=assets,
         asset_checks=stateful_checks(app, max_changelog_lag),
@@ -60,3 +61,16 @@ def build_stateful_definitions(
         resources={"kafka": kafka, "state_store": state_store,
                    "pyspark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"})},
     )
+
+
+def worker_schedule(app: App, worker, every_minutes: int, status: DefaultScheduleStatus):
+    @schedule(name=job_name(app, "worker_schedule"), job=worker, cron_schedule=f"*/{every_minutes} * * * *",
+              default_status=status,
+              description=f"A bounded worker of `{app.name}` every {every_minutes} minutes (skipped while the "
+                          "source topic does not exist yet).")
+    def run_worker_on_schedule(context: ScheduleEvaluationContext, kafka: KafkaResource):
+        if kafka.clients().partition_count(app.source) is None:
+            return SkipReason(f"source topic {app.source} does not exist yet: nothing to process")
+        return RunRequest(run_key=None)
+
+    return run_worker_on_schedule

@@ -143,3 +143,20 @@ def _evaluate(check, resources):
     result = materialize([check], resources=resources, selection=AssetSelection.checks(check))
     [evaluation] = result.get_asset_check_evaluations()
     return evaluation
+
+
+def test_worker_schedule_waits_for_the_source_topic(kafka_bootstrap, unique_name, tmp_path):
+    from dagster import RunRequest, build_schedule_context
+
+    app = totals_app(kafka_bootstrap, unique_name("not-yet"), tmp_path, unique_name("totals"))
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    defs = build_stateful_definitions(app, 2, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    schedule = defs.resolve_schedule_def(job_name(app, "worker_schedule"))
+
+    skipped = schedule(build_schedule_context(resources={"kafka": kafka}))
+    assert "does not exist yet" in skipped.skip_message
+
+    bound_app = app.bind(kafka=kafka.clients())
+    bound_app.kafka.create_topic(app.source, 2, 1, {})
+    requested = schedule(build_schedule_context(resources={"kafka": kafka}))
+    assert isinstance(requested, RunRequest), "once the topic exists, the schedule runs the worker"
