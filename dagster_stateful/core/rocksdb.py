@@ -91,11 +91,15 @@ class PartitionDatabase:
             count += 1
         if writer is not None:
             writer.finish()
+        self.ingest_files(files)
+        return count
+
+    def ingest_files(self, files: list[str]) -> None:
+        """Ingest finished SST files (moved, not copied); keys must not overlap between files."""
         if files:
             options = IngestExternalFileOptions()
             options.set_move_files(True)
             self._db.ingest_external_file(files, options)
-        return count
 
     def flush(self) -> None:
         self._db.flush()
