@@ -8,7 +8,8 @@
   provision / worker / restore / clear-state jobs, a worker schedule and the lag and rebalance
   sensors, all switched on so a newcomer sees data move.
 
-Kafka is the cluster named by KAFKA_BOOTSTRAP_SERVERS; state lives in DAGSTER_STATEFUL_STATE_DIR.
+Kafka is the cluster named by KAFKA_BOOTSTRAP_SERVERS; state lives in DAGSTER_STATEFUL_STATE_DIR and
+snapshots (built daily by Spark, or from the UI) in DAGSTER_STATEFUL_SNAPSHOT_ROOT.
 """
 
 import os
@@ -80,7 +81,9 @@ defs = Definitions.merge(build_stateful_definitions(
     order_totals,
     source_partitions=ORDERS_PARTITIONS,
     kafka=KafkaResource(bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS")),
-    state_store=StateStoreResource(state_dir=os.environ.get("DAGSTER_STATEFUL_STATE_DIR", ".dagster-stateful/state")),
+    state_store=StateStoreResource(
+        state_dir=os.environ.get("DAGSTER_STATEFUL_STATE_DIR", ".dagster-stateful/state"),
+        snapshot_root=os.environ.get("DAGSTER_STATEFUL_SNAPSHOT_ROOT", ".dagster-stateful/snapshots")),
     worker_every_minutes=1,
     automation_running=True,
     lag_threshold=500,

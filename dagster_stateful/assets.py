@@ -1,10 +1,11 @@
-"""Assets of a stateful app: its source topic, its changelog topics and its state stores.
+"""Assets of a stateful app: its source topic, its changelog topics, its state stores and snapshots.
 
 Owns the asset builders. The source topic is an external asset (its producers write it, not
 Dagster). Materializing the changelog assets provisions or validates the compacted topics.
 Materializing a state store runs a bounded worker: over every partition it joins the app's consumer
 group; over chosen partitions (the store is partitioned by Kafka partition) it pins a worker to
-them, so one partition can be restored and brought up to date from the UI.
+them, so one partition can be restored and brought up to date from the UI. Materializing a
+snapshot has Spark fold the changelog into the store's next snapshot.
 """
 
 from collections.abc import Iterator
@@ -14,7 +15,9 @@ from dagster import (
     AssetSpec,
     BackfillPolicy,
     Config,
+    Failure,
     MaterializeResult,
+    MetadataValue,
     StaticPartitionsDefinition,
     multi_asset,
 )
@@ -23,9 +26,10 @@ from pydantic import Field
 from dagster_stateful.core.app import App
 from dagster_stateful.core.maintenance import describe_partitions
 from dagster_stateful.core.provisioning import TopicRole
+from dagster_stateful.core.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, topic_metadata, worker_metadata
-from dagster_stateful.naming import changelog_key, group_name, job_name, source_key, store_key
-from dagster_stateful.resources import KafkaResource, StateStoreResource
+from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
+from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 
 SHOWN_TOPIC_CONFIGS = ("cleanup.policy", "min.insync.replicas", "segment.bytes", "segment.ms",
                        "min.cleanable.dirty.ratio", "max.compaction.lag.ms", "delete.retention.ms", "retention.ms")
@@ -99,3 +103,43 @@ def store_assets(app: App, source_partitions: int):
                 **worker_metadata(report), **partitions_metadata(d for d in descriptions if d.store == store)})
 
     return stores
+
+
+class SnapshotConfig(Config):
+    keep: int = Field(default=3, description="Snapshots kept per store; older ones are deleted.")
+
+
+def snapshot_assets(app: App):
+    specs = [AssetSpec(snapshot_key(app, store), deps=[changelog_key(app, store)], group_name=group_name(app),
+                       kinds={"spark", "parquet"},
+                       description=f"Compacted snapshot of store `{store}`'s changelog (Parquet per Kafka partition, "
+                                   "keys sorted), built by Spark; bulk restores load it and replay only the tail.")
+             for store in app.stores]
+
+    @multi_asset(name=job_name(app, "snapshots"), specs=specs, can_subset=False)
+    def snapshots(context: AssetExecutionContext, config: SnapshotConfig, kafka: KafkaResource,
+                  state_store: StateStoreResource, pyspark: StatefulSparkResource) -> Iterator[MaterializeResult]:
+        from dagster_stateful.spark.snapshots import build_snapshot
+
+        if not state_store.snapshot_root:
+            raise Failure(description="Snapshots need a location: set `snapshot_root` on the state_store resource "
+                                      "(a path or a URI Spark can write).")
+        bound = state_store.bind(app, kafka)
+        for store in app.stores:
+            topic = app.changelog_topic(store)
+            partitions = range(bound.kafka.partition_count(topic) or 0)
+            ends = {p: high for p, (_, high) in bound.kafka.watermarks(topic, partitions).items()}
+            snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
+            manifest = build_snapshot(pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, snapshot_store,
+                                      config.keep)
+            yield MaterializeResult(asset_key=snapshot_key(app, store), metadata={
+                "snapshot_id": manifest.snapshot_id,
+                "location": snapshot_store.snapshot_location(manifest.snapshot_id),
+                "keys": sum(manifest.key_counts.values()),
+                "keys_per_partition": MetadataValue.json({str(p): n for p, n in manifest.key_counts.items()}),
+                "end_offsets": MetadataValue.json({str(p): o for p, o in manifest.end_offsets.items()}),
+                "previous_snapshot": manifest.previous or "none",
+                "seconds": manifest.extra.get("seconds", 0.0),
+            })
+
+    return snapshots

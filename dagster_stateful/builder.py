@@ -1,26 +1,29 @@
 """One call builds every Dagster definition of a stateful app.
 
-Owns `build_stateful_definitions`: the app's assets (source topic, changelogs, state stores),
-asset checks, jobs (provision, worker, restore, clear state), the worker schedule and the lag and
-rebalance sensors, with the resources they need under the keys `kafka`, `state_store` and
+Owns `build_stateful_definitions`: the app's assets (source topic, changelogs, state stores,
+snapshots), asset checks, jobs (provision, worker, restore, Spark restore, clear state,
+compaction), the worker and daily compaction schedules and the lag and rebalance sensors, with the resources they need under the keys `kafka`, `state_store` and
 `pyspark` (Spark with the Kafka connector, for the Spark jobs).
 """
 
 from dagster import (
+    AssetSelection,
     DefaultScheduleStatus,
     DefaultSensorStatus,
     Definitions,
     RunRequest,
+    ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
+    define_asset_job,
     schedule,
 )
 
-from dagster_stateful.assets import changelog_assets, source_topic_spec, store_assets
+from dagster_stateful.assets import changelog_assets, snapshot_assets, source_topic_spec, store_assets
 from dagster_stateful.checks import stateful_checks
 from dagster_stateful.core.app import App
-from dagster_stateful.jobs import clear_state_job, provision_job, restore_job, worker_job
-from dagster_stateful.naming import job_name
+from dagster_stateful.jobs import clear_state_job, provision_job, restore_job, spark_restore_job, worker_job
+from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource, StatefulSparkResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor
 
@@ -36,6 +39,8 @@ def build_stateful_definitions(
     restore_threshold: int = 1000,
     max_changelog_lag: int = 100_000,
     spark: StatefulSparkResource | None = None,
+    compaction_cron: str = "0 3 * * *",
+    max_snapshot_age_hours: float = 48.0,
 ) -> Definitions:
     """Definitions for `app`, whose source topic has `source_partitions` partitions (a check verifies it).
 
@@ -47,13 +52,19 @@ def build_stateful_definitions(
     worker = worker_job(app)
     assets = [source_topic_spec(app), store_assets(app, source_partitions)]
     jobs = [worker, restore_job(app), clear_state_job(app)]
-    if app.use_changelog_topics:
-        assets.append(changelog_assets(app))
-        jobs.append(provision_job(app))
     schedules = [worker_schedule(app, worker, worker_every_minutes, schedule_status)] if worker_every_minutes else []
+    if app.use_changelog_topics:
+        compaction = define_asset_job(job_name(app, "compaction"),
+                                      selection=AssetSelection.assets(*(snapshot_key(app, s) for s in app.stores)),
+                                      description=f"Spark folds the changelogs of `{app.name}` into new snapshots.")
+        assets += [changelog_assets(app), snapshot_assets(app)]
+        jobs += [provision_job(app), spark_restore_job(app), compaction]
+        schedules.append(ScheduleDefinition(name=job_name(app, "daily_compaction"), job=compaction,
+                                            cron_schedule=compaction_cron, default_status=schedule_status,
+                                            description="Daily snapshot of every store (Spark)."))
     return Definitions(
         assets=assets,
-        asset_checks=stateful_checks(app, max_changelog_lag),
+        asset_checks=stateful_checks(app, max_changelog_lag, max_snapshot_age_hours),
         jobs=jobs,
         schedules=schedules,
         sensors=[lag_sensor(app, lag_threshold, default_status=sensor_status),

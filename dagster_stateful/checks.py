@@ -3,23 +3,30 @@
 Owns the checks on each changelog asset (partition count equals the source's; cleanup policy is
 compact; no local stored offset beyond the changelog's end, the sign of a recreated changelog;
 the group's committed source offset not below the source's low watermark, the sign of data lost to
-retention) and on each state-store asset (local state not too far behind its changelog). Each
+retention), on each state-store asset (local state not too far behind its changelog; up-to-date
+partitions equal a changelog replay, by digest) and on each snapshot asset (not too old). Each
 result says what it found, where, and what to do.
 """
 
-from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.maintenance import describe_partitions
-from dagster_stateful.naming import changelog_key, store_key
+from dagster_stateful.core.snapshots import SnapshotStore
+from dagster_stateful.core.store import StorePartition
+from dagster_stateful.core.verification import Digest, partition_digest, replay_digest
+from dagster_stateful.errors import StateLockedError
+from dagster_stateful.naming import changelog_key, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 
 
-def stateful_checks(app: App, max_changelog_lag: int = 100_000) -> list:
+def stateful_checks(app: App, max_changelog_lag: int = 100_000, max_snapshot_age_hours: float = 48.0) -> list:
     checks = []
     for store in app.stores:
         if app.use_changelog_topics:
             checks += _changelog_checks(app, store)
+            checks.append(_replay_verification_check(app, store))
+            checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours))
         checks.append(_state_freshness_check(app, store, max_changelog_lag))
     return checks
 
@@ -96,3 +103,67 @@ def _state_freshness_check(app: App, store: str, max_changelog_lag: int):
             "them (the rebalance sensor requests it).")
 
     return local_state_fresh
+
+
+def _replay_verification_check(app: App, store: str):
+    @asset_check(asset=store_key(app, store), name="matches_changelog_replay",
+                 description="Each local partition that is up to date (a bulk restore, say) has the same content as "
+                             "the store a replay of the changelog gives (SHA-256 digests).")
+    def matches_changelog_replay(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
+        bound = state_store.bind(app, kafka)
+        compared, differing, skipped = [], {}, []
+        for description in describe_partitions(bound, stores=[store]):
+            partition = description.partition
+            if description.local_changelog_offset is None or description.changelog_lag:
+                skipped.append(partition)
+                continue
+            local = _local_digest(bound, store, partition)
+            if local is None:
+                skipped.append(partition)
+                continue
+            replayed = replay_digest(bound, store, partition)
+            compared.append(partition)
+            if local != replayed:
+                differing[partition] = {"local": f"{local.keys} keys {local.sha256[:12]}",
+                                        "replay": f"{replayed.keys} keys {replayed.sha256[:12]}"}
+        return AssetCheckResult(
+            passed=not differing,
+            metadata={"partitions_compared": len(compared), "partitions_skipped": len(skipped),
+                      "differing": MetadataValue.json(differing)},
+            description=None if not differing else
+            f"partitions {sorted(differing)} differ from a changelog replay: clear them and restore from the "
+            "changelog (restore job with from_scratch and method changelog).")
+
+    return matches_changelog_replay
+
+
+def _local_digest(app: App, store: str, partition: int) -> Digest | None:
+    part = StorePartition(app.state_dir, app.name, store, partition, app.changelog_topic(store), app.source)
+    try:
+        part.open()
+    except StateLockedError:
+        return None  # a running worker holds it
+    try:
+        return partition_digest(part)
+    finally:
+        part.close()
+
+
+def _snapshot_age_check(app: App, store: str, max_age_hours: float):
+    @asset_check(asset=snapshot_key(app, store), name="snapshot_fresh",
+                 description=f"The latest snapshot is younger than {max_age_hours:g} hours.")
+    def snapshot_fresh(state_store: StateStoreResource) -> AssetCheckResult:
+        if not state_store.snapshot_root:
+            return AssetCheckResult(passed=True, description="snapshots are not configured (no snapshot_root)")
+        latest = SnapshotStore(state_store.snapshot_root, app.name, store).latest()
+        if latest is None:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
+                                    description="no snapshot yet: materialize the snapshot asset")
+        age_hours = latest.age_seconds / 3600
+        return AssetCheckResult(
+            passed=age_hours <= max_age_hours, severity=AssetCheckSeverity.WARN,
+            metadata={"snapshot_id": latest.snapshot_id, "age_hours": round(age_hours, 2)},
+            description=None if age_hours <= max_age_hours else
+            f"snapshot {latest.snapshot_id} is {age_hours:.1f} h old: is the compaction schedule running?")
+
+    return snapshot_fresh

@@ -2,8 +2,9 @@
 
 Owns the provision job (materializes the changelog assets), the worker job (one bounded worker in
 the app's consumer group, recording a materialization of every store partition it touched), the
-restore job (bring chosen partitions up to date from the changelog, optionally from scratch) and
-the clear-state job (delete local state; refused without `confirm` and while a worker runs).
+restore jobs (bring chosen partitions up to date by the planner's path: changelog replay or local
+snapshot load, or with Spark writing the SST files) and the clear-state job (delete local state;
+refused without `confirm` and while a worker runs).
 """
 
 from dagster import (
@@ -11,6 +12,7 @@ from dagster import (
     AssetSelection,
     Config,
     Failure,
+    MetadataValue,
     OpExecutionContext,
     define_asset_job,
     job,
@@ -20,10 +22,11 @@ from pydantic import Field
 
 from dagster_stateful.assets import WorkerConfig
 from dagster_stateful.core.app import App
-from dagster_stateful.core.maintenance import describe_partitions, restore_partitions
+from dagster_stateful.core.maintenance import describe_partitions
+from dagster_stateful.core.restoration import PartitionRestore, restore_partitions
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, job_name, store_key
-from dagster_stateful.resources import KafkaResource, StateStoreResource
+from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 
 
 class RestoreConfig(Config):
@@ -31,6 +34,7 @@ class RestoreConfig(Config):
     from_scratch: bool = Field(default=False, description="Delete local state first and replay the whole changelog.")
     skip_locked: bool = Field(default=True, description="Skip partitions a running worker holds (it restores them "
                                                         "itself) instead of failing.")
+    method: str = Field(default="auto", description="auto (the planner picks), changelog or snapshot.")
 
 
 class ClearStateConfig(Config):
@@ -73,22 +77,59 @@ def restore_job(app: App):
     def restore_op(context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource,
                    state_store: StateStoreResource) -> None:
         bound = state_store.bind(app, kafka)
-        reports = restore_partitions(bound, config.partitions, from_scratch=config.from_scratch,
-                                     skip_locked=config.skip_locked)
-        for description in describe_partitions(bound, config.partitions):
-            mine = [r for r in reports if r.partition == description.partition and r.store == description.store]
-            context.log_event(AssetMaterialization(
-                asset_key=store_key(app, description.store), partition=str(description.partition),
-                description=f"restore: {', '.join(r.kind for r in mine)}",
-                metadata={**partition_metadata(description), **restore_metadata(mine)}))
-        context.add_output_metadata(restore_metadata(reports))
+        results = restore_partitions(bound, config.partitions, from_scratch=config.from_scratch,
+                                     skip_locked=config.skip_locked, snapshot_root=state_store.snapshot_root,
+                                     method=config.method)
+        _record_restores(context, app, bound, config.partitions, results)
 
-    @job(name=job_name(app, "restore"), description=f"Restore chosen partitions of app `{app.name}` from their "
-                                                    "changelogs (the rebalance sensor requests this too).")
+    @job(name=job_name(app, "restore"), description=f"Restore chosen partitions of app `{app.name}`: the planner "
+                                                    "replays the changelog or loads the latest snapshot and replays "
+                                                    "the tail (the rebalance sensor requests this too).")
     def restore():
         restore_op()
 
     return restore
+
+
+def spark_restore_job(app: App):
+    @op(name=job_name(app, "spark_restore_op"))
+    def spark_restore_op(context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource,
+                         state_store: StateStoreResource, pyspark: StatefulSparkResource) -> None:
+        from dagster_stateful.spark.bulk_restore import write_sst_files
+
+        session = pyspark.spark_session
+        bound = state_store.bind(app, kafka)
+        results = restore_partitions(
+            bound, config.partitions, from_scratch=config.from_scratch, skip_locked=config.skip_locked,
+            snapshot_root=state_store.snapshot_root, method=config.method,
+            spark_cores=session.sparkContext.defaultParallelism,
+            sst_writer=lambda snapshots, manifest, partitions, out: write_sst_files(session, snapshots, manifest,
+                                                                                    partitions, out))
+        _record_restores(context, app, bound, config.partitions, results)
+
+    @job(name=job_name(app, "spark_restore"), description=f"Bulk restore of app `{app.name}` with Spark: SST files "
+                                                          "written by Spark tasks from the latest snapshot, for "
+                                                          "state too large for one process.")
+    def spark_restore():
+        spark_restore_op()
+
+    return spark_restore
+
+
+def _record_restores(context: OpExecutionContext, app: App, bound: App, partitions: list[int],
+                     results: list[PartitionRestore]) -> None:
+    for description in describe_partitions(bound, partitions):
+        mine = [r for r in results if r.partition == description.partition and r.store == description.store]
+        reports = [report for result in mine for report in result.reports]
+        context.log_event(AssetMaterialization(
+            asset_key=store_key(app, description.store), partition=str(description.partition),
+            description="restore: " + "; ".join(f"{r.plan.path}: {r.plan.reason}" for r in mine),
+            metadata={**partition_metadata(description), **restore_metadata(reports),
+                      "restore_path": ", ".join(r.plan.path for r in mine),
+                      "restore_reason": "; ".join(r.plan.reason for r in mine)}))
+    context.add_output_metadata({
+        **restore_metadata([report for result in results for report in result.reports]),
+        "paths": MetadataValue.json({f"{r.store}/{r.partition}": r.plan.path for r in results})})
 
 
 def clear_state_job(app: App):

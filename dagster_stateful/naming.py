@@ -34,6 +34,10 @@ def store_key(app: App, store: str) -> AssetKey:
     return AssetKey(["state", app.name, store])
 
 
+def snapshot_key(app: App, store: str) -> AssetKey:
+    return AssetKey(["snapshots", app.name, store])
+
+
 def group_name(app: App) -> str:
     return python_name(app)
 

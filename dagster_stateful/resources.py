@@ -8,6 +8,8 @@ dagster-pyspark's resource with Spark's Kafka connector jars on the classpath.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -45,6 +47,19 @@ class KafkaResource(ConfigurableResource):
         settings.update(self.client_config)
         return settings
 
+    def spark_kafka_options(self) -> dict[str, str]:
+        """The same connection as options of Spark's Kafka source (`kafka.*`)."""
+        options = {"kafka.bootstrap.servers": self.bootstrap_servers, "kafka.security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            options["kafka.sasl.mechanism"] = self.sasl_mechanism
+            if self.sasl_username is not None and self.sasl_password is not None:
+                module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
+                          else "org.apache.kafka.common.security.scram.ScramLoginModule")
+                options["kafka.sasl.jaas.config"] = (f'{module} required username="{self.sasl_username}" '
+                                                     f'password="{self.sasl_password}";')
+        options.update({f"kafka.{key}": value for key, value in self.client_config.items()})
+        return options
+
     def clients(self) -> KafkaClients:
         return KafkaClients(self.client_settings())
 
@@ -56,6 +71,9 @@ class StateStoreResource(ConfigurableResource):
     """Where the apps of this code location keep their RocksDB state on the machine that runs them."""
 
     state_dir: str = Field(description="Directory holding `<app>/<store>/<partition>/` RocksDB databases.")
+    snapshot_root: str | None = Field(
+        default=None, description="Path or URI (file://, s3a://, ...) Spark writes store snapshots to and restores "
+                                  "read them from; unset: no snapshots.")
 
     def bind(self, app: App, kafka: KafkaResource) -> App:
         """The app, connected through `kafka` and keeping its state under `state_dir`."""
@@ -76,6 +94,9 @@ class StatefulSparkResource(PySparkResource):
 
     def effective_spark_config(self) -> dict[str, Any]:
         config = {"spark.master": "local[*]", "spark.ui.showConsoleProgress": "false", **self.spark_config}
+        if str(config["spark.master"]).startswith("local"):
+            # Python workers of a local Spark run this interpreter (with rocksdict and pyarrow), not `python3`.
+            config.setdefault("spark.pyspark.python", sys.executable)
         if self.include_kafka_connector:
             from dagster_stateful.spark.connector import spark_jars_conf
 
@@ -84,4 +105,7 @@ class StatefulSparkResource(PySparkResource):
         return config
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._spark_session = spark_session_from_config(self.effective_spark_config())
+        config = self.effective_spark_config()
+        if "spark.pyspark.python" in config:
+            os.environ.setdefault("PYSPARK_PYTHON", config["spark.pyspark.python"])  # read by the driver side too
+        self._spark_session = spark_session_from_config(config)

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import re
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -48,12 +49,14 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 def spark() -> Iterator[object]:
     """One local Spark session (with the Kafka connector jars) for the whole test run."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers need this venv's packages
     from pyspark.sql import SparkSession
 
     from dagster_stateful.spark.connector import spark_jars_conf
 
     session = (SparkSession.builder.master("local[2]").appName("dagster-stateful-tests")
                .config("spark.jars", spark_jars_conf())
+               .config("spark.pyspark.python", sys.executable)
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "4")
                .getOrCreate())

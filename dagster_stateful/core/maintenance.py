@@ -1,10 +1,9 @@
-"""Operations on an app's state outside a processing run: restore chosen partitions, describe them.
+"""Describing an app's store partitions without running a worker.
 
-Owns `restore_partitions` (bring chosen store partitions up to date from their changelogs, or
-rebuild them from scratch, without processing a message) and `describe_partitions` (what an
-operator or a sensor wants to know about each store partition: local checkpoint, changelog and
-source offsets, how far the local state is behind its changelog, keys and bytes on disk). Both
-read offsets through the Kafka adapter and local progress from `.checkpoint` files.
+Owns `describe_partitions`: what an operator or a sensor wants to know about each store
+partition: local checkpoint, changelog and source offsets, how far the local state is behind its
+changelog, keys and bytes on disk. Offsets come through the Kafka adapter, local progress from
+`.checkpoint` files (RocksDB is opened only to estimate keys, and not when a worker holds it).
 """
 
 from __future__ import annotations
@@ -14,56 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from dagster_stateful.core.checkpoint import read_checkpoint
-from dagster_stateful.core.kafka import RESTORE_CONSUMER_CONFIG
-from dagster_stateful.core.recovery import Restorer
-from dagster_stateful.core.report import RestoreReport
 from dagster_stateful.core.store import StorePartition, partition_path
 from dagster_stateful.errors import StateLockedError
 
 if TYPE_CHECKING:
     from dagster_stateful.core.app import App
-
-
-def restore_partitions(app: App, partitions: Iterable[int], stores: Iterable[str] | None = None,
-                       from_scratch: bool = False, skip_locked: bool = False) -> list[RestoreReport]:
-    """Restore the chosen partitions of the chosen stores (all by default) from their changelogs.
-
-    `from_scratch` deletes the local state first (a full restore). A partition a running worker
-    holds is refused (the error names the worker's pid), or, with `skip_locked`, reported with
-    kind "skipped" (that worker restores it itself on assignment).
-    """
-    partitions = sorted(set(partitions))
-    store_names = list(stores or app.stores)
-    committed = app.kafka.committed_offsets(app.consumer_group, app.source, partitions)
-    consumer = app.kafka.consumer({"group.id": f"{app.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG})
-    restorer = Restorer(consumer, app.listeners, app.restore_batch_size)
-    reports = []
-    activity = app.activity_lock()
-    activity.hold_shared()
-    try:
-        for partition in partitions:
-            for name in store_names:
-                store = StorePartition(app.state_dir, app.name, name, partition, app.changelog_topic(name), app.source)
-                try:
-                    store.open()
-                except StateLockedError:
-                    if not skip_locked:
-                        raise
-                    reports.append(RestoreReport(name, partition, "skipped", 0, 0))
-                    continue
-                try:
-                    if from_scratch:
-                        store.wipe()
-                        store.open()
-                    report = restorer.restore(store, committed.get(partition))
-                    reports.append(report or RestoreReport(name, partition, "none", store.changelog_offset or 0,
-                                                           store.changelog_offset or 0))
-                finally:
-                    store.close()
-    finally:
-        activity.release()
-        consumer.close()
-    return reports
 
 
 @dataclass
