@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,6 +55,8 @@ class GroupDescription:
                 for member in self.members for p in member.partitions}
 
 ADMIN_TIMEOUT = 30.0
+ATTEMPT_TIMEOUT = 10.0
+"""One try of an admin call that may be retried within ADMIN_TIMEOUT."""
 RESTORE_CONSUMER_CONFIG = {
     "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",
     # Restores read to a known end: never wait on an idle partition, and fetch big chunks
@@ -163,7 +166,7 @@ class KafkaClients:
     def describe_group(self, group: str, topic: str) -> GroupDescription:
         """The group's state and members, with the partitions of `topic` each one owns."""
         description = _retrying(lambda: self.admin().describe_consumer_groups(
-            [group], request_timeout=ADMIN_TIMEOUT)[group].result(timeout=ADMIN_TIMEOUT))
+            [group], request_timeout=ATTEMPT_TIMEOUT)[group].result(timeout=ATTEMPT_TIMEOUT + 5))
         members = tuple(
             GroupMember(member.member_id, member.client_id, member.host, member.group_instance_id,
                         tuple(sorted(tp.partition for tp in (member.assignment.topic_partitions or [])
@@ -181,11 +184,15 @@ _TRANSIENT = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NO
 
 def _retrying(call: Callable[[], _T]) -> _T:
     """Run an admin call, retrying transient errors (a coordinator still loading, a new partition
-    whose leader is not elected yet) for up to ADMIN_TIMEOUT."""
+    whose leader is not elected yet, a request left unanswered) for up to ADMIN_TIMEOUT."""
     deadline = time.monotonic() + ADMIN_TIMEOUT
     while True:
         try:
             return call()
+        except FutureTimeoutError:
+            if time.monotonic() > deadline:
+                raise
+            log.debug("Retrying a Kafka admin call that got no answer in time")
         except KafkaException as error:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
             retriable = kafka_error is not None and (kafka_error.retriable() or kafka_error.code() in _TRANSIENT)

@@ -1,0 +1,206 @@
+"""Benchmark of the three restore paths for a large store, against a real Kafka broker and local Spark.
+
+A changelog topic with --keys distinct keys (one record per key, in the engine's format: scoped
+key, JSON value, processed-offset header) over --partitions partitions is produced, then the
+store is rebuilt from scratch three ways, each into an empty state directory:
+
+1. changelog replay: the core's batched replay (`Restorer`), one partition after another;
+2. local snapshot: Spark builds a snapshot first (timed apart: it runs off the hot path, e.g.
+   daily), then each partition is loaded from it with pyarrow + SST ingest (`load_snapshot_partition`);
+3. Spark bulk restore: Spark tasks write the SST files from the snapshot (`write_sst_files`), the
+   driver ingests them.
+
+Printed per path: records (keys) per second and the seconds until processing could resume (the
+store complete and at the changelog's end). Every path's result is checked by digest against
+the replayed store. The machine and all settings are printed first.
+
+    .venv/bin/python bench/bench_restore.py                 # 5M keys, 6 partitions
+    .venv/bin/python bench/bench_restore.py --keys 500000   # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Producer
+
+from dagster_stateful.core.bulk_load import ingest_sst_files, load_snapshot_partition
+from dagster_stateful.core.kafka import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.keys import message_prefix
+from dagster_stateful.core.listeners import Listeners
+from dagster_stateful.core.recovery import Restorer, source_offset_header
+from dagster_stateful.core.snapshots import SnapshotStore
+from dagster_stateful.core.store import StorePartition
+from dagster_stateful.core.verification import partition_digest
+from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+
+APP, STORE = "bench-restore", "state"
+COMMITTED = 1 << 40  # every record's processed offset is below it: nothing is skipped
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=5_000_000)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--spark-master", default="local[*]")
+    arguments = parser.parse_args()
+    print_machine(arguments)
+    work = Path(tempfile.mkdtemp(prefix="bench-restore-"))
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    try:
+        if not bootstrap:
+            broker = LocalKafkaBroker(work / "kafka")
+            bootstrap = broker.start(tie_to_parent=True)
+        run(arguments, bootstrap, work)
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def print_machine(arguments: argparse.Namespace) -> None:
+    memory = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+    print(f"machine: {os.cpu_count()} cores, {memory.split()[1]} kB RAM, {platform.platform()}, "
+          f"Python {sys.version.split()[0]}")
+    print(f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, spark {arguments.spark_master}, "
+          f"restore batch 10,000 records, restore consumer {RESTORE_CONSUMER_CONFIG}")
+
+
+def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
+    kafka = KafkaClients({"bootstrap.servers": bootstrap})
+    topic = f"{APP}-{STORE}-changelog"
+    kafka.create_topic(topic, arguments.partitions, 1, {"cleanup.policy": "compact"})
+    started = time.monotonic()
+    produce_changelog(bootstrap, topic, arguments.keys, arguments.partitions)
+    print(f"changelog: {arguments.keys:,} records produced in {time.monotonic() - started:.1f} s (not measured)")
+    ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
+
+    replayed = restore_by_replay(kafka, topic, work / "replay", arguments.partitions)
+    spark = start_spark(arguments.spark_master)
+    snapshots = SnapshotStore(str(work / "snapshots"), APP, STORE)
+    from dagster_stateful.spark.snapshots import build_snapshot
+
+    started = time.monotonic()
+    manifest = build_snapshot(spark, {"kafka.bootstrap.servers": bootstrap}, topic, ends, snapshots)
+    print(f"snapshot (Spark, off the hot path): {sum(manifest.key_counts.values()):,} keys in "
+          f"{time.monotonic() - started:.1f} s")
+    local = restore_from_snapshot(kafka, topic, work / "local", snapshots, manifest, ends)
+    bulk = restore_with_spark(spark, kafka, topic, work / "spark", snapshots, manifest, ends)
+    for name, digests in (("local snapshot", local), ("spark bulk", bulk)):
+        assert digests == replayed, f"{name} restore differs from the changelog replay"
+    print("check: every path gives the same digests as the changelog replay")
+    spark.stop()
+
+
+def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
+                         "compression.type": "lz4", "partitioner": "murmur2_random"})
+    for i in range(keys):
+        key = message_prefix(f"customer-{i:09d}".encode()) + b"total"
+        while True:
+            try:
+                producer.produce(topic, key=key, value=orjson.dumps({"total": i % 9973}),
+                                 partition=i % partitions, headers=source_offset_header(i // partitions))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 20_000 == 0:
+            producer.poll(0)
+    producer.flush()
+
+
+def open_partition(state_dir: Path, topic: str, partition: int) -> StorePartition:
+    store = StorePartition(state_dir, APP, STORE, partition, topic, "bench-source")
+    store.open()
+    return store
+
+
+def restore_by_replay(kafka: KafkaClients, topic: str, state_dir: Path, partitions: int) -> dict[int, str]:
+    consumer = kafka.consumer({"group.id": "bench-replay", **RESTORE_CONSUMER_CONFIG})
+    restorer = Restorer(consumer, Listeners())
+    started, records = time.monotonic(), 0
+    for partition in range(partitions):
+        store = open_partition(state_dir, topic, partition)
+        report = restorer.restore(store, COMMITTED)
+        records += report.records_applied if report else 0
+        store.close()
+    seconds = time.monotonic() - started
+    consumer.close()
+    print(f"1. changelog replay: {records:,} records in {seconds:.1f} s = {records / seconds:,.0f} records/s; "
+          f"processing resumes after {seconds:.1f} s")
+    return digests_of(state_dir, topic, partitions)
+
+
+def restore_from_snapshot(kafka, topic, state_dir, snapshots, manifest, ends) -> dict[int, str]:
+    consumer = kafka.consumer({"group.id": "bench-snapshot", **RESTORE_CONSUMER_CONFIG})
+    restorer = Restorer(consumer, Listeners())
+    started, keys = time.monotonic(), 0
+    for partition in sorted(ends):
+        store = open_partition(state_dir, topic, partition)
+        keys += load_snapshot_partition(store, snapshots, manifest, ends[partition]).records_applied
+        restorer.restore(store, COMMITTED)  # the tail after the snapshot (empty here)
+        store.close()
+    seconds = time.monotonic() - started
+    consumer.close()
+    print(f"2. local snapshot: {keys:,} keys in {seconds:.1f} s = {keys / seconds:,.0f} keys/s; "
+          f"processing resumes after {seconds:.1f} s")
+    return digests_of(state_dir, topic, len(ends))
+
+
+def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends) -> dict[int, str]:
+    from dagster_stateful.spark.bulk_restore import write_sst_files
+
+    started = time.monotonic()
+    output = tempfile.mkdtemp(prefix="sst-", dir=state_dir.parent)
+    written = write_sst_files(spark, snapshots, manifest, sorted(ends), output)
+    written_at = time.monotonic()
+    keys = 0
+    for partition, (files, count) in written.items():
+        store = open_partition(state_dir, topic, partition)
+        ingest_sst_files(store, files, manifest.end_offsets[partition])
+        store.close()
+        keys += count
+    seconds = time.monotonic() - started
+    shutil.rmtree(output, ignore_errors=True)
+    print(f"3. Spark bulk restore ({spark.sparkContext.defaultParallelism} cores): {keys:,} keys in {seconds:.1f} s "
+          f"= {keys / seconds:,.0f} keys/s (SST writing {written_at - started:.1f} s, ingest "
+          f"{seconds - (written_at - started):.1f} s); processing resumes after {seconds:.1f} s")
+    return digests_of(state_dir, topic, len(ends))
+
+
+def digests_of(state_dir: Path, topic: str, partitions: int) -> dict[int, str]:
+    digests = {}
+    for partition in range(partitions):
+        store = open_partition(state_dir, topic, partition)
+        digests[partition] = partition_digest(store).sha256
+        store.close()
+    return digests
+
+
+def start_spark(master: str):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from dagster_stateful.spark.connector import spark_jars_conf
+
+    started = time.monotonic()
+    spark = (SparkSession.builder.master(master).appName("bench-restore").config("spark.jars", spark_jars_conf())
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "6")
+             .config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"spark session started in {time.monotonic() - started:.1f} s")
+    return spark
+
+
+if __name__ == "__main__":
+    main()
