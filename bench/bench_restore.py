@@ -195,7 +195,8 @@ def start_spark(master: str):
 
     started = time.monotonic()
     spark = (SparkSession.builder.master(master).appName("bench-restore").config("spark.jars", spark_jars_conf())
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "6")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "6")
              .config("spark.driver.memory", "4g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     print(f"spark session started in {time.monotonic() - started:.1f} s")
