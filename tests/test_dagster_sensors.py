@@ -114,10 +114,12 @@ def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deploymen
         wait_for(all_committed, 90, "both workers to process and commit the new orders")
         requested, _ = tick(defs, sensor_name, resources, instance, cursor=joined.cursor)
     finally:
-        worker_here.stop.request()
-        worker_elsewhere.stop.request()
-        for thread in threads:
+        # This machine's worker leaves first: were the other one first, the moved partitions would
+        # come back here and be restored by the worker itself.
+        for worker, thread in zip((worker_here, worker_elsewhere), threads):
+            worker.stop.request()
             thread.join(60)
+        worker_elsewhere.stop.request()
     assert not any(thread.is_alive() for thread in threads), "both workers stopped"
 
     assert len(requested.run_requests) == 1

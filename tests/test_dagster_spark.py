@@ -102,10 +102,10 @@ def test_sensor_triggered_restore_takes_the_planned_snapshot_path(deployment, ka
         materialize_snapshot(defs, app, resources)  # the daily compaction, say
         requested = sensor(build_sensor_context(instance=instance, cursor=first.cursor, resources=resources))
     finally:
-        worker_here.stop.request()
-        worker_elsewhere.stop.request()
-        for thread in threads:
+        for worker, thread in zip((worker_here, worker_elsewhere), threads):  # this machine's worker leaves first
+            worker.stop.request()
             thread.join(60)
+        worker_elsewhere.stop.request()
 
     [request] = requested.run_requests
     run = defs.resolve_job_def(job_name(app, "restore")).execute_in_process(instance=instance,
