@@ -63,9 +63,6 @@ class KafkaResource(ConfigurableResource):
     def clients(self) -> KafkaClients:
         return KafkaClients(self.client_settings())
 
-    def admin_client(self):  # -> confluent_kafka.admin.AdminClient
-        return self.clients().admin()
-
 
 class StateStoreResource(ConfigurableResource):
     """Where the apps of this code location keep their RocksDB state on the machine that runs them."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +41,3 @@ def read_checkpoint(directory: Path) -> Checkpoint | None:
     except (OSError, ValueError, TypeError):
         return None
 
-
-def now() -> float:
-    return time.time()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_stateful.core.state import State
+from dagster_stateful.errors import ConfigurationError
 
 DROPPED = object()
 
@@ -70,8 +71,6 @@ class StreamingDataFrame:
         return self
 
     def _resolve_store(self, store: str | None) -> str:
-        from dagster_stateful.errors import ConfigurationError
-
         if store is None:
             if len(self._store_names) != 1:
                 raise ConfigurationError(f"this app has stores {self._store_names}: name the one this stateful "

@@ -2,12 +2,12 @@
 
 Owns `RestoreReport` (one store partition's restore) and `WorkerReport` (messages processed and
 offsets committed per partition, restores, rebalances, bad messages, lag left, why it stopped),
-both plain data with a `to_dict()` for metadata and logs.
+both plain data.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -44,6 +44,3 @@ class WorkerReport:
     @property
     def total_lag(self) -> int:
         return sum(self.lag.values())
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "total_processed": self.total_processed, "total_lag": self.total_lag}

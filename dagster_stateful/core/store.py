@@ -128,9 +128,6 @@ class StorePartition:
         """Every stored (key, value), in key order."""
         return self.db.items()
 
-    def bytes_on_disk(self) -> int:
-        return sum(path.stat().st_size for path in self.path.iterdir() if path.is_file())
-
     def close(self) -> None:
         if self._db is not None:
             self._db.close()

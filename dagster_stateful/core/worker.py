@@ -27,6 +27,7 @@ from dagster_stateful.core.dataframe import DROPPED, StepFailed
 from dagster_stateful.core.listeners import AppState
 from dagster_stateful.core.recovery import Restorer
 from dagster_stateful.core.report import WorkerReport
+from dagster_stateful.core.state import PartitionTransaction
 from dagster_stateful.errors import ConfigurationError, ProcessingError, StateLockedError
 
 if TYPE_CHECKING:
@@ -141,7 +142,8 @@ class Worker:
         changelogs = {store: app.changelog_topic(store) for store in app.stores} if app.use_changelog_topics else None
         self._committer = Committer(self._consumer, self._producer, self._tracker, app.source, changelogs)
         self._bad_input = BadInputHandler(app.on_error, self._producer, app.dead_letter_topic)
-        self._stateful = app.dataframe().is_stateful
+        self._dataframe = app.dataframe()
+        self._stateful = self._dataframe.is_stateful
         restorer = Restorer(self._restore_consumer, app.listeners, app.restore_batch_size)
         self._offset_reader = app.kafka.consumer({"group.id": app.consumer_group, "enable.auto.commit": False})
         self._assignments = PartitionAssignments(app, restorer if changelogs else None, self.report, self._commit,
@@ -211,31 +213,28 @@ class Worker:
                 app.key_serde.loads(raw_key)
             value = app.value_serde.loads(raw_value) if raw_value is not None else None
         except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-            self._bad_input.handle(message, "deserializing the key or value", error)
-            txn.pass_message(offset)
-            self._count(partition)
-            return True
-        dataframe = app.dataframe()
+            return self._reject(message, txn, "deserializing the key or value", error)
         if self._stateful:
             if raw_key is None:
-                self._bad_input.handle(message, "stateful step", ValueError("stateful steps need a message key; "
-                                                                            "this message has none"))
-                txn.pass_message(offset)
-                self._count(partition)
-                return True
+                return self._reject(message, txn, "stateful step",
+                                    ValueError("stateful steps need a message key; this message has none"))
             txn.begin_message(raw_key)
         try:
-            result = dataframe.run(value, txn.states)
+            result = self._dataframe.run(value, txn.states)
         except StepFailed as failure:
-            txn.discard_message()
-            self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
-            txn.pass_message(offset)
-            self._count(partition)
-            return True
+            return self._reject(message, txn, f"step {failure.step!r}", failure.error)
         txn.accept_message(offset)
         if app.emits_output and result is not DROPPED:
             self._produce_output(raw_key, app.output_serde.dumps(result))
         self._count(partition)
+        return True
+
+    def _reject(self, message: Message, txn: PartitionTransaction, stage: str, error: BaseException) -> bool:
+        """Apply the error policy (raises under "raise"); the message then moves the offset only."""
+        txn.discard_message()
+        self._bad_input.handle(message, stage, error)
+        txn.pass_message(message.offset())
+        self._count(message.partition())
         return True
 
     def _count(self, partition: int) -> None:
