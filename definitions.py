@@ -28,9 +28,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_stateful.builder import build_stateful_definitions
+from dagster_stateful import KafkaResource, StateStoreResource, build_stateful_definitions
 from dagster_stateful.core import App, State
-from dagster_stateful.resources import KafkaResource, StateStoreResource
 
 ORDERS_TOPIC = "orders"
 ORDERS_PARTITIONS = 6
@@ -43,11 +42,17 @@ def add_to_total(order: dict, state: State) -> dict:
     return {"customer": order["customer"], "total": total}
 
 
-order_totals = App(name="order-totals", source=ORDERS_TOPIC, stores=["totals"], output="order-totals-big",
-                   on_error="dead-letter", commit_interval=2.0)
-order_totals.to_topic(order_totals.dataframe()
-                      .apply(add_to_total, stateful=True)
-                      .filter(lambda result: result["total"] > 1000))
+order_totals = App(
+    name="order-totals",
+    source=ORDERS_TOPIC,
+    stores=["totals"],
+    output="order-totals-big",
+    on_error="dead-letter",
+    commit_interval=2.0,
+)
+order_totals.to_topic(
+    order_totals.dataframe().apply(add_to_total, stateful=True).filter(lambda result: result["total"] > 1000)
+)
 
 
 class GenerateOrdersConfig(Config):
@@ -77,18 +82,28 @@ def generate_orders():
     write_orders()
 
 
-defs = Definitions.merge(build_stateful_definitions(
-    order_totals,
-    source_partitions=ORDERS_PARTITIONS,
-    kafka=KafkaResource(bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS")),
-    state_store=StateStoreResource(
-        state_dir=os.environ.get("DAGSTER_STATEFUL_STATE_DIR", ".dagster-stateful/state"),
-        snapshot_root=os.environ.get("DAGSTER_STATEFUL_SNAPSHOT_ROOT", ".dagster-stateful/snapshots")),
-    worker_every_minutes=1,
-    automation_running=True,
-    lag_threshold=500,
-), Definitions(
-    jobs=[generate_orders],
-    schedules=[ScheduleDefinition(name="generate_orders_every_minute", job=generate_orders, cron_schedule="* * * * *",
-                                  default_status=DefaultScheduleStatus.RUNNING)],
-))
+defs = Definitions.merge(
+    build_stateful_definitions(
+        order_totals,
+        source_partitions=ORDERS_PARTITIONS,
+        kafka=KafkaResource(bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS")),
+        state_store=StateStoreResource(
+            state_dir=os.environ.get("DAGSTER_STATEFUL_STATE_DIR", ".dagster-stateful/state"),
+            snapshot_root=os.environ.get("DAGSTER_STATEFUL_SNAPSHOT_ROOT", ".dagster-stateful/snapshots"),
+        ),
+        worker_every_minutes=1,
+        automation_running=True,
+        lag_threshold=500,
+    ),
+    Definitions(
+        jobs=[generate_orders],
+        schedules=[
+            ScheduleDefinition(
+                name="generate_orders_every_minute",
+                job=generate_orders,
+                cron_schedule="* * * * *",
+                default_status=DefaultScheduleStatus.RUNNING,
+            )
+        ],
+    ),
+)

@@ -53,8 +53,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dagster_stateful.core import App, AppState, RestoreListener, State, WorkerReport
-from dagster_stateful.core.keys import split_store_key
-from dagster_stateful.core.store import StorePartition
+from dagster_stateful.core.state.keys import split_store_key
 from dagster_stateful.local_kafka.broker import LocalKafkaBroker
 
 STORE = "totals"
@@ -134,10 +133,16 @@ def engine_revision() -> str:
     """The repository's commit, with "+ uncommitted changes" when the engine's files differ from it."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "dagster_stateful"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "dagster_stateful"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return f"{commit}{' + uncommitted changes' if dirty else ''}"
@@ -187,9 +192,16 @@ def produce_orders(bootstrap: str, topic: str, count: int, key_of) -> float:
 
 
 def make_app(bootstrap: str, name: str, source: str, state_dir: Path, args: argparse.Namespace) -> App:
-    app = App(name=name, source=source, stores=[STORE], state_dir=state_dir, kafka=bootstrap,
-              commit_interval=args.commit_interval, commit_every=args.commit_every,
-              restore_batch_size=args.restore_batch_size)
+    app = App(
+        name=name,
+        source=source,
+        stores=[STORE],
+        state_dir=state_dir,
+        kafka=bootstrap,
+        commit_interval=args.commit_interval,
+        commit_every=args.commit_every,
+        restore_batch_size=args.restore_batch_size,
+    )
     app.dataframe().apply(add_to_total, stateful=True)
     return app
 
@@ -198,7 +210,7 @@ def read_store(app: App, partitions: int) -> dict[bytes, bytes]:
     """{message key: raw value of state key "total"} across every local partition of the store."""
     content: dict[bytes, bytes] = {}
     for partition in range(partitions):
-        part = StorePartition(app.state_dir, app.name, STORE, partition, app.changelog_topic(STORE), app.source)
+        part = app.state.partition(STORE, partition)
         part.open()
         try:
             for key, value in part.items():
@@ -231,8 +243,11 @@ def run_measured(app: App, profile: bool, label: str) -> tuple[WorkerReport, flo
             profiler.disable()
         app.listeners.state.remove(clock)
     wall = time.monotonic() - began
-    marks = {name: clock.entered[state] - began for name, state in
-             (("running", AppState.RUNNING), ("loop_done", AppState.PENDING_SHUTDOWN)) if state in clock.entered}
+    marks = {
+        name: clock.entered[state] - began
+        for name, state in (("running", AppState.RUNNING), ("loop_done", AppState.PENDING_SHUTDOWN))
+        if state in clock.entered
+    }
     print(f"({label}: load avg at the end {load()})")
     if profiler is not None:
         print_profile(profiler, label)
@@ -243,8 +258,10 @@ def describe_marks(marks: dict[str, float], wall: float) -> str:
     running, done = marks.get("running"), marks.get("loop_done")
     if running is None or done is None:
         return ""
-    return (f"  [start-up until partitions assigned {running:.2f} s | processing loop {done - running:.2f} s | "
-            f"final commit + lag query + close {wall - done:.2f} s]")
+    return (
+        f"  [start-up until partitions assigned {running:.2f} s | processing loop {done - running:.2f} s | "
+        f"final commit + lag query + close {wall - done:.2f} s]"
+    )
 
 
 def print_profile(profiler: cProfile.Profile, label: str, top: int = 15) -> None:
@@ -265,8 +282,10 @@ def print_profile(profiler: cProfile.Profile, label: str, top: int = 15) -> None
 
 def check_report(report: WorkerReport, expected_messages: int, what: str) -> None:
     if report.total_processed != expected_messages or report.total_lag != 0:
-        raise SystemExit(f"FAILED ({what}): processed {report.total_processed} of {expected_messages} messages, "
-                         f"lag left {report.total_lag}, stop reason {report.stop_reason!r}")
+        raise SystemExit(
+            f"FAILED ({what}): processed {report.total_processed} of {expected_messages} messages, "
+            f"lag left {report.total_lag}, stop reason {report.stop_reason!r}"
+        )
 
 
 def processing_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.Namespace) -> None:
@@ -276,32 +295,43 @@ def processing_phase(bootstrap: str, state_dir: Path, run_id: str, args: argpars
     keys = [f"c{k}".encode() for k in range(args.keys)]
     customers = [key.decode() for key in keys]
     seconds = produce_orders(bootstrap, source, args.messages, lambda i: customers[i % args.keys])
-    print(f"produce: {args.messages:,} messages in {seconds:.1f} s ({args.messages / seconds:,.0f} msg/s; "
-          "not measured)")
+    print(
+        f"produce: {args.messages:,} messages in {seconds:.1f} s ({args.messages / seconds:,.0f} msg/s; not measured)"
+    )
 
     app = make_app(bootstrap, f"bench-totals-{run_id}", source, state_dir, args)
-    report, wall, marks = run_measured(app, args.profile,
-                                       f"processing {args.messages:,} messages over {args.keys:,} keys")
+    report, wall, marks = run_measured(
+        app, args.profile, f"processing {args.messages:,} messages over {args.keys:,} keys"
+    )
     check_report(report, args.messages, "processing")
-    print(f"processed: {report.total_processed:,} messages in {wall:.2f} s wall "
-          f"(worker's own {report.seconds:.2f} s; {report.rebalances} rebalance(s); stop: {report.stop_reason})")
+    print(
+        f"processed: {report.total_processed:,} messages in {wall:.2f} s wall "
+        f"(worker's own {report.seconds:.2f} s; {report.rebalances} rebalance(s); stop: {report.stop_reason})"
+    )
     print(describe_marks(marks, wall))
     print(f"PROCESSING THROUGHPUT: {report.total_processed / wall:,.0f} messages/s")
     if "running" in marks and "loop_done" in marks:
         loop = marks["loop_done"] - marks["running"]
-        print(f"(inside the processing loop only, start-up and shut-down excluded: "
-              f"{report.total_processed / loop:,.0f} messages/s)")
+        print(
+            f"(inside the processing loop only, start-up and shut-down excluded: "
+            f"{report.total_processed / loop:,.0f} messages/s)"
+        )
 
     # Correctness: every key's total (the check is cheap, so no need to sample).
     expected = [0] * args.keys
     for i in range(args.messages):
         expected[i % args.keys] += amount(i)
     stored = read_store(app, args.partitions)
-    wrong = [(keys[k], expected[k], stored.get(keys[k])) for k in range(args.keys)
-             if stored.get(keys[k]) is None or orjson.loads(stored[keys[k]]) != expected[k]]
+    wrong = [
+        (keys[k], expected[k], stored.get(keys[k]))
+        for k in range(args.keys)
+        if stored.get(keys[k]) is None or orjson.loads(stored[keys[k]]) != expected[k]
+    ]
     if wrong or len(stored) != args.keys:
-        raise SystemExit(f"FAILED: totals wrong for {len(wrong)} of {args.keys} keys (store holds {len(stored)} "
-                         f"keys); first: {[(k.decode(), e, g) for k, e, g in wrong[:5]]}")
+        raise SystemExit(
+            f"FAILED: totals wrong for {len(wrong)} of {args.keys} keys (store holds {len(stored)} "
+            f"keys); first: {[(k.decode(), e, g) for k, e, g in wrong[:5]]}"
+        )
     print(f"check: totals of all {args.keys:,} keys are right")
 
 
@@ -310,7 +340,7 @@ def restore_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.N
     count = args.restore_keys
     source = f"bench-restore-src-{run_id}"
     create_topic(bootstrap, source, args.partitions)
-    seconds = produce_orders(bootstrap, source, count, lambda i: "k%08d" % i)
+    seconds = produce_orders(bootstrap, source, count, lambda i: f"k{i:08d}")
     print(f"produce: {count:,} messages with distinct keys in {seconds:.1f} s (not measured)")
 
     app = make_app(bootstrap, f"bench-restore-{run_id}", source, state_dir, args)
@@ -318,8 +348,10 @@ def restore_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.N
     first = app.run_worker(until_caught_up=True)
     wall = time.monotonic() - began
     check_report(first, count, "filling the store")
-    print(f"fill: {first.total_processed:,} messages ({count:,} distinct keys) processed in {wall:.2f} s "
-          f"({first.total_processed / wall:,.0f} messages/s; every message a new key)")
+    print(
+        f"fill: {first.total_processed:,} messages ({count:,} distinct keys) processed in {wall:.2f} s "
+        f"({first.total_processed / wall:,.0f} messages/s; every message a new key)"
+    )
     watermarks = app.kafka.watermarks(app.changelog_topic(STORE), range(args.partitions))
     changelog_records = sum(high - low for low, high in watermarks.values())
     print(f"changelog {app.changelog_topic(STORE)}: {changelog_records:,} records over {args.partitions} partitions")
@@ -340,30 +372,46 @@ def restore_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.N
     skipped = sum(r.records_skipped for r in restores)
     restore_seconds = sum(r.seconds for r in restores)
     for r in sorted(restores, key=lambda r: r.partition):
-        print(f"  partition {r.partition}: {r.kind}, offsets {r.start_offset}..{r.end_offset}, "
-              f"{r.records_applied:,} applied, {r.records_skipped:,} skipped, {r.seconds:.2f} s")
-    if (len(restores) != args.partitions or applied != count or listener.records != applied
-            or listener.partitions_started != args.partitions):
-        raise SystemExit(f"FAILED: expected {args.partitions} full restores applying {count} records; got "
-                         f"{len(restores)} restores applying {applied} (listener saw {listener.records} in "
-                         f"{listener.batches} batches)")
-    print(f"restored: {applied:,} records ({skipped:,} skipped) in {restore_seconds:.2f} s "
-          f"({listener.batches} batches seen by the RestoreListener)")
+        print(
+            f"  partition {r.partition}: {r.kind}, offsets {r.start_offset}..{r.end_offset}, "
+            f"{r.records_applied:,} applied, {r.records_skipped:,} skipped, {r.seconds:.2f} s"
+        )
+    if (
+        len(restores) != args.partitions
+        or applied != count
+        or listener.records != applied
+        or listener.partitions_started != args.partitions
+    ):
+        raise SystemExit(
+            f"FAILED: expected {args.partitions} full restores applying {count} records; got "
+            f"{len(restores)} restores applying {applied} (listener saw {listener.records} in "
+            f"{listener.batches} batches)"
+        )
+    print(
+        f"restored: {applied:,} records ({skipped:,} skipped) in {restore_seconds:.2f} s "
+        f"({listener.batches} batches seen by the RestoreListener)"
+    )
     print(f"RESTORE THROUGHPUT: {applied / restore_seconds:,.0f} records/s")
-    print(f"SECONDS UNTIL PROCESSING RESUMES: {wall:.2f} s (wall of the run_worker that restored; "
-          f"stop: {report.stop_reason})")
+    print(
+        f"SECONDS UNTIL PROCESSING RESUMES: {wall:.2f} s (wall of the run_worker that restored; "
+        f"stop: {report.stop_reason})"
+    )
     print(describe_marks(marks, wall))
     if "running" in marks:
-        print(f"(the worker entered RUNNING, i.e. could process again, {marks['running']:.2f} s after run_worker "
-              f"started; the rest of the wall is the caught-up check, final lag query and close)")
+        print(
+            f"(the worker entered RUNNING, i.e. could process again, {marks['running']:.2f} s after run_worker "
+            f"started; the rest of the wall is the caught-up check, final lag query and close)"
+        )
 
     stored = read_store(app, args.partitions)
     rng = random.Random(7)
     sample = rng.sample(range(count), min(SAMPLE_SIZE, count))
     wrong = [i for i in sample if stored.get(b"k%08d" % i) is None or orjson.loads(stored[b"k%08d" % i]) != amount(i)]
     if len(stored) != count or wrong:
-        raise SystemExit(f"FAILED: restored store holds {len(stored)} keys (expected {count}); "
-                         f"{len(wrong)} of {len(sample)} sampled values wrong")
+        raise SystemExit(
+            f"FAILED: restored store holds {len(stored)} keys (expected {count}); "
+            f"{len(wrong)} of {len(sample)} sampled values wrong"
+        )
     print(f"check: restored store holds all {count:,} keys; {len(sample):,} sampled values are right")
 
 
@@ -371,12 +419,14 @@ def restore_phase(bootstrap: str, state_dir: Path, run_id: str, args: argparse.N
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages in the processing phase")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys in the processing phase")
-    parser.add_argument("--restore-keys", type=int, default=1_000_000,
-                        help="keys in the restored store (0 skips the restore phase)")
+    parser.add_argument(
+        "--restore-keys", type=int, default=1_000_000, help="keys in the restored store (0 skips the restore phase)"
+    )
     parser.add_argument("--partitions", type=int, default=6, help="partitions of the source topics")
     parser.add_argument("--commit-interval", type=float, default=5.0, help="App commit_interval (s)")
     parser.add_argument("--commit-every", type=int, default=50_000, help="App commit_every (messages)")

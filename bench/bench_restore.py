@@ -32,14 +32,16 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
-from dagster_stateful.core.bulk_load import ingest_sst_files, load_snapshot_partition
-from dagster_stateful.core.kafka import RESTORE_CONSUMER_CONFIG, KafkaClients
-from dagster_stateful.core.keys import message_prefix
-from dagster_stateful.core.listeners import Listeners
-from dagster_stateful.core.recovery import Restorer, source_offset_header
-from dagster_stateful.core.snapshots import SnapshotStore
-from dagster_stateful.core.store import StorePartition
-from dagster_stateful.core.verification import partition_digest
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.monitoring.listeners import Listeners
+from dagster_stateful.core.recovery.changelog import Restorer, source_offset_header
+from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files, load_snapshot_partition
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.verification import partition_digest
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.keys import message_prefix
+from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.local_kafka.broker import LocalKafkaBroker
 
 APP, STORE = "bench-restore", "state"
@@ -69,10 +71,14 @@ def main() -> None:
 
 def print_machine(arguments: argparse.Namespace) -> None:
     memory = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
-    print(f"machine: {os.cpu_count()} cores, {memory.split()[1]} kB RAM, {platform.platform()}, "
-          f"Python {sys.version.split()[0]}")
-    print(f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, spark {arguments.spark_master}, "
-          f"restore batch 10,000 records, restore consumer {RESTORE_CONSUMER_CONFIG}")
+    print(
+        f"machine: {os.cpu_count()} cores, {memory.split()[1]} kB RAM, {platform.platform()}, "
+        f"Python {sys.version.split()[0]}"
+    )
+    print(
+        f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, spark {arguments.spark_master}, "
+        f"restore batch 10,000 records, restore consumer {RESTORE_CONSUMER_CONFIG}"
+    )
 
 
 def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
@@ -91,8 +97,10 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
 
     started = time.monotonic()
     manifest = build_snapshot(spark, {"kafka.bootstrap.servers": bootstrap}, topic, ends, snapshots)
-    print(f"snapshot (Spark, off the hot path): {sum(manifest.key_counts.values()):,} keys in "
-          f"{time.monotonic() - started:.1f} s")
+    print(
+        f"snapshot (Spark, off the hot path): {sum(manifest.key_counts.values()):,} keys in "
+        f"{time.monotonic() - started:.1f} s"
+    )
     local = restore_from_snapshot(kafka, topic, work / "local", snapshots, manifest, ends)
     bulk = restore_with_spark(spark, kafka, topic, work / "spark", snapshots, manifest, ends)
     for name, digests in (("local snapshot", local), ("spark bulk", bulk)):
@@ -102,14 +110,26 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
 
 
 def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
-                         "compression.type": "lz4", "partitioner": "murmur2_random"})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "partitioner": "murmur2_random",
+        }
+    )
     for i in range(keys):
         key = message_prefix(f"customer-{i:09d}".encode()) + b"total"
         while True:
             try:
-                producer.produce(topic, key=key, value=orjson.dumps({"total": i % 9973}),
-                                 partition=i % partitions, headers=source_offset_header(i // partitions))
+                producer.produce(
+                    topic,
+                    key=key,
+                    value=orjson.dumps({"total": i % 9973}),
+                    partition=i % partitions,
+                    headers=source_offset_header(i // partitions),
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -119,7 +139,8 @@ def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int) ->
 
 
 def open_partition(state_dir: Path, topic: str, partition: int) -> StorePartition:
-    store = StorePartition(state_dir, APP, STORE, partition, topic, "bench-source")
+    config = AppConfig(name=APP, source="bench-source", stores=(STORE,))
+    store = StateDirectory(state_dir, config).partition(STORE, partition)
     store.open()
     return store
 
@@ -135,8 +156,10 @@ def restore_by_replay(kafka: KafkaClients, topic: str, state_dir: Path, partitio
         store.close()
     seconds = time.monotonic() - started
     consumer.close()
-    print(f"1. changelog replay: {records:,} records in {seconds:.1f} s = {records / seconds:,.0f} records/s; "
-          f"processing resumes after {seconds:.1f} s")
+    print(
+        f"1. changelog replay: {records:,} records in {seconds:.1f} s = {records / seconds:,.0f} records/s; "
+        f"processing resumes after {seconds:.1f} s"
+    )
     return digests_of(state_dir, topic, partitions)
 
 
@@ -151,8 +174,10 @@ def restore_from_snapshot(kafka, topic, state_dir, snapshots, manifest, ends) ->
         store.close()
     seconds = time.monotonic() - started
     consumer.close()
-    print(f"2. local snapshot: {keys:,} keys in {seconds:.1f} s = {keys / seconds:,.0f} keys/s; "
-          f"processing resumes after {seconds:.1f} s")
+    print(
+        f"2. local snapshot: {keys:,} keys in {seconds:.1f} s = {keys / seconds:,.0f} keys/s; "
+        f"processing resumes after {seconds:.1f} s"
+    )
     return digests_of(state_dir, topic, len(ends))
 
 
@@ -171,9 +196,11 @@ def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends
         keys += count
     seconds = time.monotonic() - started
     shutil.rmtree(output, ignore_errors=True)
-    print(f"3. Spark bulk restore ({spark.sparkContext.defaultParallelism} cores): {keys:,} keys in {seconds:.1f} s "
-          f"= {keys / seconds:,.0f} keys/s (SST writing {written_at - started:.1f} s, ingest "
-          f"{seconds - (written_at - started):.1f} s); processing resumes after {seconds:.1f} s")
+    print(
+        f"3. Spark bulk restore ({spark.sparkContext.defaultParallelism} cores): {keys:,} keys in {seconds:.1f} s "
+        f"= {keys / seconds:,.0f} keys/s (SST writing {written_at - started:.1f} s, ingest "
+        f"{seconds - (written_at - started):.1f} s); processing resumes after {seconds:.1f} s"
+    )
     return digests_of(state_dir, topic, len(ends))
 
 
@@ -194,10 +221,16 @@ def start_spark(master: str):
     from dagster_stateful.spark.connector import spark_jars_conf
 
     started = time.monotonic()
-    spark = (SparkSession.builder.master(master).appName("bench-restore").config("spark.jars", spark_jars_conf())
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "6")
-             .config("spark.driver.memory", "4g").getOrCreate())
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("bench-restore")
+        .config("spark.jars", spark_jars_conf())
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "6")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     print(f"spark session started in {time.monotonic() - started:.1f} s")
     return spark

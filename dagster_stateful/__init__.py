@@ -1,8 +1,38 @@
 """dagster-stateful: Kafka-Streams-style stateful stream processing, orchestrated by Dagster.
 
-The package is layered: `dagster_stateful.core` is the engine (no dagster or pyspark import),
-`dagster_stateful.spark` holds PySpark jobs, `dagster_stateful.local_kafka` runs a real broker
-for development and tests, and the top-level modules are the thin Dagster layer.
+What a Dagster user imports lives here: `build_stateful_definitions` and the resources
+(`KafkaResource`, `StateStoreResource`, `StatefulSparkResource`). The engine's API is
+`dagster_stateful.core` (`App`, `State`, listeners, errors). The package is layered: `core` is the
+engine (no dagster or pyspark import), `spark` holds PySpark jobs, `local_kafka` runs a real broker
+for development and tests, and the top-level modules are the thin Dagster layer. The Dagster
+names are imported on first use, so `import dagster_stateful.core` never loads Dagster.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dagster_stateful.builder import build_stateful_definitions
+    from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "build_stateful_definitions": "dagster_stateful.builder",
+    "KafkaResource": "dagster_stateful.resources",
+    "StateStoreResource": "dagster_stateful.resources",
+    "StatefulSparkResource": "dagster_stateful.resources",
+}
+
+__all__ = ["KafkaResource", "StateStoreResource", "StatefulSparkResource", "build_stateful_definitions"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagster_stateful' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -24,15 +24,22 @@ from dagster import (
 from pydantic import Field
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.maintenance import describe_partitions
-from dagster_stateful.core.provisioning import TopicRole
-from dagster_stateful.core.snapshots import SnapshotStore
+from dagster_stateful.core.kafka.provisioning import TopicRole
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, topic_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 
-SHOWN_TOPIC_CONFIGS = ("cleanup.policy", "min.insync.replicas", "segment.bytes", "segment.ms",
-                       "min.cleanable.dirty.ratio", "max.compaction.lag.ms", "delete.retention.ms", "retention.ms")
+SHOWN_TOPIC_CONFIGS = (
+    "cleanup.policy",
+    "min.insync.replicas",
+    "segment.bytes",
+    "segment.ms",
+    "min.cleanable.dirty.ratio",
+    "max.compaction.lag.ms",
+    "delete.retention.ms",
+    "retention.ms",
+)
 
 
 class WorkerConfig(Config):
@@ -49,21 +56,31 @@ def kafka_partitions(count: int) -> StaticPartitionsDefinition:
 
 def source_topic_spec(app: App) -> AssetSpec:
     return AssetSpec(
-        source_key(app), group_name=group_name(app), kinds={"kafka"},
+        source_key(app),
+        group_name=group_name(app),
+        kinds={"kafka"},
         description=f"Kafka topic `{app.source}`: the input of app `{app.name}`, written by its producers.",
         metadata={"topic": app.source, "consumer_group": app.consumer_group},
     )
 
 
 def changelog_assets(app: App):
-    specs = [AssetSpec(changelog_key(app, store), deps=[source_key(app)], group_name=group_name(app),
-                       kinds={"kafka"},
-                       description=f"Compacted changelog of store `{store}`: every state change, the source of "
-                                   "truth for restoring the store.") for store in app.stores]
+    specs = [
+        AssetSpec(
+            changelog_key(app, store),
+            deps=[source_key(app)],
+            group_name=group_name(app),
+            kinds={"kafka"},
+            description=f"Compacted changelog of store `{store}`: every state change, the source of "
+            "truth for restoring the store.",
+        )
+        for store in app.stores
+    ]
 
     @multi_asset(name=job_name(app, "changelogs"), specs=specs, can_subset=False)
-    def changelogs(context: AssetExecutionContext, kafka: KafkaResource,
-                   state_store: StateStoreResource) -> Iterator[MaterializeResult]:
+    def changelogs(
+        context: AssetExecutionContext, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> Iterator[MaterializeResult]:
         bound = state_store.bind(app, kafka)
         plan = bound.provision()
         context.log.info("Provisioning plan for %s:\n%s", app.name, plan.describe())
@@ -73,34 +90,59 @@ def changelog_assets(app: App):
             topic, partitions = check.spec.name, check.found_partitions or 0
             config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
             store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
-            yield MaterializeResult(asset_key=changelog_key(app, store), metadata=topic_metadata(
-                partitions, config, bound.kafka.watermarks(topic, range(partitions)), check.status.value))
+            yield MaterializeResult(
+                asset_key=changelog_key(app, store),
+                metadata=topic_metadata(
+                    partitions, config, bound.kafka.watermarks(topic, range(partitions)), check.status.value
+                ),
+            )
 
     return changelogs
 
 
 def store_assets(app: App, source_partitions: int):
     partitions_def = kafka_partitions(source_partitions)
-    specs = [AssetSpec(store_key(app, store), deps=[changelog_key(app, store)] if app.use_changelog_topics else
-                       [source_key(app)], group_name=group_name(app), kinds={"rocksdb"}, partitions_def=partitions_def,
-                       description=f"RocksDB state store `{store}` of app `{app.name}`, one database per Kafka "
-                                   "partition. Materializing runs a bounded worker on the chosen partitions.")
-             for store in app.stores]
+    specs = [
+        AssetSpec(
+            store_key(app, store),
+            deps=[changelog_key(app, store)] if app.config.use_changelog_topics else [source_key(app)],
+            group_name=group_name(app),
+            kinds={"rocksdb"},
+            partitions_def=partitions_def,
+            description=f"RocksDB state store `{store}` of app `{app.name}`, one database per Kafka "
+            "partition. Materializing runs a bounded worker on the chosen partitions.",
+        )
+        for store in app.stores
+    ]
 
-    @multi_asset(name=job_name(app, "stores"), specs=specs, can_subset=False, partitions_def=partitions_def,
-                 backfill_policy=BackfillPolicy.single_run())
-    def stores(context: AssetExecutionContext, config: WorkerConfig, kafka: KafkaResource,
-               state_store: StateStoreResource) -> Iterator[MaterializeResult]:
+    @multi_asset(
+        name=job_name(app, "stores"),
+        specs=specs,
+        can_subset=False,
+        partitions_def=partitions_def,
+        backfill_policy=BackfillPolicy.single_run(),
+    )
+    def stores(
+        context: AssetExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> Iterator[MaterializeResult]:
         bound = state_store.bind(app, kafka)
         chosen = sorted(int(key) for key in context.partition_keys)
         pinned = None if len(chosen) == source_partitions else chosen
-        context.log.info("Running a bounded worker of %s on %s", app.name,
-                         f"partitions {pinned}" if pinned else "every partition (joining the consumer group)")
+        context.log.info(
+            "Running a bounded worker of %s on %s",
+            app.name,
+            f"partitions {pinned}" if pinned else "every partition (joining the consumer group)",
+        )
         report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up, pinned)
-        descriptions = describe_partitions(bound, chosen)
+        descriptions = bound.describe_partitions(chosen)
         for store in app.stores:
-            yield MaterializeResult(asset_key=store_key(app, store), metadata={
-                **worker_metadata(report), **partitions_metadata(d for d in descriptions if d.store == store)})
+            yield MaterializeResult(
+                asset_key=store_key(app, store),
+                metadata={
+                    **worker_metadata(report),
+                    **partitions_metadata(d for d in descriptions if d.store == store),
+                },
+            )
 
     return stores
 
@@ -110,36 +152,53 @@ class SnapshotConfig(Config):
 
 
 def snapshot_assets(app: App):
-    specs = [AssetSpec(snapshot_key(app, store), deps=[changelog_key(app, store)], group_name=group_name(app),
-                       kinds={"spark", "parquet"},
-                       description=f"Compacted snapshot of store `{store}`'s changelog (Parquet per Kafka partition, "
-                                   "keys sorted), built by Spark; bulk restores load it and replay only the tail.")
-             for store in app.stores]
+    specs = [
+        AssetSpec(
+            snapshot_key(app, store),
+            deps=[changelog_key(app, store)],
+            group_name=group_name(app),
+            kinds={"spark", "parquet"},
+            description=f"Compacted snapshot of store `{store}`'s changelog (Parquet per Kafka partition, "
+            "keys sorted), built by Spark; bulk restores load it and replay only the tail.",
+        )
+        for store in app.stores
+    ]
 
     @multi_asset(name=job_name(app, "snapshots"), specs=specs, can_subset=False)
-    def snapshots(context: AssetExecutionContext, config: SnapshotConfig, kafka: KafkaResource,
-                  state_store: StateStoreResource, pyspark: StatefulSparkResource) -> Iterator[MaterializeResult]:
+    def snapshots(
+        context: AssetExecutionContext,
+        config: SnapshotConfig,
+        kafka: KafkaResource,
+        state_store: StateStoreResource,
+        pyspark: StatefulSparkResource,
+    ) -> Iterator[MaterializeResult]:
         from dagster_stateful.spark.snapshots import build_snapshot
 
         if not state_store.snapshot_root:
-            raise Failure(description="Snapshots need a location: set `snapshot_root` on the state_store resource "
-                                      "(a path or a URI Spark can write).")
+            raise Failure(
+                description="Snapshots need a location: set `snapshot_root` on the state_store resource "
+                "(a path or a URI Spark can write)."
+            )
         bound = state_store.bind(app, kafka)
         for store in app.stores:
             topic = app.changelog_topic(store)
             partitions = range(bound.kafka.partition_count(topic) or 0)
             ends = {p: high for p, (_, high) in bound.kafka.watermarks(topic, partitions).items()}
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
-            manifest = build_snapshot(pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, snapshot_store,
-                                      config.keep)
-            yield MaterializeResult(asset_key=snapshot_key(app, store), metadata={
-                "snapshot_id": manifest.snapshot_id,
-                "location": snapshot_store.snapshot_location(manifest.snapshot_id),
-                "keys": sum(manifest.key_counts.values()),
-                "keys_per_partition": MetadataValue.json({str(p): n for p, n in manifest.key_counts.items()}),
-                "end_offsets": MetadataValue.json({str(p): o for p, o in manifest.end_offsets.items()}),
-                "previous_snapshot": manifest.previous or "none",
-                "seconds": manifest.extra.get("seconds", 0.0),
-            })
+            manifest = build_snapshot(
+                pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, snapshot_store, config.keep
+            )
+            yield MaterializeResult(
+                asset_key=snapshot_key(app, store),
+                metadata={
+                    "snapshot_id": manifest.snapshot_id,
+                    "location": snapshot_store.snapshot_location(manifest.snapshot_id),
+                    "keys": sum(manifest.key_counts.values()),
+                    "keys_per_partition": MetadataValue.json({str(p): n for p, n in manifest.key_counts.items()}),
+                    "end_offsets": MetadataValue.json({str(p): o for p, o in manifest.end_offsets.items()}),
+                    "previous_snapshot": manifest.previous or "none",
+                    "seconds": manifest.extra.get("seconds", 0.0),
+                },
+            )
 
     return snapshots

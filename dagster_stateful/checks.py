@@ -11,10 +11,8 @@ result says what it found, where, and what to do.
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.maintenance import describe_partitions
-from dagster_stateful.core.snapshots import SnapshotStore
-from dagster_stateful.core.store import StorePartition
-from dagster_stateful.core.verification import Digest, partition_digest, replay_digest
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
 from dagster_stateful.naming import changelog_key, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
@@ -23,7 +21,7 @@ from dagster_stateful.resources import KafkaResource, StateStoreResource
 def stateful_checks(app: App, max_changelog_lag: int = 100_000, max_snapshot_age_hours: float = 48.0) -> list:
     checks = []
     for store in app.stores:
-        if app.use_changelog_topics:
+        if app.config.use_changelog_topics:
             checks += _changelog_checks(app, store)
             checks.append(_replay_verification_check(app, store))
             checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours))
@@ -35,44 +33,65 @@ def _changelog_checks(app: App, store: str) -> list:
     topic = app.changelog_topic(store)
     key = changelog_key(app, store)
 
-    @asset_check(asset=key, name="partition_parity", description="The changelog has as many partitions as the "
-                                                                  "source topic.")
+    @asset_check(
+        asset=key, name="partition_parity", description="The changelog has as many partitions as the source topic."
+    )
     def partition_parity(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         clients = state_store.bind(app, kafka).kafka
         found, expected = clients.partition_count(topic), clients.partition_count(app.source)
         if found is None:
             return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
         return AssetCheckResult(
-            passed=found == expected, metadata={"changelog_partitions": found, "source_partitions": expected or 0},
-            description=None if found == expected else
-            f"{topic} has {found} partitions, {app.source} has {expected}: recreate the changelog with {expected}.")
+            passed=found == expected,
+            metadata={"changelog_partitions": found, "source_partitions": expected or 0},
+            description=None
+            if found == expected
+            else f"{topic} has {found} partitions, {app.source} has {expected}: "
+            f"recreate the changelog with {expected}.",
+        )
 
-    @asset_check(asset=key, name="cleanup_policy_compact", description="The changelog is compacted, not deleted "
-                                                                       "by retention.")
+    @asset_check(
+        asset=key, name="cleanup_policy_compact", description="The changelog is compacted, not deleted by retention."
+    )
     def cleanup_policy(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         clients = state_store.bind(app, kafka).kafka
         if clients.partition_count(topic) is None:
             return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
         policy = clients.topic_config(topic).get("cleanup.policy", "delete")
-        return AssetCheckResult(passed=policy == "compact", metadata={"cleanup.policy": policy},
-                                description=None if policy == "compact" else
-                                f"{topic} has cleanup.policy={policy}; set it to compact or state will be lost.")
+        return AssetCheckResult(
+            passed=policy == "compact",
+            metadata={"cleanup.policy": policy},
+            description=None
+            if policy == "compact"
+            else f"{topic} has cleanup.policy={policy}; set it to compact or state will be lost.",
+        )
 
-    @asset_check(asset=key, name="stored_offsets_within_changelog",
-                 description="No local store claims a changelog offset beyond the changelog's end (a recreated "
-                             "changelog).")
+    @asset_check(
+        asset=key,
+        name="stored_offsets_within_changelog",
+        description="No local store claims a changelog offset beyond the changelog's end (a recreated changelog).",
+    )
     def stored_offsets(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
-        beyond = {d.partition: (d.local_changelog_offset, d.changelog_high) for d in describe_partitions(bound, stores=[store])
-                  if d.local_changelog_offset is not None and d.local_changelog_offset > d.changelog_high}
+        beyond = {
+            d.partition: (d.local_changelog_offset, d.changelog_high)
+            for d in bound.describe_partitions(stores=[store])
+            if d.local_changelog_offset is not None and d.local_changelog_offset > d.changelog_high
+        }
         return AssetCheckResult(
-            passed=not beyond, metadata={"partitions_beyond_end": len(beyond)},
-            description=None if not beyond else
-            f"partitions {sorted(beyond)} of {topic}: local offsets beyond the end ({beyond}); the changelog was "
-            "recreated. Clear those partitions' local state or restore them from a snapshot.")
+            passed=not beyond,
+            metadata={"partitions_beyond_end": len(beyond)},
+            description=None
+            if not beyond
+            else f"partitions {sorted(beyond)} of {topic}: local offsets beyond the end ({beyond}); the changelog was "
+            "recreated. Clear those partitions' local state or restore them from a snapshot.",
+        )
 
-    @asset_check(asset=key, name="committed_offsets_retained",
-                 description="The group's committed source offsets are not below the source's low watermark.")
+    @asset_check(
+        asset=key,
+        name="committed_offsets_retained",
+        description="The group's committed source offsets are not below the source's low watermark.",
+    )
     def committed_retained(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
         partitions = range(bound.kafka.partition_count(app.source) or 0)
@@ -80,39 +99,55 @@ def _changelog_checks(app: App, store: str) -> list:
         marks = bound.kafka.watermarks(app.source, partitions)
         lost = {p: (c, marks[p][0]) for p, c in committed.items() if c is not None and c < marks[p][0]}
         return AssetCheckResult(
-            passed=not lost, severity=AssetCheckSeverity.ERROR, metadata={"partitions_with_gap": len(lost)},
-            description=None if not lost else
-            f"{app.source} partitions {sorted(lost)}: committed offset below the low watermark {lost}; messages "
-            "were deleted before processing. Reset the group's offsets to the earliest to accept the gap.")
+            passed=not lost,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={"partitions_with_gap": len(lost)},
+            description=None
+            if not lost
+            else f"{app.source} partitions {sorted(lost)}: committed offset below the low watermark {lost}; messages "
+            "were deleted before processing. Reset the group's offsets to the earliest to accept the gap.",
+        )
 
     return [partition_parity, cleanup_policy, stored_offsets, committed_retained]
 
 
 def _state_freshness_check(app: App, store: str, max_changelog_lag: int):
-    @asset_check(asset=store_key(app, store), name="local_state_fresh",
-                 description=f"Local state is at most {max_changelog_lag} changelog records behind.")
+    @asset_check(
+        asset=store_key(app, store),
+        name="local_state_fresh",
+        description=f"Local state is at most {max_changelog_lag} changelog records behind.",
+    )
     def local_state_fresh(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
-        behind = {d.partition: d.changelog_lag for d in describe_partitions(bound, stores=[store])
-                  if d.changelog_lag > max_changelog_lag}
+        behind = {
+            d.partition: d.changelog_lag
+            for d in bound.describe_partitions(stores=[store])
+            if d.changelog_lag > max_changelog_lag
+        }
         return AssetCheckResult(
-            passed=not behind, severity=AssetCheckSeverity.WARN,
+            passed=not behind,
+            severity=AssetCheckSeverity.WARN,
             metadata={"partitions_behind": len(behind), "max_changelog_lag": max_changelog_lag},
-            description=None if not behind else
-            f"partitions {sorted(behind)} are behind their changelog by {behind} records: run the restore job for "
-            "them (the rebalance sensor requests it).")
+            description=None
+            if not behind
+            else f"partitions {sorted(behind)} are behind their changelog by {behind} records: run the restore job for "
+            "them (the rebalance sensor requests it).",
+        )
 
     return local_state_fresh
 
 
 def _replay_verification_check(app: App, store: str):
-    @asset_check(asset=store_key(app, store), name="matches_changelog_replay",
-                 description="Each local partition that is up to date (a bulk restore, say) has the same content as "
-                             "the store a replay of the changelog gives (SHA-256 digests).")
+    @asset_check(
+        asset=store_key(app, store),
+        name="matches_changelog_replay",
+        description="Each local partition that is up to date (a bulk restore, say) has the same content as "
+        "the store a replay of the changelog gives (SHA-256 digests).",
+    )
     def matches_changelog_replay(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
         compared, differing, skipped = [], {}, []
-        for description in describe_partitions(bound, stores=[store]):
+        for description in bound.describe_partitions(stores=[store]):
             partition = description.partition
             if description.local_changelog_offset is None or description.changelog_lag:
                 skipped.append(partition)
@@ -121,24 +156,31 @@ def _replay_verification_check(app: App, store: str):
             if local is None:
                 skipped.append(partition)
                 continue
-            replayed = replay_digest(bound, store, partition)
+            replayed = bound.replay_digest(store, partition)
             compared.append(partition)
             if local != replayed:
-                differing[partition] = {"local": f"{local.keys} keys {local.sha256[:12]}",
-                                        "replay": f"{replayed.keys} keys {replayed.sha256[:12]}"}
+                differing[partition] = {
+                    "local": f"{local.keys} keys {local.sha256[:12]}",
+                    "replay": f"{replayed.keys} keys {replayed.sha256[:12]}",
+                }
         return AssetCheckResult(
             passed=not differing,
-            metadata={"partitions_compared": len(compared), "partitions_skipped": len(skipped),
-                      "differing": MetadataValue.json(differing)},
-            description=None if not differing else
-            f"partitions {sorted(differing)} differ from a changelog replay: clear them and restore from the "
-            "changelog (restore job with from_scratch and method changelog).")
+            metadata={
+                "partitions_compared": len(compared),
+                "partitions_skipped": len(skipped),
+                "differing": MetadataValue.json({str(p): digests for p, digests in differing.items()}),
+            },
+            description=None
+            if not differing
+            else f"partitions {sorted(differing)} differ from a changelog replay: clear them and restore from the "
+            "changelog (restore job with from_scratch and method changelog).",
+        )
 
     return matches_changelog_replay
 
 
 def _local_digest(app: App, store: str, partition: int) -> Digest | None:
-    part = StorePartition(app.state_dir, app.name, store, partition, app.changelog_topic(store), app.source)
+    part = app.state.partition(store, partition)
     try:
         part.open()
     except StateLockedError:
@@ -150,20 +192,29 @@ def _local_digest(app: App, store: str, partition: int) -> Digest | None:
 
 
 def _snapshot_age_check(app: App, store: str, max_age_hours: float):
-    @asset_check(asset=snapshot_key(app, store), name="snapshot_fresh",
-                 description=f"The latest snapshot is younger than {max_age_hours:g} hours.")
+    @asset_check(
+        asset=snapshot_key(app, store),
+        name="snapshot_fresh",
+        description=f"The latest snapshot is younger than {max_age_hours:g} hours.",
+    )
     def snapshot_fresh(state_store: StateStoreResource) -> AssetCheckResult:
         if not state_store.snapshot_root:
             return AssetCheckResult(passed=True, description="snapshots are not configured (no snapshot_root)")
         latest = SnapshotStore(state_store.snapshot_root, app.name, store).latest()
         if latest is None:
-            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
-                                    description="no snapshot yet: materialize the snapshot asset")
+            return AssetCheckResult(
+                passed=False,
+                severity=AssetCheckSeverity.WARN,
+                description="no snapshot yet: materialize the snapshot asset",
+            )
         age_hours = latest.age_seconds / 3600
         return AssetCheckResult(
-            passed=age_hours <= max_age_hours, severity=AssetCheckSeverity.WARN,
+            passed=age_hours <= max_age_hours,
+            severity=AssetCheckSeverity.WARN,
             metadata={"snapshot_id": latest.snapshot_id, "age_hours": round(age_hours, 2)},
-            description=None if age_hours <= max_age_hours else
-            f"snapshot {latest.snapshot_id} is {age_hours:.1f} h old: is the compaction schedule running?")
+            description=None
+            if age_hours <= max_age_hours
+            else f"snapshot {latest.snapshot_id} is {age_hours:.1f} h old: is the compaction schedule running?",
+        )
 
     return snapshot_fresh

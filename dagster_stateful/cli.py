@@ -26,8 +26,11 @@ EXIT_NOT_RUNNING = 3
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     arguments = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if arguments.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if arguments.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         return arguments.handler(arguments)
     except StatefulError as error:
@@ -47,8 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--home", type=Path, help=home_help)
     start.add_argument("--port", type=int, help="client (PLAINTEXT) port; default: a free port")
     start.add_argument("--controller-port", type=int, help="KRaft controller port; default: a free port")
-    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="extra server.properties entry (repeatable)")
+    start.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="extra server.properties entry (repeatable)"
+    )
     start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the broker to answer")
     start.set_defaults(handler=_start)
 

@@ -40,6 +40,22 @@ class TopicMissingError(StatefulError):
     """A topic the app needs does not exist and is not the app's to create."""
 
 
+class KafkaOperationError(StatefulError):
+    """A Kafka call failed in a way the engine does not handle itself; keeps Kafka's error code.
+
+    `code` is librdkafka's numeric error code (`confluent_kafka.KafkaError.<NAME>`), `code_name`
+    its name, and `retriable` whether Kafka says trying again may succeed.
+    """
+
+    def __init__(
+        self, message: str, code: int | None = None, code_name: str | None = None, retriable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.code_name = code_name
+        self.retriable = retriable
+
+
 class DeliveryError(StatefulError):
     """Kafka did not acknowledge records the commit depends on; nothing was committed."""
 

@@ -22,8 +22,7 @@ from pydantic import Field
 
 from dagster_stateful.assets import WorkerConfig
 from dagster_stateful.core.app import App
-from dagster_stateful.core.maintenance import describe_partitions
-from dagster_stateful.core.restoration import PartitionRestore, restore_partitions
+from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, job_name, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
@@ -32,40 +31,55 @@ from dagster_stateful.resources import KafkaResource, StatefulSparkResource, Sta
 class RestoreConfig(Config):
     partitions: list[int] = Field(description="Kafka partitions to restore, e.g. [0, 3].")
     from_scratch: bool = Field(default=False, description="Delete local state first and replay the whole changelog.")
-    skip_locked: bool = Field(default=True, description="Skip partitions a running worker holds (it restores them "
-                                                        "itself) instead of failing.")
+    skip_locked: bool = Field(
+        default=True, description="Skip partitions a running worker holds (it restores them itself) instead of failing."
+    )
     method: str = Field(default="auto", description="auto (the planner picks), changelog or snapshot.")
 
 
 class ClearStateConfig(Config):
     partitions: list[int] = Field(default_factory=list, description="Partitions to clear; empty clears all.")
-    confirm: bool = Field(default=False, description="Must be true: local state is deleted (it is restored from "
-                                                     "the changelog on the next run).")
+    confirm: bool = Field(
+        default=False,
+        description="Must be true: local state is deleted (it is restored from the changelog on the next run).",
+    )
 
 
 def provision_job(app: App):
-    return define_asset_job(job_name(app, "provision"),
-                            selection=AssetSelection.assets(*(changelog_key(app, s) for s in app.stores)),
-                            description=f"Create or validate the changelog topics of app `{app.name}`.")
+    return define_asset_job(
+        job_name(app, "provision"),
+        selection=AssetSelection.assets(*(changelog_key(app, s) for s in app.stores)),
+        description=f"Create or validate the changelog topics of app `{app.name}`.",
+    )
 
 
 def worker_job(app: App):
     @op(name=job_name(app, "run_worker_op"))
-    def run_worker_op(context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource,
-                      state_store: StateStoreResource) -> None:
+    def run_worker_op(
+        context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> None:
         bound = state_store.bind(app, kafka)
         report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
         touched = sorted(set(report.messages_processed) | {r.partition for r in report.restores} | set(report.lag))
-        for description in describe_partitions(bound, touched):
-            context.log_event(AssetMaterialization(
-                asset_key=store_key(app, description.store), partition=str(description.partition),
-                description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
-                metadata={**partition_metadata(description),
-                          "messages_processed": report.messages_processed.get(description.partition, 0)}))
+        for description in bound.describe_partitions(touched):
+            context.log_event(
+                AssetMaterialization(
+                    asset_key=store_key(app, description.store),
+                    partition=str(description.partition),
+                    description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
+                    metadata={
+                        **partition_metadata(description),
+                        "messages_processed": report.messages_processed.get(description.partition, 0),
+                    },
+                )
+            )
         context.add_output_metadata(worker_metadata(report))
 
-    @job(name=job_name(app, "worker"), description=f"Run one bounded worker of app `{app.name}` in its consumer "
-                                                   "group: process until caught up or a limit, commit, stop.")
+    @job(
+        name=job_name(app, "worker"),
+        description=f"Run one bounded worker of app `{app.name}` in its consumer "
+        "group: process until caught up or a limit, commit, stop.",
+    )
     def worker():
         run_worker_op()
 
@@ -74,17 +88,25 @@ def worker_job(app: App):
 
 def restore_job(app: App):
     @op(name=job_name(app, "restore_op"))
-    def restore_op(context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource,
-                   state_store: StateStoreResource) -> None:
+    def restore_op(
+        context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> None:
         bound = state_store.bind(app, kafka)
-        results = restore_partitions(bound, config.partitions, from_scratch=config.from_scratch,
-                                     skip_locked=config.skip_locked, snapshot_root=state_store.snapshot_root,
-                                     method=config.method)
+        results = bound.restore_partitions(
+            config.partitions,
+            from_scratch=config.from_scratch,
+            skip_locked=config.skip_locked,
+            snapshot_root=state_store.snapshot_root,
+            method=config.method,
+        )
         _record_restores(context, app, bound, config.partitions, results)
 
-    @job(name=job_name(app, "restore"), description=f"Restore chosen partitions of app `{app.name}`: the planner "
-                                                    "replays the changelog or loads the latest snapshot and replays "
-                                                    "the tail (the rebalance sensor requests this too).")
+    @job(
+        name=job_name(app, "restore"),
+        description=f"Restore chosen partitions of app `{app.name}`: the planner "
+        "replays the changelog or loads the latest snapshot and replays "
+        "the tail (the rebalance sensor requests this too).",
+    )
     def restore():
         restore_op()
 
@@ -93,59 +115,89 @@ def restore_job(app: App):
 
 def spark_restore_job(app: App):
     @op(name=job_name(app, "spark_restore_op"))
-    def spark_restore_op(context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource,
-                         state_store: StateStoreResource, pyspark: StatefulSparkResource) -> None:
+    def spark_restore_op(
+        context: OpExecutionContext,
+        config: RestoreConfig,
+        kafka: KafkaResource,
+        state_store: StateStoreResource,
+        pyspark: StatefulSparkResource,
+    ) -> None:
         from dagster_stateful.spark.bulk_restore import write_sst_files
 
         session = pyspark.spark_session
         bound = state_store.bind(app, kafka)
-        results = restore_partitions(
-            bound, config.partitions, from_scratch=config.from_scratch, skip_locked=config.skip_locked,
-            snapshot_root=state_store.snapshot_root, method=config.method,
+        results = bound.restore_partitions(
+            config.partitions,
+            from_scratch=config.from_scratch,
+            skip_locked=config.skip_locked,
+            snapshot_root=state_store.snapshot_root,
+            method=config.method,
             spark_cores=session.sparkContext.defaultParallelism,
-            sst_writer=lambda snapshots, manifest, partitions, out: write_sst_files(session, snapshots, manifest,
-                                                                                    partitions, out))
+            sst_writer=lambda snapshots, manifest, partitions, out: write_sst_files(
+                session, snapshots, manifest, partitions, out
+            ),
+        )
         _record_restores(context, app, bound, config.partitions, results)
 
-    @job(name=job_name(app, "spark_restore"), description=f"Bulk restore of app `{app.name}` with Spark: SST files "
-                                                          "written by Spark tasks from the latest snapshot, for "
-                                                          "state too large for one process.")
+    @job(
+        name=job_name(app, "spark_restore"),
+        description=f"Bulk restore of app `{app.name}` with Spark: SST files "
+        "written by Spark tasks from the latest snapshot, for "
+        "state too large for one process.",
+    )
     def spark_restore():
         spark_restore_op()
 
     return spark_restore
 
 
-def _record_restores(context: OpExecutionContext, app: App, bound: App, partitions: list[int],
-                     results: list[PartitionRestore]) -> None:
-    for description in describe_partitions(bound, partitions):
+def _record_restores(
+    context: OpExecutionContext, app: App, bound: App, partitions: list[int], results: list[PartitionRestore]
+) -> None:
+    for description in bound.describe_partitions(partitions):
         mine = [r for r in results if r.partition == description.partition and r.store == description.store]
         reports = [report for result in mine for report in result.reports]
-        context.log_event(AssetMaterialization(
-            asset_key=store_key(app, description.store), partition=str(description.partition),
-            description="restore: " + "; ".join(f"{r.plan.path}: {r.plan.reason}" for r in mine),
-            metadata={**partition_metadata(description), **restore_metadata(reports),
-                      "restore_path": ", ".join(r.plan.path for r in mine),
-                      "restore_reason": "; ".join(r.plan.reason for r in mine)}))
-    context.add_output_metadata({
-        **restore_metadata([report for result in results for report in result.reports]),
-        "paths": MetadataValue.json({f"{r.store}/{r.partition}": r.plan.path for r in results})})
+        context.log_event(
+            AssetMaterialization(
+                asset_key=store_key(app, description.store),
+                partition=str(description.partition),
+                description="restore: " + "; ".join(f"{r.plan.path}: {r.plan.reason}" for r in mine),
+                metadata={
+                    **partition_metadata(description),
+                    **restore_metadata(reports),
+                    "restore_path": ", ".join(r.plan.path for r in mine),
+                    "restore_reason": "; ".join(r.plan.reason for r in mine),
+                },
+            )
+        )
+    context.add_output_metadata(
+        {
+            **restore_metadata([report for result in results for report in result.reports]),
+            "paths": MetadataValue.json({f"{r.store}/{r.partition}": r.plan.path for r in results}),
+        }
+    )
 
 
 def clear_state_job(app: App):
     @op(name=job_name(app, "clear_state_op"))
-    def clear_state_op(context: OpExecutionContext, config: ClearStateConfig, kafka: KafkaResource,
-                       state_store: StateStoreResource) -> None:
+    def clear_state_op(
+        context: OpExecutionContext, config: ClearStateConfig, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> None:
         if not config.confirm:
-            raise Failure(description=f"Refusing to delete the local state of app {app.name!r}: set `confirm: true` "
-                                      "in the run config. The state is rebuilt from the changelog on the next run.")
+            raise Failure(
+                description=f"Refusing to delete the local state of app {app.name!r}: set `confirm: true` "
+                "in the run config. The state is rebuilt from the changelog on the next run."
+            )
         bound = state_store.bind(app, kafka)
         deleted = bound.clear_state(partitions=config.partitions or None)
         context.log.warning("Deleted local state of %s: %s", app.name, [str(path) for path in deleted])
         context.add_output_metadata({"deleted_paths": [str(path) for path in deleted]})
 
-    @job(name=job_name(app, "clear_state"), description=f"Delete local state of app `{app.name}` (all, or chosen "
-                                                        "partitions). Refused while a worker of the app runs.")
+    @job(
+        name=job_name(app, "clear_state"),
+        description=f"Delete local state of app `{app.name}` (all, or chosen "
+        "partitions). Refused while a worker of the app runs.",
+    )
     def clear_state():
         clear_state_op()
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from dagster import MetadataValue
 
-from dagster_stateful.core.maintenance import PartitionDescription
-from dagster_stateful.core.report import RestoreReport, WorkerReport
+from dagster_stateful.core.monitoring.describe import PartitionDescription
+from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
 
 
 def worker_metadata(report: WorkerReport) -> dict[str, Any]:
     return {
-        "stop_reason": report.stop_reason,
+        "stop_reason": report.stop_reason.value,
         "messages_processed": report.total_processed,
         "messages_per_partition": MetadataValue.json({str(p): n for p, n in sorted(report.messages_processed.items())}),
         "committed_offsets": MetadataValue.json({str(p): o for p, o in sorted(report.committed_offsets.items())}),
@@ -36,10 +36,13 @@ def worker_metadata(report: WorkerReport) -> dict[str, Any]:
 def restore_metadata(restores: Iterable[RestoreReport]) -> dict[str, Any]:
     restores = list(restores)
     rows = ["| store | partition | kind | offsets | applied | skipped | seconds |", "|---|---|---|---|---|---|---|"]
-    rows += [f"| {r.store} | {r.partition} | {r.kind} | {r.start_offset}..{r.end_offset} | {r.records_applied} | "
-             f"{r.records_skipped} | {r.seconds:.3f} |" for r in restores]
+    rows += [
+        f"| {r.store} | {r.partition} | {r.kind} | {r.start_offset}..{r.end_offset} | {r.records_applied} | "
+        f"{r.records_skipped} | {r.seconds:.3f} |"
+        for r in restores
+    ]
     return {
-        "restores": len([r for r in restores if r.kind != "none"]),
+        "restores": len(restores),
         "records_restored": sum(r.records_applied for r in restores),
         "restore_seconds": round(sum(r.seconds for r in restores), 3),
         "restore_details": MetadataValue.md("\n".join(rows) if restores else "No restore was needed."),
@@ -55,9 +58,11 @@ def partitions_metadata(descriptions: Iterable[PartitionDescription]) -> dict[st
         "keys_per_partition": MetadataValue.json({str(d.partition): d.keys for d in descriptions}),
         "bytes_per_partition": MetadataValue.json({str(d.partition): d.bytes_on_disk for d in descriptions}),
         "local_changelog_offsets": MetadataValue.json(
-            {str(d.partition): d.local_changelog_offset for d in descriptions}),
+            {str(d.partition): d.local_changelog_offset for d in descriptions}
+        ),
         "committed_source_offsets": MetadataValue.json(
-            {str(d.partition): d.committed_source_offset for d in descriptions}),
+            {str(d.partition): d.committed_source_offset for d in descriptions}
+        ),
     }
 
 
@@ -65,17 +70,21 @@ def partition_metadata(description: PartitionDescription) -> dict[str, Any]:
     return {
         "keys": description.keys if description.keys is not None else -1,
         "bytes_on_disk": description.bytes_on_disk,
-        "local_changelog_offset": description.local_changelog_offset if description.local_changelog_offset is not None else -1,
+        "local_changelog_offset": description.local_changelog_offset
+        if description.local_changelog_offset is not None
+        else -1,
         "changelog_high": description.changelog_high,
         "changelog_lag": description.changelog_lag,
-        "committed_source_offset": (description.committed_source_offset
-                                    if description.committed_source_offset is not None else -1),
+        "committed_source_offset": (
+            description.committed_source_offset if description.committed_source_offset is not None else -1
+        ),
         "source_lag": description.source_lag,
     }
 
 
-def topic_metadata(partitions: int, config: dict[str, str], watermarks: dict[int, tuple[int, int]],
-                   status: str) -> dict[str, Any]:
+def topic_metadata(
+    partitions: int, config: dict[str, str], watermarks: dict[int, tuple[int, int]], status: str
+) -> dict[str, Any]:
     return {
         "status": status,
         "partitions": partitions,

@@ -18,7 +18,7 @@ from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.kafka import KafkaClients
+from dagster_stateful.core.kafka.clients import KafkaClients
 
 
 class KafkaResource(ConfigurableResource):
@@ -36,8 +36,10 @@ class KafkaResource(ConfigurableResource):
 
     def client_settings(self) -> dict[str, Any]:
         """librdkafka settings common to producers, consumers and admin clients."""
-        settings: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers,
-                                    "security.protocol": self.security_protocol}
+        settings: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
         if self.sasl_mechanism:
             settings["sasl.mechanism"] = self.sasl_mechanism
         if self.sasl_username is not None:
@@ -53,10 +55,14 @@ class KafkaResource(ConfigurableResource):
         if self.sasl_mechanism:
             options["kafka.sasl.mechanism"] = self.sasl_mechanism
             if self.sasl_username is not None and self.sasl_password is not None:
-                module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
-                          else "org.apache.kafka.common.security.scram.ScramLoginModule")
-                options["kafka.sasl.jaas.config"] = (f'{module} required username="{self.sasl_username}" '
-                                                     f'password="{self.sasl_password}";')
+                module = (
+                    "org.apache.kafka.common.security.plain.PlainLoginModule"
+                    if self.sasl_mechanism == "PLAIN"
+                    else "org.apache.kafka.common.security.scram.ScramLoginModule"
+                )
+                options["kafka.sasl.jaas.config"] = (
+                    f'{module} required username="{self.sasl_username}" password="{self.sasl_password}";'
+                )
         options.update({f"kafka.{key}": value for key, value in self.client_config.items()})
         return options
 
@@ -69,13 +75,14 @@ class StateStoreResource(ConfigurableResource):
 
     state_dir: str = Field(description="Directory holding `<app>/<store>/<partition>/` RocksDB databases.")
     snapshot_root: str | None = Field(
-        default=None, description="Path or URI (file://, s3a://, ...) Spark writes store snapshots to and restores "
-                                  "read them from; unset: no snapshots.")
+        default=None,
+        description="Path or URI (file://, s3a://, ...) Spark writes store snapshots to and restores "
+        "read them from; unset: no snapshots.",
+    )
 
     def bind(self, app: App, kafka: KafkaResource) -> App:
         """The app, connected through `kafka` and keeping its state under `state_dir`."""
         return app.bind(kafka=kafka.clients(), state_dir=self.state_dir)
-
 
 
 class StatefulSparkResource(PySparkResource):
@@ -86,8 +93,9 @@ class StatefulSparkResource(PySparkResource):
     URL to run the same jobs there.
     """
 
-    include_kafka_connector: bool = Field(default=True, description="Add spark-sql-kafka and its dependencies "
-                                                                    "to spark.jars.")
+    include_kafka_connector: bool = Field(
+        default=True, description="Add spark-sql-kafka and its dependencies to spark.jars."
+    )
 
     def effective_spark_config(self) -> dict[str, Any]:
         config = {"spark.master": "local[*]", "spark.ui.showConsoleProgress": "false", **self.spark_config}

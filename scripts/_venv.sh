@@ -7,15 +7,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DAGSTER_STATEFUL_VENV:-$ROOT/.venv}"
 
 find_python() {
-    for candidate in "${PYTHON:-}" python3.11 python3; do
+    for candidate in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
         [ -n "$candidate" ] || continue
         if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+           "$candidate" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
             echo "$candidate"
             return 0
         fi
     done
-    echo "error: Python 3.11 is required (tried \$PYTHON, python3.11, python3); set PYTHON to a 3.11 interpreter" >&2
+    echo "error: Python 3.11, 3.12 or 3.13 is required (tried \$PYTHON, python3.11, python3.12, python3.13," \
+         "python3); set PYTHON to such an interpreter" >&2
     return 1
 }
 

@@ -2,7 +2,8 @@
 
 When KAFKA_BOOTSTRAP_SERVERS is set, tests use that cluster and start no broker. Every test
 makes its own uniquely named topics and consumer groups (`unique_name`), so tests never see each
-other's data.
+other's data. Tests that need a broker, Spark, Dagster processes or a browser are marked
+`integration`; the others form the fast tier (`-m "not integration"`), which runs first.
 """
 
 from __future__ import annotations
@@ -14,10 +15,23 @@ import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+
+TESTS = Path(__file__).resolve().parent
+INTEGRATION_FIXTURES = {"kafka_bootstrap", "spark"}
+INTEGRATION_DIRS = {"local_kafka", "dagster", "spark"}
+"""Tests here start brokers, Spark, Dagster processes or a browser of their own."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        directories = set(item.path.relative_to(TESTS).parts[:-1])
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or INTEGRATION_DIRS & directories:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -54,12 +68,15 @@ def spark() -> Iterator[object]:
 
     from dagster_stateful.spark.connector import spark_jars_conf
 
-    session = (SparkSession.builder.master("local[2]").appName("dagster-stateful-tests")
-               .config("spark.jars", spark_jars_conf())
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("dagster-stateful-tests")
+        .config("spark.jars", spark_jars_conf())
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("WARN")
     try:
         yield session

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 import orjson
-
-from dagster_stateful.core import App, State
-from dagster_stateful.core.keys import split_store_key
-from dagster_stateful.core.store import StorePartition
 from kafka_helpers import create_topic, produce
 
-FAST_COMMITS = {"commit_interval": 0.5}
+from dagster_stateful.core import App, State
+from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
+from dagster_stateful.core.state.keys import split_store_key
+
+
+class CommitSettings(TypedDict):
+    commit_interval: float
+
+
+FAST_COMMITS: CommitSettings = {"commit_interval": 0.5}
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
@@ -22,15 +28,24 @@ def add_to_total(order: dict, state: State) -> dict:
 
 
 def totals_app(bootstrap: str, source: str, state_dir: Path, name: str, **settings) -> App:
-    app = App(name=name, source=source, stores=["totals"], state_dir=state_dir, kafka=bootstrap,
-              consumer_config={**FAST_GROUP, **settings.pop("consumer_config", {})}, **{**FAST_COMMITS, **settings})
+    app = App(
+        name=name,
+        source=source,
+        stores=["totals"],
+        state_dir=state_dir,
+        kafka=bootstrap,
+        consumer_config={**FAST_GROUP, **settings.pop("consumer_config", {})},
+        **{**FAST_COMMITS, **settings},
+    )
     app.dataframe().apply(add_to_total, stateful=True)
     return app
 
 
 def make_orders(count: int, customers: int, start: int = 0) -> list[tuple[bytes, bytes]]:
-    return [(f"c{i % customers}".encode(), orjson.dumps({"customer": f"c{i % customers}", "amount": 1 + i % 7}))
-            for i in range(start, start + count)]
+    return [
+        (f"c{i % customers}".encode(), orjson.dumps({"customer": f"c{i % customers}", "amount": 1 + i % 7}))
+        for i in range(start, start + count)
+    ]
 
 
 def expected_totals(orders: list[tuple[bytes, bytes]]) -> dict[str, int]:
@@ -46,11 +61,18 @@ def orders_topic(bootstrap: str, name: str, partitions: int, orders: list[tuple[
     return name
 
 
+def checkpoint_of(directory: Path) -> Checkpoint:
+    """The checkpoint of the store partition at `directory`, which must have been written."""
+    checkpoint = read_checkpoint(directory)
+    assert checkpoint is not None, f"no checkpoint in {directory}"
+    return checkpoint
+
+
 def store_content(app: App, store: str, partitions: int) -> dict[tuple[bytes, bytes], bytes]:
     """{(message key, state key): raw value} across every local partition of `store`."""
     content = {}
     for partition in range(partitions):
-        part = StorePartition(app.state_dir, app.name, store, partition, app.changelog_topic(store), app.source)
+        part = app.state.partition(store, partition)
         part.open()
         try:
             for key, value in part.items():
@@ -61,6 +83,8 @@ def store_content(app: App, store: str, partitions: int) -> dict[tuple[bytes, by
 
 
 def totals_in_store(app: App, partitions: int) -> dict[str, int]:
-    return {message_key.decode(): orjson.loads(value)
-            for (message_key, state_key), value in store_content(app, "totals", partitions).items()
-            if state_key == b"total"}
+    return {
+        message_key.decode(): orjson.loads(value)
+        for (message_key, state_key), value in store_content(app, "totals", partitions).items()
+        if state_key == b"total"
+    }

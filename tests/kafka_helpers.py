@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.25) -> T:
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
     """Poll `condition` until it returns something truthy; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -28,8 +28,9 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: fl
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    future = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
-                                           config=config or {})])[name]
+    future = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+    )[name]
     future.result(timeout=30)
     wait_for(lambda: name in admin.list_topics(timeout=10).topics, 30, f"topic {name} to appear")
 
@@ -51,8 +52,14 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
 def read_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
     """Every message (confluent_kafka.Message) of every partition of `topic`, from the beginning up
     to the current end."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}-{time.monotonic_ns()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
@@ -67,8 +74,10 @@ def read_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
                 if message.error():
                     raise KafkaException(message.error())
                 messages.append(message)
-                if message.offset() >= ends[message.partition()] - 1:
-                    pending.discard(message.partition())
+                offset, partition = message.offset(), message.partition()
+                assert offset is not None and partition is not None, "a consumed record has an offset and a partition"
+                if offset >= ends[partition] - 1:
+                    pending.discard(partition)
         return messages
     finally:
         consumer.close()
@@ -77,6 +86,15 @@ def read_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
 def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
     """(key, value) of every record of `topic`, from the beginning up to the current end."""
     return [(message.key(), message.value()) for message in read_messages(bootstrap, topic, timeout)]
+
+
+def read_keyed(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[bytes, bytes | None]]:
+    """`read_all` of a topic whose every record has a key, such as a changelog; fails on a record without one."""
+    records = []
+    for key, value in read_all(bootstrap, topic, timeout):
+        assert key is not None, f"a record of {topic} has no key"
+        records.append((key, value))
+    return records
 
 
 def answers_http(url: str) -> bool:

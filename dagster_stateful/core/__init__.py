@@ -1,15 +1,62 @@
 """The stateful engine: apps, per-partition RocksDB state stores, changelog topics, recovery and
-bounded workers. Plain Python: never imports dagster or pyspark. Kafka is reached only through
-`kafka`, RocksDB only through `rocksdb`."""
+bounded workers. Plain Python: never imports dagster or pyspark.
 
-from dagster_stateful.core.app import App, ErrorPolicy
-from dagster_stateful.core.dataframe import StreamingDataFrame
-from dagster_stateful.core.listeners import AppState, RestoreListener, StateListener
-from dagster_stateful.core.report import RestoreReport, WorkerReport
-from dagster_stateful.core.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
-from dagster_stateful.core.state import State
+What an engine user imports lives here: `App` (the façade) and `AppConfig`, `State`, the
+serializers, the listeners, the reports and the error hierarchy. The sub-packages hold the parts:
+`state/` (local storage), `kafka/` (clients and topics), `recovery/` (restores), `processing/`
+(steps and the worker) and `monitoring/` (reports, listeners, lag).
+"""
+
+from dagster_stateful.core.app import App
+from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
+from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
+from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
+from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
+from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
+from dagster_stateful.core.state.transaction import State
+from dagster_stateful.errors import (
+    ConfigurationError,
+    DeliveryError,
+    KafkaOperationError,
+    ProcessingError,
+    RecoveryError,
+    StatefulError,
+    StateLockedError,
+    StateStoreError,
+    TopicMismatchError,
+    TopicMissingError,
+)
 
 __all__ = [
-    "App", "AppState", "BytesSerde", "ErrorPolicy", "IntSerde", "JsonSerde", "RestoreListener",
-    "RestoreReport", "Serde", "State", "StateListener", "StrSerde", "StreamingDataFrame", "WorkerReport",
+    "App",
+    "AppConfig",
+    "AppState",
+    "BytesSerde",
+    "ConfigurationError",
+    "DeliveryError",
+    "ErrorPolicy",
+    "IntSerde",
+    "JsonSerde",
+    "KafkaOperationError",
+    "ProcessingError",
+    "ProcessingGuarantee",
+    "RecoveryError",
+    "RestoreKind",
+    "RestoreListener",
+    "RestoreMethod",
+    "RestorePath",
+    "RestoreReport",
+    "Serde",
+    "State",
+    "StateListener",
+    "StateLockedError",
+    "StateStoreError",
+    "StatefulError",
+    "StopReason",
+    "StrSerde",
+    "StreamingDataFrame",
+    "TopicMismatchError",
+    "TopicMissingError",
+    "WorkerReport",
 ]

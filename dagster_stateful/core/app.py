@@ -1,9 +1,11 @@
-"""The App: one stateful application, its configuration and its public entry points.
+"""The App: the engine's façade, and the one module that knows every part of it.
 
-Owns what an app is (name = consumer group and prefix of its internal topics; one source topic;
-named stores; steps; optional output topic), the names of its internal topics, the topic specs its
-provisioning plan checks, and the operations users call: `dataframe()`, `to_topic()`,
-`provisioning_plan()` / `provision()`, `run_worker()` and `clear_state()`.
+Owns what a user holds: an `AppConfig` (validated settings), the steps (`dataframe()`,
+`to_topic()`), listeners, the Kafka connection and the state directory, and the operations users
+call: `provisioning_plan()` / `provision()`, `run_worker()` (or `worker()` for one to stop from
+another thread), `restore_partitions()`, `describe_partitions()`, `replay_digest()` and
+`clear_state()`. Lower layers get the parts they need, never the App; Kafka errors leave the
+engine as `KafkaOperationError`s.
 """
 
 from __future__ import annotations
@@ -11,31 +13,37 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import shutil
-import socket
 from collections.abc import Iterable, Mapping
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from dagster_stateful.core.dataframe import StreamingDataFrame
-from dagster_stateful.core.kafka import KafkaClients
-from dagster_stateful.core.listeners import Listeners, RestoreListener, StateListener
-from dagster_stateful.core.locking import AppActivityLock
-from dagster_stateful.core.provisioning import ProvisioningPlan, TopicRole, TopicSpec, apply, inspect
-from dagster_stateful.core.report import WorkerReport
-from dagster_stateful.core.serialization import Serde, resolve_serde
-from dagster_stateful.errors import ConfigurationError, StateLockedError
+from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee, choice
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.errors import kafka_errors
+from dagster_stateful.core.kafka.provisioning import (
+    ProvisioningPlan,
+    TopicSpec,
+    app_topic_specs,
+    provision,
+    provisioning_plan,
+)
+from dagster_stateful.core.monitoring.describe import PartitionDescription, describe_partitions
+from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
+from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.worker import RunLimits, Worker
+from dagster_stateful.core.recovery.planner import RestoreMethod
+from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequest, SstWriter, restore_partitions
+from dagster_stateful.core.recovery.verification import Digest, replay_digest
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.serialization import Serde, resolve_serde
+from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 
-
-class ErrorPolicy(str, Enum):
-    RAISE = "raise"
-    SKIP = "skip"
-    DEAD_LETTER = "dead-letter"
+KafkaConnection = KafkaClients | Mapping[str, Any] | str
 
 
 class App:
@@ -46,7 +54,7 @@ class App:
         stores: Iterable[str] = ("default",),
         output: str | None = None,
         state_dir: str | Path = "./state",
-        kafka: KafkaClients | Mapping[str, Any] | str | None = None,
+        kafka: KafkaConnection | None = None,
         key_serde: Serde | str = "str",
         value_serde: Serde | str = "json",
         output_serde: Serde | str = "json",
@@ -62,7 +70,7 @@ class App:
         producer_config: Mapping[str, Any] | None = None,
         group_instance_id: str | None = None,
         restore_batch_size: int = 10_000,
-        processing_guarantee: str = "at-least-once",
+        processing_guarantee: ProcessingGuarantee | str = ProcessingGuarantee.AT_LEAST_ONCE,
     ) -> None:
         """
         kafka: connection settings (librdkafka keys), a bootstrap address, or a `KafkaClients`;
@@ -75,41 +83,69 @@ class App:
         group_instance_id: static membership: a restarted worker with the same id gets its partitions
             back without a rebalance.
         """
-        self.name = _check_name(name)
-        self.source = source
-        self.stores = list(stores)
-        if not self.stores or len(set(self.stores)) != len(self.stores):
-            raise ConfigurationError(f"app {name!r} needs distinct store names, got {self.stores}")
-        self.output = output
-        self.state_dir = Path(state_dir)
-        self._kafka = None if kafka is None else _kafka_clients(kafka)
-        self.key_serde = resolve_serde(key_serde)
-        self.value_serde = resolve_serde(value_serde)
-        self.output_serde = resolve_serde(output_serde)
-        self.state_serde = resolve_serde(state_serde)
-        self.on_error = ErrorPolicy(on_error)
-        if commit_interval <= 0 or commit_every <= 0:
-            raise ConfigurationError("commit_interval and commit_every must be positive")
-        self.commit_interval = commit_interval
-        self.commit_every = commit_every
-        self.use_changelog_topics = use_changelog_topics
+        self.config = AppConfig(
+            name=name,
+            source=source,
+            stores=tuple(stores),
+            output=output,
+            key_serde=resolve_serde(key_serde),
+            value_serde=resolve_serde(value_serde),
+            output_serde=resolve_serde(output_serde),
+            state_serde=resolve_serde(state_serde),
+            on_error=choice(ErrorPolicy, on_error, "on_error"),
+            commit_interval=commit_interval,
+            commit_every=commit_every,
+            use_changelog_topics=use_changelog_topics,
+            changelog_replication_factor=changelog_replication_factor,
+            changelog_config=changelog_config or {},
+            auto_create_topics=auto_create_topics,
+            consumer_config=consumer_config or {},
+            producer_config=producer_config or {},
+            group_instance_id=group_instance_id,
+            restore_batch_size=restore_batch_size,
+            processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
+        )
         if not use_changelog_topics:
-            log.warning("App %r runs without changelog topics: its local state cannot be recovered if the disk "
-                        "is lost or a partition moves to another machine", name)
-        self.changelog_replication_factor = changelog_replication_factor
-        self.changelog_config = {"cleanup.policy": "compact", **(changelog_config or {})}
-        self.auto_create_topics = auto_create_topics
-        self.consumer_config = dict(consumer_config or {})
-        self.producer_config = dict(producer_config or {})
-        self.group_instance_id = group_instance_id
-        self.restore_batch_size = restore_batch_size
-        if processing_guarantee != "at-least-once":
-            raise ConfigurationError(f"processing_guarantee {processing_guarantee!r} is not supported yet; "
-                                     "use 'at-least-once'")
-        self.processing_guarantee = processing_guarantee
+            log.warning(
+                "App %r runs without changelog topics: its local state cannot be recovered if the disk "
+                "is lost or a partition moves to another machine",
+                name,
+            )
+        self._state_root = Path(state_dir)
+        self._kafka = None if kafka is None else _kafka_clients(kafka)
         self.listeners = Listeners()
-        self._dataframe = StreamingDataFrame(self.stores)
-        self.emits_output = False
+        self._dataframe = StreamingDataFrame(list(self.config.stores))
+
+    # What the app is (read from its configuration).
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def source(self) -> str:
+        return self.config.source
+
+    @property
+    def stores(self) -> list[str]:
+        return list(self.config.stores)
+
+    @property
+    def output(self) -> str | None:
+        return self.config.output
+
+    @property
+    def consumer_group(self) -> str:
+        return self.config.consumer_group
+
+    def changelog_topic(self, store: str) -> str:
+        return self.config.changelog_topic(store)
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.config.dead_letter_topic
+
+    # Where it runs.
 
     @property
     def kafka(self) -> KafkaClients:
@@ -118,8 +154,20 @@ class App:
             self._kafka = _kafka_clients(None)
         return self._kafka
 
-    def bind(self, kafka: KafkaClients | Mapping[str, Any] | str | None = None,
-             state_dir: str | Path | None = None) -> App:
+    @property
+    def state_dir(self) -> Path:
+        return self._state_root
+
+    @property
+    def state(self) -> StateDirectory:
+        """The app's local state on this machine."""
+        return StateDirectory(self._state_root, self.config)
+
+    @property
+    def worker_client_id(self) -> str:
+        return self.state.worker_client_id
+
+    def bind(self, kafka: KafkaConnection | None = None, state_dir: str | Path | None = None) -> App:
         """A copy of this app (same steps and listeners) with another connection or state directory.
 
         Lets a deployment declare an app once and give it the connection and disk of the place it
@@ -129,25 +177,10 @@ class App:
         if kafka is not None:
             bound._kafka = _kafka_clients(kafka)
         if state_dir is not None:
-            bound.state_dir = Path(state_dir)
+            bound._state_root = Path(state_dir)
         return bound
 
-    @property
-    def consumer_group(self) -> str:
-        return self.name
-
-    @property
-    def worker_client_id(self) -> str:
-        """The Kafka client.id of this app's workers here: says which host and state directory own a
-        partition, so a sensor can tell its own machine's copies from others'."""
-        return f"{self.name}@{socket.gethostname()}:{self.state_dir.resolve()}"
-
-    def changelog_topic(self, store: str) -> str:
-        return f"{self.name}-{store}-changelog"
-
-    @property
-    def dead_letter_topic(self) -> str:
-        return f"{self.name}-dead-letter"
+    # Steps and listeners.
 
     def dataframe(self) -> StreamingDataFrame:
         """The app's steps; add to them with apply / update / filter."""
@@ -157,11 +190,10 @@ class App:
         """Send the values that come out of `dataframe` to the output topic (keyed like the input)."""
         if dataframe is not self._dataframe:
             raise ConfigurationError("to_topic needs the frame returned by this app's dataframe()")
-        topic = topic or self.output
+        topic = topic or self.config.output
         if topic is None:
             raise ConfigurationError(f"app {self.name!r} has no output topic; pass output= or a topic")
-        self.output = topic
-        self.emits_output = True
+        self.config = self.config.replace(output=topic, emits_output=True)
 
     def add_restore_listener(self, listener: RestoreListener) -> None:
         self.listeners.restore.append(listener)
@@ -169,75 +201,102 @@ class App:
     def add_state_listener(self, listener: StateListener) -> None:
         self.listeners.state.append(listener)
 
+    # Operations.
+
     def topic_specs(self) -> list[TopicSpec]:
-        specs = [TopicSpec(self.source, TopicRole.SOURCE, None)]
-        if self.use_changelog_topics:
-            specs += [TopicSpec(self.changelog_topic(store), TopicRole.CHANGELOG, None,
-                                self.changelog_replication_factor, dict(self.changelog_config))
-                      for store in self.stores]
-        if self.emits_output and self.output:
-            specs.append(TopicSpec(self.output, TopicRole.OUTPUT, None, self.changelog_replication_factor))
-        if self.on_error is ErrorPolicy.DEAD_LETTER:
-            specs.append(TopicSpec(self.dead_letter_topic, TopicRole.DEAD_LETTER, None,
-                                   self.changelog_replication_factor))
-        return specs
+        return app_topic_specs(self.config)
 
     def provisioning_plan(self) -> ProvisioningPlan:
         """Every topic the app needs, compared with the cluster (changes nothing; print `.describe()`)."""
-        return inspect(self.topic_specs(), self.kafka)
+        with kafka_errors(f"inspecting the topics of app {self.name!r}"):
+            return provisioning_plan(self.config, self.kafka)
 
     def provision(self, create: bool | None = None) -> ProvisioningPlan:
         """Create missing internal topics (unless `create` is False) and validate the rest."""
-        return apply(self.provisioning_plan(), self.kafka, self.auto_create_topics if create is None else create)
+        with kafka_errors(f"provisioning the topics of app {self.name!r}"):
+            return provision(self.config, self.kafka, create)
 
-    def run_worker(self, max_messages: int | None = None, max_seconds: float | None = None,
-                   until_caught_up: bool = True, partitions: Iterable[int] | None = None) -> WorkerReport:
+    def worker(
+        self,
+        max_messages: int | None = None,
+        max_seconds: float | None = None,
+        until_caught_up: bool = True,
+        partitions: Iterable[int] | None = None,
+    ) -> Worker:
+        """One bounded worker, not started: `run()` it; `stop.request()` from another thread ends it."""
+        return Worker(
+            config=self.config,
+            kafka=self.kafka,
+            dataframe=self._dataframe,
+            listeners=self.listeners,
+            state=self.state,
+            limits=RunLimits(max_messages, max_seconds, until_caught_up),
+            partitions=None if partitions is None else list(partitions),
+        )
+
+    def run_worker(
+        self,
+        max_messages: int | None = None,
+        max_seconds: float | None = None,
+        until_caught_up: bool = True,
+        partitions: Iterable[int] | None = None,
+    ) -> WorkerReport:
         """Run one bounded worker in this process: until caught up, `max_messages` or `max_seconds`,
         whichever comes first. `partitions` pins it to those source partitions (see `Worker`)."""
-        from dagster_stateful.core.worker import RunLimits, Worker
+        worker = self.worker(max_messages, max_seconds, until_caught_up, partitions)
+        with kafka_errors(f"running a worker of app {self.name!r}"):
+            return worker.run()
 
-        chosen = None if partitions is None else list(partitions)
-        return Worker(self, RunLimits(max_messages, max_seconds, until_caught_up), chosen).run()
+    def restore_partitions(
+        self,
+        partitions: Iterable[int],
+        stores: Iterable[str] | None = None,
+        from_scratch: bool = False,
+        skip_locked: bool = False,
+        snapshot_root: str | None = None,
+        method: RestoreMethod | str = RestoreMethod.AUTO,
+        spark_cores: int = 0,
+        sst_writer: SstWriter | None = None,
+    ) -> list[PartitionRestore]:
+        """Bring chosen store partitions up to date outside a worker, by the planner's path (or `method`).
 
-    def app_dir(self) -> Path:
-        return self.state_dir / self.name
+        from_scratch: delete local state first. skip_locked: report partitions a running worker holds
+        as skipped instead of failing. sst_writer: Spark's SST writer, for the "spark" path.
+        """
+        request = RestoreRequest(
+            partitions=tuple(partitions),
+            stores=None if stores is None else tuple(stores),
+            from_scratch=from_scratch,
+            skip_locked=skip_locked,
+            snapshot_root=snapshot_root,
+            method=choice(RestoreMethod, method, "method"),
+            spark_cores=spark_cores,
+            sst_writer=sst_writer,
+        )
+        with kafka_errors(f"restoring state of app {self.name!r}"):
+            return restore_partitions(self.config, self.kafka, self.state, self.listeners, request)
 
-    def activity_lock(self) -> AppActivityLock:
-        return AppActivityLock(self.app_dir() / ".app.lock")
+    def describe_partitions(
+        self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None
+    ) -> list[PartitionDescription]:
+        """Offsets, lag, keys and bytes of each store partition, without running a worker."""
+        with kafka_errors(f"describing the state of app {self.name!r}"):
+            return describe_partitions(self.config, self.kafka, self.state, partitions, stores)
+
+    def replay_digest(self, store: str, partition: int) -> Digest:
+        """Digest of a store partition rebuilt from its changelog alone, in a scratch directory."""
+        with kafka_errors(f"replaying {self.changelog_topic(store)}[{partition}]"):
+            return replay_digest(self.config, self.kafka, store, partition)
 
     def clear_state(self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None) -> list[Path]:
         """Delete local state (all, or some stores / partitions). Refused while a worker of the app runs here."""
-        lock = self.activity_lock()
-        if not lock.try_exclusive():
-            raise StateLockedError(f"a worker of app {self.name!r} is running on {self.app_dir()}; stop it before "
-                                   "clearing its state")
-        try:
-            return _delete_state(self.app_dir(), list(stores or self.stores), partitions)
-        finally:
-            lock.release()
+        return self.state.clear(stores, partitions)
+
+    def app_dir(self) -> Path:
+        return self.state.app_dir
 
 
-def _delete_state(app_dir: Path, stores: list[str], partitions: Iterable[int] | None) -> list[Path]:
-    deleted = []
-    for store in stores:
-        store_dir = app_dir / store
-        targets = [store_dir] if partitions is None else [store_dir / str(p) for p in partitions]
-        for target in targets:
-            if target.exists():
-                shutil.rmtree(target)
-                deleted.append(target)
-                log.info("Deleted local state %s", target)
-    return deleted
-
-
-def _check_name(name: str) -> str:
-    if not name or any(not (c.isalnum() or c in "._-") for c in name):
-        raise ConfigurationError(f"app name {name!r} must be non-empty and use only letters, digits, '.', '_', '-' "
-                                 "(it names the consumer group and the internal topics)")
-    return name
-
-
-def _kafka_clients(kafka: KafkaClients | Mapping[str, Any] | str | None) -> KafkaClients:
+def _kafka_clients(kafka: KafkaConnection | None) -> KafkaClients:
     if isinstance(kafka, KafkaClients):
         return kafka
     if isinstance(kafka, str):

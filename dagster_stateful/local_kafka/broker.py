@@ -11,6 +11,7 @@ seconds, and no automatic topic creation (topics are provisioned explicitly, as 
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import errno
 import json
@@ -25,7 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from dagster_stateful.errors import BrokerStartError, JavaNotFoundError, LocalKafkaError, PortInUseError
@@ -51,7 +52,7 @@ def broker_bundle(kafka_version: str = KAFKA_VERSION) -> JarBundle:
     )
 
 
-class BrokerState(str, Enum):
+class BrokerState(StrEnum):
     RUNNING = "running"
     UNRESPONSIVE = "unresponsive"
     """The process lives but does not answer a metadata request."""
@@ -71,8 +72,10 @@ class BrokerStatus:
         if self.state is BrokerState.RUNNING:
             return f"running: {self.bootstrap_servers} (pid {self.pid}, home {self.home})"
         if self.state is BrokerState.UNRESPONSIVE:
-            return (f"unresponsive: pid {self.pid} is alive but {self.bootstrap_servers} does not answer; "
-                    f"see {self.home / 'logs' / 'server.log'}")
+            return (
+                f"unresponsive: pid {self.pid} is alive but {self.bootstrap_servers} does not answer; "
+                f"see {self.home / 'logs' / 'server.log'}"
+            )
         if self.state is BrokerState.STALE:
             return f"not running (the broker with pid {self.pid} is gone; its state file in {self.home} is stale)"
         return f"not running (no broker started from {self.home})"
@@ -137,8 +140,14 @@ class LocalKafkaBroker:
         bootstrap = f"{HOST}:{port}"
         self._launch(java, classpath, tie_to_parent)
         assert self._process is not None
-        self._write_state({"pid": self._process.pid, "bootstrap_servers": bootstrap,
-                           "controller_port": controller_port, "kafka_version": self.settings.kafka_version})
+        self._write_state(
+            {
+                "pid": self._process.pid,
+                "bootstrap_servers": bootstrap,
+                "controller_port": controller_port,
+                "kafka_version": self.settings.kafka_version,
+            }
+        )
         try:
             self._wait_until_ready(bootstrap, port, timeout)
         except BaseException:
@@ -179,8 +188,11 @@ class LocalKafkaBroker:
 
     def _claim_ports(self) -> tuple[int, int]:
         port = _check_port_free(self.settings.port, "PLAINTEXT (client)") if self.settings.port else _free_port()
-        controller = (_check_port_free(self.settings.controller_port, "CONTROLLER")
-                      if self.settings.controller_port else _free_port(avoid={port}))
+        controller = (
+            _check_port_free(self.settings.controller_port, "CONTROLLER")
+            if self.settings.controller_port
+            else _free_port(avoid={port})
+        )
         return port, controller
 
     def _write_config(self, port: int, controller_port: int) -> None:
@@ -194,25 +206,51 @@ class LocalKafkaBroker:
         if (self.home / "data" / "meta.properties").exists():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        command = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
-                   f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", classpath, "kafka.tools.StorageTool",
-                   "format", "-t", cluster_id, "-c", str(self.home / "server.properties")]
+        command = [
+            java,
+            "-Xmx256m",
+            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.home / 'logs'}",
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(self.home / "server.properties"),
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise BrokerStartError(f"formatting Kafka storage in {self.home / 'data'} failed "
-                                   f"(exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+            raise BrokerStartError(
+                f"formatting Kafka storage in {self.home / 'data'} failed "
+                f"(exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
+            )
 
     def _launch(self, java: str, classpath: str, tie_to_parent: bool) -> None:
         heap = self.settings.heap
-        command = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                   f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
-                   f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", classpath, "kafka.Kafka",
-                   str(self.home / "server.properties")]
+        command = [
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.home / 'logs'}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(self.home / "server.properties"),
+        ]
         self.log_file.unlink(missing_ok=True)
         with open(self.home / "logs" / "stdout.log", "wb") as output:
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent if tie_to_parent else None,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if tie_to_parent else None,
             )
 
     def _wait_until_ready(self, bootstrap: str, port: int, timeout: float) -> None:
@@ -229,8 +267,10 @@ class LocalKafkaBroker:
     def _raise_start_failure(self, reason: str, port: int) -> None:
         tail = self._log_tail()
         if "Address already in use" in tail:
-            raise PortInUseError(f"{reason}: a port it needs on {HOST} is already in use "
-                                 f"(client port {port}). Free it or choose other ports.\n{tail}")
+            raise PortInUseError(
+                f"{reason}: a port it needs on {HOST} is already in use "
+                f"(client port {port}). Free it or choose other ports.\n{tail}"
+            )
         raise BrokerStartError(f"{reason}. Last lines of {self.log_file}:\n{tail}")
 
     def _log_tail(self, lines: int = 30) -> str:
@@ -290,8 +330,10 @@ def find_java() -> str:
         )
     major = _java_major_version(java)
     if major < MIN_JAVA_MAJOR:
-        raise JavaNotFoundError(f"{java} is Java {major}; Kafka {KAFKA_VERSION} needs Java {MIN_JAVA_MAJOR}+. "
-                                "Install a newer JDK or set JAVA_HOME to one.")
+        raise JavaNotFoundError(
+            f"{java} is Java {major}; Kafka {KAFKA_VERSION} needs Java {MIN_JAVA_MAJOR}+. "
+            "Install a newer JDK or set JAVA_HOME to one."
+        )
     return java
 
 
@@ -322,7 +364,8 @@ def _check_port_free(port: int, purpose: str) -> int:
                 raise PortInUseError(
                     f"port {port} on {HOST} (wanted for the broker's {purpose} listener) is already in use; "
                     f"stop what holds it (`ss -ltnp 'sport = :{port}'` shows it) or leave the port unset "
-                    "to pick a free one") from error
+                    "to pick a free one"
+                ) from error
             raise
     return port
 
@@ -345,10 +388,8 @@ def _answers_metadata(bootstrap: str, timeout: float) -> bool:
 
 
 def _signal(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _die_with_parent() -> None:

@@ -90,8 +90,16 @@ def _fetch(bundle: JarBundle, lib: Path) -> None:
         project = Path(work)
         (project / "pom.xml").write_text(_pom(bundle))
         staged = project / "lib"
-        command = [mvn, "-B", "-q", "-f", str(project / "pom.xml"), "dependency:copy-dependencies",
-                   "-DincludeScope=runtime", f"-DoutputDirectory={staged}"]
+        command = [
+            mvn,
+            "-B",
+            "-q",
+            "-f",
+            str(project / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staged}",
+        ]
         if bundle.include_artifact_ids:
             command.append("-DincludeArtifactIds=" + ",".join(bundle.include_artifact_ids))
         if bundle.exclude_group_ids:
@@ -130,5 +138,7 @@ def _dependency_xml(coordinate: str) -> str:
     if len(parts) != 3:
         raise ValueError(f"expected groupId:artifactId:version, got {coordinate!r}")
     group, artifact, version = parts
-    return (f"    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-            f"<version>{version}</version></dependency>")
+    return (
+        f"    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+        f"<version>{version}</version></dependency>"
+    )

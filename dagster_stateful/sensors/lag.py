@@ -1,7 +1,7 @@
 """The consumer-lag sensor: samples committed offsets against high watermarks, judges each partition
 the way Burrow does, records lag as asset observations, and asks for a worker run when needed.
 
-Owns the sensor factory. Its cursor keeps a window of samples per partition (`core.lag.LagWindow`).
+Owns the sensor factory. Its cursor keeps a window of samples per partition (`core.monitoring.lag.LagWindow`).
 Bounded workers are idle between runs by design, so a partition whose offsets stand still is not
 STALL or STOP unless its lag also grows. A worker run is requested when the total lag passes the
 threshold and no worker run of the app is in progress; the run key is the committed offsets, so
@@ -23,23 +23,36 @@ from dagster import (
 )
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.lag import LagSample, LagWindow, evaluate, evaluate_group
+from dagster_stateful.core.monitoring.lag import LagSample, LagWindow, evaluate, evaluate_group
 from dagster_stateful.naming import job_name, source_key, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
 
-IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-               DagsterRunStatus.STARTED]
+IN_PROGRESS = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
 
 
-def lag_sensor(app: App, lag_threshold: int = 1000, window_seconds: float = 900.0,
-               minimum_interval_seconds: int = 30, default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED):
+def lag_sensor(
+    app: App,
+    lag_threshold: int = 1000,
+    window_seconds: float = 900.0,
+    minimum_interval_seconds: int = 30,
+    default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
+):
     worker = job_name(app, "worker")
 
-    @sensor(name=job_name(app, "lag_sensor"), job_name=worker, minimum_interval_seconds=minimum_interval_seconds,
-            default_status=default_status,
-            description=f"Consumer lag of app `{app.name}` (Burrow-style status per partition); requests a worker "
-                        f"run when the total lag passes {lag_threshold} and none is running.")
+    @sensor(
+        name=job_name(app, "lag_sensor"),
+        job_name=worker,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description=f"Consumer lag of app `{app.name}` (Burrow-style status per partition); requests a worker "
+        f"run when the total lag passes {lag_threshold} and none is running.",
+    )
     def lag(context: SensorEvaluationContext, kafka: KafkaResource, state_store: StateStoreResource):
         bound = state_store.bind(app, kafka)
         # Samples reach back two windows so a commit older than one window can be judged STOP.
@@ -53,24 +66,52 @@ def lag_sensor(app: App, lag_threshold: int = 1000, window_seconds: float = 900.
         evaluations = {p: evaluate(window.get(p), now, window_seconds, idle_by_design=True) for p in partitions}
         group_status = evaluate_group(evaluations)
         total = sum(e.lag for e in evaluations.values())
-        events = [AssetObservation(asset_key=store_key(app, store), partition=str(p), metadata={
-            "lag": e.lag, "status": e.status.value, "reason": e.reason,
-            "committed_offset": committed.get(p) if committed.get(p) is not None else -1,
-            "high_watermark": marks[p][1]}) for store in app.stores for p, e in evaluations.items()]
-        events.append(AssetObservation(asset_key=source_key(app), metadata={
-            "consumer_group": app.consumer_group, "total_lag": total, "group_status": group_status.value}))
+        events = [
+            AssetObservation(
+                asset_key=store_key(app, store),
+                partition=str(p),
+                metadata={
+                    "lag": e.lag,
+                    "status": e.status.value,
+                    "reason": e.reason,
+                    "committed_offset": committed.get(p) if committed.get(p) is not None else -1,
+                    "high_watermark": marks[p][1],
+                },
+            )
+            for store in app.stores
+            for p, e in evaluations.items()
+        ]
+        events.append(
+            AssetObservation(
+                asset_key=source_key(app),
+                metadata={"consumer_group": app.consumer_group, "total_lag": total, "group_status": group_status.value},
+            )
+        )
         cursor = dump_cursor({"window": window.to_json()})
         if total < lag_threshold:
-            return SensorResult(skip_reason=SkipReason(f"total lag {total} is below {lag_threshold} "
-                                                       f"(group status {group_status.value})"),
-                                asset_events=events, cursor=cursor)
+            return SensorResult(
+                skip_reason=SkipReason(
+                    f"total lag {total} is below {lag_threshold} (group status {group_status.value})"
+                ),
+                asset_events=events,
+                cursor=cursor,
+            )
         running = context.instance.get_runs(RunsFilter(job_name=worker, statuses=IN_PROGRESS), limit=1)
         if running:
-            return SensorResult(skip_reason=SkipReason(f"total lag {total}, but worker run {running[0].run_id} is "
-                                                       "still in progress"), asset_events=events, cursor=cursor)
+            return SensorResult(
+                skip_reason=SkipReason(f"total lag {total}, but worker run {running[0].run_id} is still in progress"),
+                asset_events=events,
+                cursor=cursor,
+            )
         run_key = "lag-" + "-".join(f"{p}:{committed.get(p)}" for p in partitions)
-        return SensorResult(run_requests=[RunRequest(run_key=run_key, tags={"dagster-stateful/trigger": "lag",
-                                                                            "dagster-stateful/lag": str(total)})],
-                            asset_events=events, cursor=cursor)
+        return SensorResult(
+            run_requests=[
+                RunRequest(
+                    run_key=run_key, tags={"dagster-stateful/trigger": "lag", "dagster-stateful/lag": str(total)}
+                )
+            ],
+            asset_events=events,
+            cursor=cursor,
+        )
 
     return lag

@@ -1,0 +1,139 @@
+"""An app's configuration: what it reads, keeps and writes, and how it commits, as one frozen value.
+
+Owns `AppConfig` and the enums of its choices (`ErrorPolicy`, `ProcessingGuarantee`). Every layer
+below the `App` façade takes an `AppConfig`, never the `App`: it names the consumer group and the
+internal topics (`<name>-<store>-changelog`, `<name>-dead-letter`), holds the resolved serializers,
+the error policy, the commit and changelog settings and the Kafka client settings, and validates
+them once, raising `ConfigurationError` with what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from dagster_stateful.core.state.serialization import Serde, resolve_serde
+from dagster_stateful.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorPolicy(StrEnum):
+    """What a worker does with a message it cannot deserialize or whose step raises."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+    DEAD_LETTER = "dead-letter"
+
+
+class ProcessingGuarantee(StrEnum):
+    AT_LEAST_ONCE = "at-least-once"
+    EXACTLY_ONCE = "exactly-once"
+
+
+SUPPORTED_GUARANTEES = (ProcessingGuarantee.AT_LEAST_ONCE,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppConfig:
+    """One app's settings. Build it through `App(...)`, or directly for the engine's lower layers.
+
+    Serializer names ("str", "json", ...) and policy strings are resolved on construction.
+    """
+
+    name: str
+    """The consumer group, and the prefix of the app's internal topics."""
+    source: str
+    stores: tuple[str, ...] = ("default",)
+    output: str | None = None
+    emits_output: bool = False
+    """True once `App.to_topic` routed the steps' results to `output`."""
+    key_serde: Serde = field(default_factory=lambda: resolve_serde("str"))
+    value_serde: Serde = field(default_factory=lambda: resolve_serde("json"))
+    output_serde: Serde = field(default_factory=lambda: resolve_serde("json"))
+    state_serde: Serde = field(default_factory=lambda: resolve_serde("json"))
+    on_error: ErrorPolicy = ErrorPolicy.RAISE
+    commit_interval: float = 5.0
+    commit_every: int = 50_000
+    use_changelog_topics: bool = True
+    changelog_replication_factor: int = 1
+    changelog_config: Mapping[str, str] = field(default_factory=dict)
+    auto_create_topics: bool = True
+    consumer_config: Mapping[str, Any] = field(default_factory=dict)
+    producer_config: Mapping[str, Any] = field(default_factory=dict)
+    group_instance_id: str | None = None
+    restore_batch_size: int = 10_000
+    processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        stores = tuple(self.stores)
+        if not stores or len(set(stores)) != len(stores):
+            raise ConfigurationError(f"app {self.name!r} needs distinct store names, got {list(stores)}")
+        for store in stores:
+            _check_name(store, what="store name")
+        self._set("stores", stores)
+        for serde_field in ("key_serde", "value_serde", "output_serde", "state_serde"):
+            self._set(serde_field, resolve_serde(getattr(self, serde_field)))
+        self._set("on_error", choice(ErrorPolicy, self.on_error, "on_error"))
+        guarantee = choice(ProcessingGuarantee, self.processing_guarantee, "processing_guarantee")
+        if guarantee not in SUPPORTED_GUARANTEES:
+            raise ConfigurationError(
+                f"processing_guarantee {guarantee.value!r} is not supported yet; use 'at-least-once'"
+            )
+        self._set("processing_guarantee", guarantee)
+        if self.commit_interval <= 0 or self.commit_every <= 0:
+            raise ConfigurationError("commit_interval and commit_every must be positive")
+        if self.restore_batch_size <= 0:
+            raise ConfigurationError("restore_batch_size must be positive")
+        self._set("changelog_config", {"cleanup.policy": "compact", **self.changelog_config})
+        self._set("consumer_config", dict(self.consumer_config))
+        self._set("producer_config", dict(self.producer_config))
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def replace(self, **changes: Any) -> AppConfig:
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def consumer_group(self) -> str:
+        return self.name
+
+    def changelog_topic(self, store: str) -> str:
+        return f"{self.name}-{store}-changelog"
+
+    def changelog_topics(self) -> dict[str, str] | None:
+        """Changelog topic per store; None when the app runs without changelogs."""
+        if not self.use_changelog_topics:
+            return None
+        return {store: self.changelog_topic(store) for store in self.stores}
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.name}-dead-letter"
+
+
+def _check_name(name: str, what: str = "app name") -> None:
+    if not name or any(not (c.isalnum() or c in "._-") for c in name):
+        raise ConfigurationError(
+            f"{what} {name!r} must be non-empty and use only letters, digits, '.', '_', '-' "
+            "(it names the consumer group and the internal topics)"
+        )
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def choice(enum: type[_E], value: str, setting: str) -> _E:
+    """`value` as a member of `enum`, or a `ConfigurationError` naming the setting and the choices."""
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in enum)
+        raise ConfigurationError(f"{setting}={value!r} is not one of {allowed}") from None

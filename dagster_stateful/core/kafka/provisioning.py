@@ -1,0 +1,190 @@
+"""Provisioning: every topic an app needs, printed, created where missing, validated where present.
+
+Owns `TopicSpec` (name, role, partitions, replication factor, config) and `ProvisioningPlan`,
+which compares the specs with the cluster. Operators who must create topics by hand print the
+plan; workers apply it (create what is missing, if allowed). A changelog with the wrong partition
+count or cleanup policy is an error naming the topic, what was found, what was expected and what to
+do; an existing topic is never changed silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from dagster_stateful.core.config import AppConfig, ErrorPolicy
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.errors import TopicMismatchError, TopicMissingError
+
+log = logging.getLogger(__name__)
+
+
+class TopicRole(StrEnum):
+    SOURCE = "source"
+    CHANGELOG = "changelog"
+    OUTPUT = "output"
+    DEAD_LETTER = "dead-letter"
+
+
+class TopicStatus(StrEnum):
+    OK = "ok"
+    MISSING = "missing"
+    CREATED = "created"
+    MISMATCH = "mismatch"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    role: TopicRole
+    partitions: int | None
+    """None: whatever the topic has (the source topic)."""
+    replication_factor: int = 1
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def managed(self) -> bool:
+        """Topics the app may create; the source topic belongs to its producers."""
+        return self.role is not TopicRole.SOURCE
+
+
+@dataclass
+class TopicCheck:
+    spec: TopicSpec
+    status: TopicStatus
+    found_partitions: int | None = None
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProvisioningPlan:
+    checks: list[TopicCheck]
+
+    @property
+    def problems(self) -> list[str]:
+        return [problem for check in self.checks for problem in check.problems]
+
+    def check(self, name: str) -> TopicCheck:
+        return next(check for check in self.checks if check.spec.name == name)
+
+    def describe(self) -> str:
+        """A table an operator can follow to create the topics by hand."""
+        lines = [f"{'role':<12} {'topic':<48} {'partitions':>10} {'rf':>3}  {'status':<9} config"]
+        for check in self.checks:
+            spec = check.spec
+            partitions = spec.partitions if spec.partitions is not None else check.found_partitions
+            config = ",".join(f"{k}={v}" for k, v in sorted(spec.config.items())) or "-"
+            lines.append(
+                f"{spec.role.value:<12} {spec.name:<48} {partitions if partitions is not None else '?':>10} "
+                f"{spec.replication_factor:>3}  {check.status.value:<9} {config}"
+            )
+            lines.extend(f"{'':<12} ! {problem}" for problem in check.problems)
+            lines.extend(f"{'':<12} ~ {warning}" for warning in check.warnings)
+        return "\n".join(lines)
+
+
+def app_topic_specs(config: AppConfig) -> list[TopicSpec]:
+    """Every topic the app reads or writes, with what the app needs of it."""
+    replication = config.changelog_replication_factor
+    specs = [TopicSpec(config.source, TopicRole.SOURCE, None)]
+    specs += [
+        TopicSpec(topic, TopicRole.CHANGELOG, None, replication, dict(config.changelog_config))
+        for topic in (config.changelog_topics() or {}).values()
+    ]
+    if config.emits_output and config.output:
+        specs.append(TopicSpec(config.output, TopicRole.OUTPUT, None, replication))
+    if config.on_error is ErrorPolicy.DEAD_LETTER:
+        specs.append(TopicSpec(config.dead_letter_topic, TopicRole.DEAD_LETTER, None, replication))
+    return specs
+
+
+def provisioning_plan(config: AppConfig, kafka: KafkaClients) -> ProvisioningPlan:
+    """The app's topics compared with the cluster (changes nothing)."""
+    return inspect(app_topic_specs(config), kafka)
+
+
+def provision(config: AppConfig, kafka: KafkaClients, create: bool | None = None) -> ProvisioningPlan:
+    """Create the app's missing internal topics (unless `create`, by default `auto_create_topics`, is
+    False) and validate the rest."""
+    return apply(provisioning_plan(config, kafka), kafka, config.auto_create_topics if create is None else create)
+
+
+def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
+    """Compare the specs with the cluster, changing nothing."""
+    source_partitions: int | None = None
+    checks = []
+    for spec in specs:
+        found = kafka.partition_count(spec.name)
+        if spec.role is TopicRole.SOURCE:
+            source_partitions = found
+        expected = (
+            spec.partitions
+            if spec.partitions is not None
+            else (source_partitions if spec.role is not TopicRole.SOURCE else None)
+        )
+        spec = TopicSpec(spec.name, spec.role, expected, spec.replication_factor, spec.config)
+        checks.append(_check(spec, found, kafka))
+    return ProvisioningPlan(checks)
+
+
+def _check(spec: TopicSpec, found_partitions: int | None, kafka: KafkaClients) -> TopicCheck:
+    if found_partitions is None:
+        check = TopicCheck(spec, TopicStatus.MISSING)
+        if not spec.managed:
+            check.problems.append(
+                f"source topic {spec.name} does not exist; create it (or fix the app's `source`) before running the app"
+            )
+        return check
+    check = TopicCheck(spec, TopicStatus.OK, found_partitions)
+    if spec.role is TopicRole.SOURCE:
+        return check
+    if spec.partitions is not None and found_partitions != spec.partitions:
+        check.problems.append(
+            f"{spec.role.value} topic {spec.name} has {found_partitions} partitions but the source topic has "
+            f"{spec.partitions}; state partition N must map to source partition N. Delete and recreate "
+            f"{spec.name} with {spec.partitions} partitions (state is then restored from scratch), or "
+            "repartition the source to match."
+        )
+    if spec.role is TopicRole.CHANGELOG:
+        _check_changelog_config(spec, kafka.topic_config(spec.name), check)
+    if check.problems:
+        check.status = TopicStatus.MISMATCH
+    return check
+
+
+def _check_changelog_config(spec: TopicSpec, found: dict[str, str], check: TopicCheck) -> None:
+    policy = found.get("cleanup.policy", "delete")
+    if policy.replace(" ", "") != "compact":
+        check.problems.append(
+            f"changelog topic {spec.name} has cleanup.policy={policy}, expected compact: with deletion by "
+            "retention, state older than the retention would be lost on restore. Set it with "
+            f"`kafka-configs --alter --entity-type topics --entity-name {spec.name} "
+            "--add-config cleanup.policy=compact`."
+        )
+    for key, wanted in spec.config.items():
+        if key != "cleanup.policy" and found.get(key) not in (None, wanted):
+            check.warnings.append(f"{key} is {found.get(key)}, the app asks for {wanted} (left unchanged)")
+
+
+def apply(plan: ProvisioningPlan, kafka: KafkaClients, create: bool = True) -> ProvisioningPlan:
+    """Create missing managed topics (when `create`), then fail on any problem left."""
+    for check in plan.checks:
+        if check.spec.role is TopicRole.SOURCE and check.status is TopicStatus.MISSING:
+            raise TopicMissingError(check.problems[0])
+    for check in plan.checks:
+        if check.status is TopicStatus.MISSING and check.spec.managed and create:
+            spec = check.spec
+            kafka.create_topic(spec.name, spec.partitions or 1, spec.replication_factor, spec.config)
+            check.status = TopicStatus.CREATED
+            check.found_partitions = spec.partitions
+    missing = [c.spec.name for c in plan.checks if c.status is TopicStatus.MISSING and c.spec.managed]
+    if plan.problems:
+        raise TopicMismatchError("the app's topics do not match what it needs:\n  " + "\n  ".join(plan.problems))
+    if missing:
+        raise TopicMissingError(
+            f"topics {missing} do not exist and automatic creation is off; create them as "
+            f"the provisioning plan says:\n{plan.describe()}"
+        )
+    return plan

@@ -1,0 +1,96 @@
+"""Describing an app's store partitions without running a worker.
+
+Owns `describe_partitions`: what an operator or a sensor wants to know about each store
+partition: local checkpoint, changelog and source offsets, how far the local state is behind its
+changelog, keys and bytes on disk. Offsets come through the Kafka adapter, local progress from
+`.checkpoint` files (RocksDB is opened only to estimate keys, and not when a worker holds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.errors import StateLockedError
+
+
+@dataclass
+class PartitionDescription:
+    store: str
+    partition: int
+    changelog_topic: str
+    changelog_low: int
+    changelog_high: int
+    local_changelog_offset: int | None
+    """From the `.checkpoint` file; None when there is no local state."""
+    changelog_lag: int
+    """Changelog records the local state has not seen (the whole changelog without local state)."""
+    committed_source_offset: int | None
+    source_high: int
+    source_lag: int
+    keys: int | None
+    """RocksDB's estimate; None when a running worker holds the partition."""
+    bytes_on_disk: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def describe_partitions(
+    config: AppConfig,
+    kafka: KafkaClients,
+    state: StateDirectory,
+    partitions: Iterable[int] | None = None,
+    stores: Iterable[str] | None = None,
+) -> list[PartitionDescription]:
+    source_partitions = kafka.partition_count(config.source) or 0
+    chosen = sorted(partitions) if partitions is not None else list(range(source_partitions))
+    committed = kafka.committed_offsets(config.consumer_group, config.source, chosen) if chosen else {}
+    source_marks = kafka.watermarks(config.source, chosen)
+    descriptions = []
+    for name in stores or config.stores:
+        topic = config.changelog_topic(name)
+        changelog_marks = (
+            kafka.watermarks(topic, chosen) if kafka.partition_count(topic) else dict.fromkeys(chosen, (0, 0))
+        )
+        for partition in chosen:
+            checkpoint = state.read_checkpoint(name, partition)
+            local = checkpoint.changelog_offset if checkpoint else None
+            low, high = changelog_marks[partition]
+            source_low, source_high = source_marks[partition]
+            committed_offset = committed.get(partition)
+            descriptions.append(
+                PartitionDescription(
+                    store=name,
+                    partition=partition,
+                    changelog_topic=topic,
+                    changelog_low=low,
+                    changelog_high=high,
+                    local_changelog_offset=local,
+                    changelog_lag=max(0, high - (local if local is not None else low)),
+                    committed_source_offset=committed_offset,
+                    source_high=source_high,
+                    source_lag=max(0, source_high - (committed_offset or source_low)),
+                    keys=_estimated_keys(state, name, partition),
+                    bytes_on_disk=state.bytes_on_disk(name, partition),
+                )
+            )
+    return descriptions
+
+
+def _estimated_keys(state: StateDirectory, store: str, partition: int) -> int | None:
+    if not state.partition_path(store, partition).exists():
+        return 0
+    part = state.partition(store, partition)
+    try:
+        part.open()
+    except StateLockedError:
+        return None
+    try:
+        return part.db.estimated_keys()
+    finally:
+        part.close()

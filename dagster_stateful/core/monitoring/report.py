@@ -1,0 +1,70 @@
+"""What a bounded worker run did: the report it returns.
+
+Owns `RestoreReport` (one store partition's restore) and `WorkerReport` (messages processed and
+offsets committed per partition, restores, rebalances, bad messages, lag left, why it stopped),
+both plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class RestoreKind(StrEnum):
+    """How a store partition's restore began."""
+
+    FULL = "full"
+    """No local state: the whole changelog was replayed."""
+    PARTIAL = "partial"
+    """Only the changelog tail after the local state's position was replayed."""
+    SNAPSHOT = "snapshot"
+    """A snapshot was loaded locally through SST files."""
+    SPARK = "spark"
+    """Spark wrote SST files from a snapshot, which were ingested."""
+
+
+class StopReason(StrEnum):
+    """Why a bounded worker run ended."""
+
+    NOT_STOPPED = ""
+    CAUGHT_UP = "caught_up"
+    MAX_MESSAGES = "max_messages"
+    MAX_SECONDS = "max_seconds"
+    STOP_REQUESTED = "stop requested (SIGTERM)"
+    NO_PARTITIONS = "no partitions assigned"
+
+
+@dataclass
+class RestoreReport:
+    store: str
+    partition: int
+    kind: RestoreKind
+    start_offset: int
+    end_offset: int
+    records_applied: int = 0
+    records_skipped: int = 0
+    """Changelog records of messages not yet committed on the source (they will be processed again)."""
+    seconds: float = 0.0
+
+
+@dataclass
+class WorkerReport:
+    app: str
+    stop_reason: StopReason = StopReason.NOT_STOPPED
+    messages_processed: dict[int, int] = field(default_factory=dict)
+    committed_offsets: dict[int, int] = field(default_factory=dict)
+    restores: list[RestoreReport] = field(default_factory=list)
+    rebalances: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    lag: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def total_processed(self) -> int:
+        return sum(self.messages_processed.values())
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag.values())

@@ -1,0 +1,66 @@
+"""What happens to a message that cannot be processed: the app's error policy.
+
+Owns `BadInputHandler`: under "raise" the worker stops with a `ProcessingError` naming topic,
+partition and offset (nothing past that offset is committed); under "skip" the message is counted
+and logged; under "dead-letter" its raw key, value and headers go to `<app>-dead-letter` with
+headers describing the failure, and processing goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from confluent_kafka import Message, Producer
+
+from dagster_stateful.core.config import ErrorPolicy
+from dagster_stateful.core.kafka.records import Headers, position
+from dagster_stateful.errors import ProcessingError
+
+log = logging.getLogger(__name__)
+
+ERROR_HEADER_PREFIX = "x-dagster-stateful-"
+
+
+class BadInputHandler:
+    def __init__(self, policy: ErrorPolicy, producer: Producer, dead_letter_topic: str) -> None:
+        self.policy = policy
+        self._producer = producer
+        self._topic = dead_letter_topic
+        self.skipped = 0
+        self.dead_lettered = 0
+
+    def handle(self, message: Message, stage: str, error: BaseException) -> None:
+        """Apply the policy to `message`, which failed in `stage`. Raises under the `raise` policy."""
+        topic, partition, offset = position(message)
+        where = f"{topic}[{partition}] offset {offset}"
+        if self.policy is ErrorPolicy.RAISE:
+            raise ProcessingError(
+                f"cannot process the message at {where} ({stage}): {type(error).__name__}: {error}. Nothing from "
+                "this offset on was committed. Fix the data or the step and rerun, or set on_error='skip' or "
+                "'dead-letter' to let such messages through.",
+                topic,
+                partition,
+                offset,
+            ) from error
+        if self.policy is ErrorPolicy.SKIP:
+            self.skipped += 1
+            log.warning("Skipped the message at %s (%s): %s: %s", where, stage, type(error).__name__, error)
+            return
+        self._dead_letter(message, stage, error)
+        self.dead_lettered += 1
+        log.warning("Sent the message at %s to %s (%s): %s: %s", where, self._topic, stage, type(error).__name__, error)
+
+    def _dead_letter(self, message: Message, stage: str, error: BaseException) -> None:
+        topic, partition, offset = position(message)
+        headers: Headers = [*(message.headers() or [])]
+        headers += [
+            (f"{ERROR_HEADER_PREFIX}stage", stage.encode()),
+            (f"{ERROR_HEADER_PREFIX}error-type", type(error).__name__.encode()),
+            (f"{ERROR_HEADER_PREFIX}error-message", str(error)[:4000].encode()),
+            (f"{ERROR_HEADER_PREFIX}traceback", "".join(traceback.format_exception(error))[-8000:].encode()),
+            (f"{ERROR_HEADER_PREFIX}source-topic", topic.encode()),
+            (f"{ERROR_HEADER_PREFIX}source-partition", str(partition).encode()),
+            (f"{ERROR_HEADER_PREFIX}source-offset", str(offset).encode()),
+        ]
+        self._producer.produce(self._topic, key=message.key(), value=message.value(), headers=headers)

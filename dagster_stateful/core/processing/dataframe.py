@@ -1,0 +1,95 @@
+"""The processing steps of an app, declared in the style of Quix Streams' StreamingDataFrame.
+
+Owns `Step` and `StreamingDataFrame`: `apply` maps a value, `update` runs a function for its
+effect and passes the value through, `filter` drops values for which it returns false. A step is
+stateful when declared so: it then receives the `State` of its store (the app's only store unless
+named) as second argument. `run` pushes one value through every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_stateful.core.state.transaction import State
+from dagster_stateful.errors import ConfigurationError
+
+DROPPED = object()
+
+
+class StepFailed(Exception):
+    """A step raised; carries which one, for the error policy's message."""
+
+    def __init__(self, step: str, error: Exception) -> None:
+        super().__init__(f"step {step!r} raised {type(error).__name__}: {error}")
+        self.step = step
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    function: Callable[..., Any]
+    store: str | None
+    """The store a stateful step reads and writes; None for a stateless step."""
+
+    @property
+    def name(self) -> str:
+        return getattr(self.function, "__name__", repr(self.function))
+
+
+class StreamingDataFrame:
+    """The app's steps, in order. Methods add a step and return the same frame."""
+
+    def __init__(self, store_names: list[str]) -> None:
+        self._store_names = store_names
+        self.steps: list[Step] = []
+
+    @property
+    def is_stateful(self) -> bool:
+        return any(step.store is not None for step in self.steps)
+
+    def apply(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
+        """Replace the value with `function(value)` or, stateful, `function(value, state)`."""
+        return self._add("apply", function, stateful, store)
+
+    def update(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
+        """Call `function` for its effect (on state, say); the value passes through unchanged."""
+        return self._add("update", function, stateful, store)
+
+    def filter(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
+        """Keep the value only when `function` returns true."""
+        return self._add("filter", function, stateful, store)
+
+    def _add(self, kind: str, function: Callable[..., Any], stateful: bool, store: str | None):
+        if not callable(function):
+            raise TypeError(f"{kind} needs a callable, got {function!r}")
+        if store is not None:
+            stateful = True
+        self.steps.append(Step(kind, function, self._resolve_store(store) if stateful else None))
+        return self
+
+    def _resolve_store(self, store: str | None) -> str:
+        if store is None:
+            if len(self._store_names) != 1:
+                raise ConfigurationError(
+                    f"this app has stores {self._store_names}: name the one this stateful step uses with store=..."
+                )
+            return self._store_names[0]
+        if store not in self._store_names:
+            raise ConfigurationError(f"unknown store {store!r}; the app declares {self._store_names}")
+        return store
+
+    def run(self, value: Any, states: Mapping[str, State]) -> Any:
+        """The value after every step, or DROPPED when a filter dropped it."""
+        for step in self.steps:
+            try:
+                result = step.function(value) if step.store is None else step.function(value, states[step.store])
+            except Exception as error:
+                raise StepFailed(step.name, error) from error
+            if step.kind == "apply":
+                value = result
+            elif step.kind == "filter" and not result:
+                return DROPPED
+        return value

@@ -1,0 +1,202 @@
+"""Restoring chosen store partitions outside a processing run, by the path the planner picks.
+
+Owns `restore_partitions` and the `RestoreRequest` it carries out: for each chosen partition of
+each store, plan the restore (changelog replay, local snapshot load, or Spark-written SST files;
+see `planner`), carry out the bulk part, then let the ordinary recovery replay the changelog tail. Spark is reached only
+through an `SstWriter` the caller passes in, so this module stays free of pyspark.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dagster_stateful.core.config import AppConfig, choice
+from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.monitoring.listeners import Listeners
+from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath, RestorePlan, plan_restore
+from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files, load_snapshot_partition
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.errors import ConfigurationError, StateLockedError
+
+SstWriter = Callable[[SnapshotStore, SnapshotManifest, list[int], str], dict[int, tuple[list[str], int]]]
+"""(snapshots, manifest, partitions, output_dir) -> partition -> (SST files, keys); see spark.bulk_restore."""
+
+
+@dataclass
+class PartitionRestore:
+    store: str
+    partition: int
+    plan: RestorePlan
+    reports: list[RestoreReport] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestoreRequest:
+    """What to restore and how."""
+
+    partitions: tuple[int, ...]
+    stores: tuple[str, ...] | None = None
+    """None: every store of the app."""
+    from_scratch: bool = False
+    skip_locked: bool = False
+    snapshot_root: str | None = None
+    method: RestoreMethod = RestoreMethod.AUTO
+    spark_cores: int = 0
+    sst_writer: SstWriter | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", choice(RestoreMethod, self.method, "restore method"))
+        object.__setattr__(self, "partitions", tuple(sorted(set(self.partitions))))
+        if self.stores is not None:
+            object.__setattr__(self, "stores", tuple(self.stores))
+
+
+def restore_partitions(
+    config: AppConfig, kafka: KafkaClients, state: StateDirectory, listeners: Listeners, request: RestoreRequest
+) -> list[PartitionRestore]:
+    """Bring the chosen partitions of the chosen stores (all by default) up to date.
+
+    from_scratch: delete local state first. skip_locked: report partitions a running worker holds
+    as "skipped" instead of failing (that worker restores them itself). method: "auto" (the
+    planner decides) or a path to force.
+    """
+    if (request.method is RestoreMethod.SPARK or request.spark_cores) and request.sst_writer is None:
+        raise ConfigurationError("the Spark restore path needs an SST writer (a Spark session)")
+    partitions = sorted(set(request.partitions))
+    committed = kafka.committed_offsets(config.consumer_group, config.source, partitions)
+    consumer = kafka.consumer({"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG})
+    restorer = Restorer(consumer, listeners, config.restore_batch_size)
+    activity = state.activity_lock()
+    activity.hold_shared()
+    try:
+        results = []
+        for store in request.stores or config.stores:
+            snapshots = SnapshotStore(request.snapshot_root, config.name, store) if request.snapshot_root else None
+            results += _restore_store(kafka, state, store, partitions, committed, restorer, snapshots, request)
+        return results
+    finally:
+        activity.release()
+        consumer.close()
+
+
+def _restore_store(
+    kafka: KafkaClients,
+    state: StateDirectory,
+    store: str,
+    partitions: list[int],
+    committed: dict[int, int | None],
+    restorer: Restorer,
+    snapshots: SnapshotStore | None,
+    request: RestoreRequest,
+) -> list[PartitionRestore]:
+    marks = kafka.watermarks(state.config.changelog_topic(store), partitions)
+    manifest = snapshots.latest() if snapshots else None
+    opened: dict[int, StorePartition] = {}
+    results = []
+    spark_files: dict[int, tuple[list[str], int]] = {}
+    try:
+        for partition in partitions:
+            part = state.partition(store, partition)
+            try:
+                part.open()
+            except StateLockedError:
+                if not request.skip_locked:
+                    raise
+                results.append(
+                    PartitionRestore(
+                        store,
+                        partition,
+                        RestorePlan(
+                            partition, RestorePath.SKIPPED, "a running worker holds it and restores it itself", 0.0
+                        ),
+                    )
+                )
+                continue
+            if request.from_scratch:
+                part.wipe()
+                part.open()
+            opened[partition] = part
+        plans = {
+            p: _plan(p, part, marks[p], manifest, request.method, request.spark_cores) for p, part in opened.items()
+        }
+        spark_partitions = [p for p, plan in plans.items() if plan.path is RestorePath.SPARK]
+        spark_files = _spark_files(snapshots, manifest, spark_partitions, request.sst_writer)
+        for partition, part in opened.items():
+            result = PartitionRestore(store, partition, plans[partition])
+            if result.plan.path is RestorePath.SNAPSHOT:
+                assert snapshots is not None and manifest is not None
+                result.reports.append(load_snapshot_partition(part, snapshots, manifest, marks[partition][1]))
+            elif result.plan.path is RestorePath.SPARK:
+                assert manifest is not None
+                files, keys = spark_files[partition]
+                ingest_sst_files(part, files, manifest.end_offsets[partition])
+                result.reports.append(
+                    RestoreReport(
+                        store, partition, RestoreKind.SPARK, 0, manifest.end_offsets[partition], records_applied=keys
+                    )
+                )
+            tail = restorer.restore(part, committed.get(partition))
+            if tail is not None:
+                result.reports.append(tail)
+            results.append(result)
+    finally:
+        for part in opened.values():
+            part.close()
+        for directory in {str(Path(f).parent) for files, _ in spark_files.values() for f in files}:
+            shutil.rmtree(directory, ignore_errors=True)  # what ingest did not move: failed task attempts
+    return results
+
+
+def _plan(
+    partition: int,
+    part: StorePartition,
+    marks: tuple[int, int],
+    manifest: SnapshotManifest | None,
+    method: RestoreMethod,
+    spark_cores: int,
+) -> RestorePlan:
+    low, high = marks
+    planned = plan_restore(
+        partition,
+        part.changelog_offset,
+        low,
+        high,
+        manifest,
+        spark_cores if method in (RestoreMethod.AUTO, RestoreMethod.SPARK) else 0,
+    )
+    if method is RestoreMethod.AUTO or planned.path in (RestorePath(method.value), RestorePath.NONE):
+        return planned
+    forced = RestorePath(method.value)
+    if forced is not RestorePath.CHANGELOG and (manifest is None or manifest.end_offsets.get(partition) is None):
+        raise ConfigurationError(
+            f"restore method {method.value!r} needs a snapshot with partition {partition}; "
+            "build one first (the snapshot asset) or use 'changelog'"
+        )
+    return RestorePlan(
+        partition, forced, f"forced by the run config (planner: {planned.reason})", planned.estimated_seconds
+    )
+
+
+def _spark_files(
+    snapshots: SnapshotStore | None,
+    manifest: SnapshotManifest | None,
+    partitions: list[int],
+    sst_writer: SstWriter | None,
+) -> dict[int, tuple[list[str], int]]:
+    if not partitions:
+        return {}
+    assert snapshots is not None and manifest is not None and sst_writer is not None
+    output_dir = tempfile.mkdtemp(prefix="sst-")
+    try:
+        return sst_writer(snapshots, manifest, partitions, output_dir)
+    except BaseException:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        raise

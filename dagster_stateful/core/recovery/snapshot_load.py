@@ -1,0 +1,81 @@
+"""Bulk loading a store partition from a snapshot: sorted SST files ingested into a fresh database.
+
+Owns `load_snapshot_partition`: the partition's local state is replaced by the snapshot's rows
+(read with pyarrow, already sorted by key, so writing SST files is a straight copy), its stored
+changelog offset is set to the snapshot's end offset, and the ordinary recovery then replays only
+the changelog tail written after the snapshot. Also `ingest_sst_files`, for SST files another
+process (a Spark task) wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+
+from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.errors import RecoveryError
+
+log = logging.getLogger(__name__)
+
+
+def load_snapshot_partition(
+    store: StorePartition, snapshots: SnapshotStore, manifest: SnapshotManifest, changelog_high: int
+) -> RestoreReport:
+    """Replace the (open) store partition's state with the snapshot's; returns what was loaded."""
+    partition = store.partition
+    end = _snapshot_end(store, manifest, changelog_high)
+    started = time.monotonic()
+    _start_fresh(store)
+    scratch = store.path / ".bulk-load"
+    try:
+        count = store.db.ingest_sorted(_pairs(snapshots.read_partition(manifest.snapshot_id, partition)), scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    store.finish_restore(end, None)
+    seconds = time.monotonic() - started
+    log.info(
+        "Loaded store %r partition %d from snapshot %s: %d keys in %.2f s",
+        store.store,
+        partition,
+        manifest.snapshot_id,
+        count,
+        seconds,
+    )
+    return RestoreReport(store.store, partition, RestoreKind.SNAPSHOT, 0, end, records_applied=count, seconds=seconds)
+
+
+def ingest_sst_files(store: StorePartition, files: Iterable[str], changelog_offset: int) -> None:
+    """Replace the (open) store partition's state with SST files written elsewhere (files are moved)."""
+    _start_fresh(store)
+    store.db.ingest_files(list(files))
+    store.finish_restore(changelog_offset, None)
+
+
+def _start_fresh(store: StorePartition) -> None:
+    store.wipe()
+    store.open()
+
+
+def _snapshot_end(store: StorePartition, manifest: SnapshotManifest, changelog_high: int) -> int:
+    end = manifest.end_offsets.get(store.partition)
+    if end is None:
+        raise RecoveryError(
+            f"snapshot {manifest.snapshot_id} of store {manifest.store!r} has no partition "
+            f"{store.partition}; take a new snapshot or restore from the changelog"
+        )
+    if end > changelog_high:
+        raise RecoveryError(
+            f"snapshot {manifest.snapshot_id} covers {manifest.changelog_topic}[{store.partition}] up to offset {end}, "
+            f"beyond the changelog's end {changelog_high}: the changelog was recreated after the snapshot. Restore "
+            "from the changelog instead, or take a new snapshot."
+        )
+    return end
+
+
+def _pairs(batches: Iterator[tuple[list[bytes], list[bytes]]]) -> Iterator[tuple[bytes, bytes]]:
+    for keys, values in batches:
+        yield from zip(keys, values, strict=False)

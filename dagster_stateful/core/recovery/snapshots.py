@@ -1,0 +1,156 @@
+"""Snapshots of a store: compacted images of its changelog, as Parquet plus a manifest.
+
+Owns the snapshot layout and its manifest, readable without Spark (pyarrow):
+`<root>/<app>/<store>/snapshot-<created ms>/partition=<p>/*.parquet` holds the latest value of
+every live key of Kafka partition p, sorted by the raw key bytes, with columns `key`, `value`,
+`offset` (the changelog offset of that value); `_manifest.json`, written last, records the
+changelog end offset each partition covers, key counts and the creation time, so a snapshot
+without a manifest is an unfinished one and is ignored. `root` is a local path or a URI pyarrow
+reads (file://, s3://, gs://, hdfs://; Spark's s3a:// is read as s3://).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+MANIFEST = "_manifest.json"
+SNAPSHOT_PREFIX = "snapshot-"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    app: str
+    store: str
+    changelog_topic: str
+    snapshot_id: str
+    created_at: float
+    end_offsets: dict[int, int]
+    """Per partition: the changelog offset up to which (exclusive) the snapshot holds everything."""
+    key_counts: dict[int, int]
+    previous: str | None = None
+    format: int = FORMAT_VERSION
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def age_seconds(self) -> float:
+        return max(0.0, time.time() - self.created_at)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["end_offsets"] = {str(p): o for p, o in sorted(self.end_offsets.items())}
+        data["key_counts"] = {str(p): n for p, n in sorted(self.key_counts.items())}
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotManifest:
+        data = json.loads(text)
+        data["end_offsets"] = {int(p): int(o) for p, o in data["end_offsets"].items()}
+        data["key_counts"] = {int(p): int(n) for p, n in data["key_counts"].items()}
+        return cls(**data)
+
+
+class SnapshotStore:
+    """The snapshots of one store under a root path or URI."""
+
+    def __init__(self, root: str, app: str, store: str) -> None:
+        self.root = (root if "://" in root else os.path.abspath(root)).rstrip("/")
+        self.app = app
+        self.store = store
+        self._fs, self._base = _filesystem(f"{self.root}/{app}/{store}")
+
+    @property
+    def location(self) -> str:
+        """Where this store's snapshots live, as given (for Spark)."""
+        return f"{self.root}/{self.app}/{self.store}"
+
+    def new_snapshot_id(self) -> str:
+        return f"{SNAPSHOT_PREFIX}{int(time.time() * 1000)}"
+
+    def snapshot_location(self, snapshot_id: str) -> str:
+        return f"{self.location}/{snapshot_id}"
+
+    def manifests(self) -> list[SnapshotManifest]:
+        """Finished snapshots, oldest first."""
+        found = []
+        for snapshot_id in self._snapshot_ids():
+            path = f"{self._base}/{snapshot_id}/{MANIFEST}"
+            try:
+                with self._fs.open_input_stream(path) as stream:
+                    found.append(SnapshotManifest.from_json(stream.read().decode()))
+            except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def latest(self) -> SnapshotManifest | None:
+        manifests = self.manifests()
+        return manifests[-1] if manifests else None
+
+    def write_manifest(self, manifest: SnapshotManifest) -> None:
+        """Publish a snapshot: its files are complete once this exists."""
+        with self._fs.open_output_stream(f"{self._base}/{manifest.snapshot_id}/{MANIFEST}") as stream:
+            stream.write(manifest.to_json().encode())
+
+    def count_keys(self, snapshot_id: str, partitions: list[int]) -> dict[int, int]:
+        """Rows per partition, from the Parquet footers (no data is read)."""
+        counts = {}
+        for partition in partitions:
+            counts[partition] = sum(
+                pq.ParquetFile(self._fs.open_input_file(path)).metadata.num_rows
+                for path in self._parquet_files(snapshot_id, partition)
+            )
+        return counts
+
+    def read_partition(
+        self, snapshot_id: str, partition: int, batch_rows: int = 262_144
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """(keys, values) batches of one partition, in key order."""
+        for path in self._parquet_files(snapshot_id, partition):
+            parquet = pq.ParquetFile(self._fs.open_input_file(path))
+            for batch in parquet.iter_batches(batch_size=batch_rows, columns=["key", "value"]):
+                yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
+
+    def prune(self, keep: int) -> list[str]:
+        """Delete all but the newest `keep` finished snapshots (and unfinished older ones)."""
+        finished = [m.snapshot_id for m in self.manifests()]
+        kept = set(finished[-keep:]) if keep > 0 else set()
+        newest = finished[-1] if finished else None
+        deleted = []
+        for snapshot_id in self._snapshot_ids():
+            unfinished_and_older = snapshot_id not in finished and newest is not None and snapshot_id < newest
+            if (snapshot_id in finished and snapshot_id not in kept) or unfinished_and_older:
+                self._fs.delete_dir(f"{self._base}/{snapshot_id}")
+                deleted.append(snapshot_id)
+        return deleted
+
+    def _snapshot_ids(self) -> list[str]:
+        selector = pafs.FileSelector(self._base, allow_not_found=True)
+        ids = [
+            info.base_name
+            for info in self._fs.get_file_info(selector)
+            if info.type == pafs.FileType.Directory and info.base_name.startswith(SNAPSHOT_PREFIX)
+        ]
+        return sorted(ids, key=lambda name: int(name.removeprefix(SNAPSHOT_PREFIX)))
+
+    def _parquet_files(self, snapshot_id: str, partition: int) -> list[str]:
+        selector = pafs.FileSelector(f"{self._base}/{snapshot_id}/partition={partition}", allow_not_found=True)
+        return sorted(
+            info.path
+            for info in self._fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet")
+        )
+
+
+def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in location:
+        return pafs.LocalFileSystem(), str(location)
+    if location.startswith("s3a://"):
+        location = "s3://" + location.removeprefix("s3a://")
+    return pafs.FileSystem.from_uri(location)

@@ -1,0 +1,158 @@
+"""Store partitions: one RocksDB per (app, store, Kafka partition), with its lock and offsets.
+
+Owns one partition directory's content (RocksDB files, `.lock`, `.checkpoint`), opening it safely
+(exclusive lock; a corrupted or unopenable database is handed to the state directory's quarantine
+and the partition starts empty, to be fully restored), the partition's
+two offsets kept inside the database, and committing data and offsets in one WriteBatch before
+publishing the `.checkpoint` mirror.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from dagster_stateful.core.state.locks import PartitionLock
+from dagster_stateful.core.state.rocksdb import PartitionDatabase
+from dagster_stateful.errors import StateStoreError
+
+log = logging.getLogger(__name__)
+
+CHANGELOG_OFFSET_KEY = b"changelog_offset"
+SOURCE_OFFSET_KEY = b"source_offset"
+
+
+def encode_offset(offset: int) -> bytes:
+    return offset.to_bytes(8, "big", signed=True)
+
+
+def _decode_offset(data: bytes | None) -> int | None:
+    return None if data is None else int.from_bytes(data, "big", signed=True)
+
+
+Quarantine = Callable[[Path, BaseException], Path]
+"""Moves a corrupted partition directory aside and returns where it went (see `StateDirectory`)."""
+
+
+class StorePartition:
+    """One partition of one store. Open it before use; close it to hand it over.
+
+    Built by `StateDirectory.partition`, which decides where it lives and where a corrupted copy goes.
+    """
+
+    def __init__(
+        self, path: Path, store: str, partition: int, changelog_topic: str, source_topic: str, quarantine: Quarantine
+    ) -> None:
+        self.store = store
+        self.partition = partition
+        self.changelog_topic = changelog_topic
+        self.source_topic = source_topic
+        self.path = path
+        self._quarantine = quarantine
+        self._lock = PartitionLock(self.path / ".lock", f"state partition {partition} of store {store!r}")
+        self._db: PartitionDatabase | None = None
+        self.changelog_offset: int | None = None
+        self.source_offset: int | None = None
+        self.recovered_from_corruption = False
+
+    @property
+    def db(self) -> PartitionDatabase:
+        if self._db is None:
+            raise StateStoreError(f"state partition {self.path} is not open")
+        return self._db
+
+    @property
+    def has_local_state(self) -> bool:
+        """False for a new or wiped partition: it needs a full restore."""
+        return self.changelog_offset is not None
+
+    def open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self._db = PartitionDatabase(self.path)
+        except Exception as error:  # noqa: BLE001 - rocksdict raises plain exceptions on corruption
+            self._move_aside(error)
+            self._db = PartitionDatabase(self.path)
+        self.changelog_offset = _decode_offset(self._db.get_meta(CHANGELOG_OFFSET_KEY))
+        self.source_offset = _decode_offset(self._db.get_meta(SOURCE_OFFSET_KEY))
+
+    def _move_aside(self, error: Exception) -> None:
+        self._lock.release()
+        aside = self._quarantine(self.path, error)
+        log.warning(
+            "Store %r partition %d will be restored fully from %s (its damaged copy is at %s)",
+            self.store,
+            self.partition,
+            self.changelog_topic,
+            aside,
+        )
+        self.path.mkdir(parents=True)
+        self._lock.acquire()
+        self.recovered_from_corruption = True
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.db.get(key)
+
+    def commit(
+        self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int | None, source_offset: int
+    ) -> None:
+        """Write data and both offsets atomically, then publish the `.checkpoint` file."""
+        meta = {SOURCE_OFFSET_KEY: encode_offset(source_offset)}
+        if changelog_offset is not None:
+            meta[CHANGELOG_OFFSET_KEY] = encode_offset(changelog_offset)
+        self.db.write(changes, meta)
+        if changelog_offset is not None:
+            self.changelog_offset = changelog_offset
+        self.source_offset = source_offset
+        self.publish_checkpoint()
+
+    def write_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
+        """One restore batch and the changelog position it reaches, without the write-ahead log."""
+        self.db.write(changes, {CHANGELOG_OFFSET_KEY: encode_offset(changelog_offset)}, durable=False)
+        self.changelog_offset = changelog_offset
+
+    def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None:
+        meta = {CHANGELOG_OFFSET_KEY: encode_offset(changelog_offset)}
+        if source_offset is not None:
+            meta[SOURCE_OFFSET_KEY] = encode_offset(source_offset)
+            self.source_offset = source_offset
+        self.db.write((), meta)
+        self.db.flush()
+        self.changelog_offset = changelog_offset
+        self.publish_checkpoint()
+
+    def publish_checkpoint(self) -> None:
+        write_checkpoint(
+            self.path,
+            Checkpoint(
+                changelog_topic=self.changelog_topic,
+                partition=self.partition,
+                changelog_offset=self.changelog_offset,
+                source_topic=self.source_topic,
+                source_offset=self.source_offset,
+                updated_at=time.time(),
+            ),
+        )
+
+    def read_checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(self.path)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every stored (key, value), in key order."""
+        return self.db.items()
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._lock.release()
+
+    def wipe(self) -> None:
+        """Delete the partition's local state (closed first). The next open starts empty."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)

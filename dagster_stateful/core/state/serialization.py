@@ -1,0 +1,94 @@
+"""Serializers for message keys and values and for state values.
+
+Owns the `Serde` protocol and the built-in codecs: bytes, str (UTF-8), int (8-byte signed
+big-endian, or decimal text on input) and JSON (orjson, the default for values). `resolve_serde`
+accepts a codec or one of the names "bytes", "str", "int", "json".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from dagster_stateful.errors import ConfigurationError
+
+
+class Serde(Protocol):
+    """Turns Python values into bytes and back. `loads` raises ValueError on malformed input."""
+
+    name: str
+
+    def dumps(self, value: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class BytesSerde:
+    name = "bytes"
+
+    def dumps(self, value: Any) -> bytes:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"the bytes serializer needs bytes, got {type(value).__name__}")
+        return bytes(value)
+
+    def loads(self, data: bytes) -> Any:
+        return data
+
+
+class StrSerde:
+    name = "str"
+
+    def dumps(self, value: Any) -> bytes:
+        if not isinstance(value, str):
+            raise TypeError(f"the str serializer needs str, got {type(value).__name__}")
+        return value.encode()
+
+    def loads(self, data: bytes) -> Any:
+        return data.decode()
+
+
+class IntSerde:
+    """8-byte signed big-endian integers; decimal text (as console producers write) is read too."""
+
+    name = "int"
+
+    def dumps(self, value: Any) -> bytes:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"the int serializer needs int, got {type(value).__name__}")
+        return value.to_bytes(8, "big", signed=True)
+
+    def loads(self, data: bytes) -> Any:
+        if len(data) == 8:
+            return int.from_bytes(data, "big", signed=True)
+        try:
+            return int(data.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            raise ValueError(f"not an 8-byte integer nor decimal text: {data[:32]!r}") from None
+
+
+class JsonSerde:
+    name = "json"
+
+    def dumps(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as error:
+            raise ValueError(f"invalid JSON: {error}") from None
+
+
+_BY_NAME: dict[str, Serde] = {serde.name: serde for serde in (BytesSerde(), StrSerde(), IntSerde(), JsonSerde())}
+
+
+def resolve_serde(serde: Serde | str) -> Serde:
+    if isinstance(serde, str):
+        try:
+            return _BY_NAME[serde]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown serializer {serde!r}; use one of {sorted(_BY_NAME)} or a Serde"
+            ) from None
+    return serde

@@ -1,0 +1,105 @@
+"""State scoping, the write cache and serializers: pure logic on a real local RocksDB, no Kafka."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagster_stateful.core import AppConfig, BytesSerde, IntSerde, JsonSerde, StrSerde
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.keys import message_prefix, split_store_key
+from dagster_stateful.core.state.serialization import resolve_serde
+from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.errors import ConfigurationError
+
+
+@pytest.fixture
+def transaction(tmp_path):
+    store = StateDirectory(tmp_path, AppConfig(name="app", source="orders", stores=("totals",))).partition("totals", 0)
+    store.open()
+    yield PartitionTransaction(0, {"totals": store}, JsonSerde(), committed_offset=None)
+    store.close()
+
+
+def test_a_message_key_never_sees_another_keys_state(transaction):
+    state = transaction.states["totals"]
+    transaction.begin_message(b"A")
+    state.set("total", 10)
+    transaction.accept_message(0)
+    transaction.begin_message(b"B")
+    assert state.get("total") is None and not state.exists("total")
+    state.set("total", 1)
+    transaction.accept_message(1)
+    transaction.begin_message(b"A")
+    assert state.get("total") == 10
+
+
+def test_prefixes_cannot_collide():
+    # Without a length prefix, key "ab" + state "c" and key "a" + state "bc" would be the same bytes.
+    assert message_prefix(b"ab") + b"c" != message_prefix(b"a") + b"bc"
+    assert split_store_key(message_prefix(b"ab") + b"c") == (b"ab", b"c")
+
+
+def test_repeated_writes_cost_one_change_and_failed_messages_leave_no_trace(transaction):
+    state = transaction.states["totals"]
+    for offset in range(5):
+        transaction.begin_message(b"A")
+        state.set("total", state.get("total", 0) + 1)
+        transaction.accept_message(offset)
+    transaction.begin_message(b"A")
+    state.set("total", 999)
+    state.delete("other")
+    transaction.discard_message()
+
+    changes = list(transaction.changes("totals"))
+    assert changes == [(message_prefix(b"A") + b"total", b"5", 4)], "last value wins, tagged with its offset"
+    assert transaction.next_offset == 5
+
+
+def test_deletes_are_tombstones_and_commits_reach_rocksdb(transaction):
+    state = transaction.states["totals"]
+    transaction.begin_message(b"A")
+    state.set("x", {"n": 1})
+    state.set("y", [1, 2])
+    transaction.accept_message(0)
+    store = transaction.stores["totals"]
+    store.commit(((k, v) for k, v, _ in transaction.changes("totals")), changelog_offset=2, source_offset=1)
+    transaction.committed()
+    transaction.begin_message(b"A")
+    state.delete("x")
+    transaction.accept_message(1)
+
+    assert list(transaction.changes("totals")) == [(message_prefix(b"A") + b"x", None, 1)]
+    assert state.get("x", "gone") == "gone" and state.get("y") == [1, 2]
+    assert store.read_checkpoint().changelog_offset == 2 and store.read_checkpoint().source_offset == 1
+
+
+def test_none_is_not_a_state_value(transaction):
+    transaction.begin_message(b"A")
+    with pytest.raises(ValueError, match="delete"):
+        transaction.states["totals"].set("x", None)
+
+
+@pytest.mark.parametrize(
+    "serde, value",
+    [
+        (BytesSerde(), b"\x00\xff"),
+        (StrSerde(), "żółw"),
+        (IntSerde(), -42),
+        (JsonSerde(), {"a": [1, 2.5, None]}),
+    ],
+)
+def test_serializers_round_trip(serde, value):
+    assert serde.loads(serde.dumps(value)) == value
+    assert resolve_serde(serde.name).name == serde.name
+
+
+def test_serializers_reject_bad_input_clearly():
+    assert IntSerde().loads(b"123") == 123
+    with pytest.raises(ValueError, match="invalid JSON"):
+        JsonSerde().loads(b"{nope")
+    with pytest.raises(ValueError, match="8-byte"):
+        IntSerde().loads(b"abc")
+    with pytest.raises(TypeError):
+        StrSerde().dumps(5)
+    with pytest.raises(ConfigurationError, match="unknown serializer"):
+        resolve_serde("avro")

@@ -1,0 +1,193 @@
+"""The Dagster layer against the real broker: assets, checks and jobs materialize with the metadata a
+user looks at."""
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+from dagster_stateful.builder import build_stateful_definitions
+from dagster_stateful.checks import stateful_checks
+from dagster_stateful.naming import changelog_key, job_name, store_key
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+
+PARTITIONS = 3
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap, unique_name, tmp_path):
+    orders = make_orders(300, customers=12)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, orders)
+    app = totals_app(kafka_bootstrap, source, tmp_path, unique_name("totals")).bind(state_dir=tmp_path / "unbound")
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "state"))
+    resources = {"kafka": kafka, "state_store": state_store}
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store)
+    bound = state_store.bind(app, kafka)
+    return defs, app, bound, resources, orders
+
+
+def asset_def(defs, key: AssetKey):
+    return defs.get_assets_def(key)
+
+
+def json_object(value: object) -> Mapping[str, Any]:
+    """The value of a JSON metadata entry that holds an object."""
+    assert isinstance(value, Mapping), value
+    return value
+
+
+def integer(value: object) -> int:
+    """The value of an integer metadata entry."""
+    assert isinstance(value, int), value
+    return value
+
+
+def test_changelog_asset_provisions_a_compacted_topic(deployment):
+    defs, app, bound, resources, _ = deployment
+
+    result = materialize([asset_def(defs, changelog_key(app, "totals"))], resources=resources)
+
+    metadata = result.asset_materializations_for_node(job_name(app, "changelogs"))[0].metadata
+    assert metadata["status"].value == "created"
+    assert metadata["partitions"].value == PARTITIONS
+    assert json_object(metadata["config"].value)["cleanup.policy"] == "compact"
+    assert bound.kafka.topic_config(app.changelog_topic("totals"))["cleanup.policy"] == "compact"
+    again = materialize([asset_def(defs, changelog_key(app, "totals"))], resources=resources)
+    assert again.asset_materializations_for_node(job_name(app, "changelogs"))[0].metadata["status"].value == "ok"
+
+
+def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
+    defs, app, bound, resources, orders = deployment
+
+    result = materialize(
+        [asset_def(defs, store_key(app, "totals"))],
+        resources=resources,
+        tags={"dagster/asset_partition_range_start": "0", "dagster/asset_partition_range_end": str(PARTITIONS - 1)},
+    )
+
+    metadata = result.asset_materializations_for_node(job_name(app, "stores"))[0].metadata
+    assert metadata["messages_processed"].value == len(orders)
+    assert metadata["lag_left"].value == 0 and metadata["stop_reason"].value == "caught_up"
+    assert metadata["keys"].value == 12 and integer(metadata["bytes_on_disk"].value) > 0
+    assert sum(json_object(metadata["committed_offsets"].value).values()) == len(orders)
+    assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+
+
+def test_one_partition_of_the_state_store_can_be_materialized_alone(deployment):
+    defs, app, bound, resources, _orders = deployment
+
+    result = materialize([asset_def(defs, store_key(app, "totals"))], resources=resources, partition_key="1")
+
+    metadata = result.asset_materializations_for_node(job_name(app, "stores"))[0].metadata
+    assert set(json_object(metadata["messages_per_partition"].value)) == {"1"}
+    assert set(json_object(metadata["keys_per_partition"].value)) == {"1"}
+    committed = bound.kafka.committed_offsets(app.consumer_group, app.source, range(PARTITIONS))
+    assert committed[0] is None and committed[2] is None and committed[1] > 0
+
+
+def test_worker_job_records_each_partition_and_checks_pass(deployment):
+    defs, app, _bound, resources, orders = deployment
+    instance = DagsterInstance.ephemeral()
+
+    result = defs.resolve_job_def(job_name(app, "worker")).execute_in_process(
+        instance=instance, run_config={"ops": {job_name(app, "run_worker_op"): {"config": {"max_seconds": 120}}}}
+    )
+
+    assert result.success
+    events = [e.event_specific_data.materialization for e in result.all_events if e.is_step_materialization]
+    assert sorted(m.partition for m in events) == [str(p) for p in range(PARTITIONS)]
+    assert sum(m.metadata["messages_processed"].value for m in events) == len(orders)
+    assert all(m.metadata["changelog_lag"].value == 0 for m in events)
+    changelog_checks = [
+        c for c in stateful_checks(app) if {k.asset_key for k in c.check_keys} == {changelog_key(app, "totals")}
+    ]
+    check_results = materialize(
+        [asset_def(defs, changelog_key(app, "totals")), *changelog_checks], resources=resources, instance=instance
+    ).get_asset_check_evaluations()
+    assert {c.check_name: c.passed for c in check_results} == {
+        "partition_parity": True,
+        "cleanup_policy_compact": True,
+        "stored_offsets_within_changelog": True,
+        "committed_offsets_retained": True,
+    }
+
+
+def test_restore_and_clear_state_jobs(deployment):
+    defs, app, bound, _resources, orders = deployment
+    bound.run_worker(max_seconds=120)
+    instance = DagsterInstance.ephemeral()
+    clear = defs.resolve_job_def(job_name(app, "clear_state"))
+
+    refused = clear.execute_in_process(
+        instance=instance,
+        raise_on_error=False,
+        run_config={"ops": {job_name(app, "clear_state_op"): {"config": {"partitions": [2]}}}},
+    )
+    assert not refused.success and (bound.state_dir / app.name / "totals" / "2").exists()
+
+    cleared = clear.execute_in_process(
+        instance=instance,
+        run_config={"ops": {job_name(app, "clear_state_op"): {"config": {"partitions": [2], "confirm": True}}}},
+    )
+    assert cleared.success and not (bound.state_dir / app.name / "totals" / "2").exists()
+
+    restored = defs.resolve_job_def(job_name(app, "restore")).execute_in_process(
+        instance=instance, run_config={"ops": {job_name(app, "restore_op"): {"config": {"partitions": [2]}}}}
+    )
+    assert restored.success
+    [event] = [e.event_specific_data.materialization for e in restored.all_events if e.is_step_materialization]
+    assert event.partition == "2" and event.metadata["changelog_lag"].value == 0
+    assert event.metadata["records_restored"].value > 0
+    assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+
+
+def test_changelog_checks_fail_with_what_to_do(deployment):
+    _defs, app, bound, resources, _orders = deployment
+    bound.kafka.create_topic(app.changelog_topic("totals"), PARTITIONS + 1, 1, {"cleanup.policy": "delete"})
+    checks = {c.check_key.name: c for c in stateful_checks(app, max_changelog_lag=0)}
+
+    parity = _evaluate(checks["partition_parity"], resources)
+    policy = _evaluate(checks["cleanup_policy_compact"], resources)
+
+    assert not parity.passed and f"has {PARTITIONS + 1} partitions" in parity.description
+    assert not policy.passed and "cleanup.policy=delete" in policy.description
+
+
+def test_freshness_check_flags_local_state_behind_its_changelog(deployment):
+    _defs, app, bound, resources, _orders = deployment
+    elsewhere = bound.bind(state_dir=bound.state_dir.parent / "elsewhere")
+    bound.run_worker(max_messages=30, max_seconds=120)
+    elsewhere.run_worker(max_seconds=120)  # moves the changelog on without this machine's copies
+    [fresh] = [c for c in stateful_checks(app, max_changelog_lag=0) if c.check_key.name == "local_state_fresh"]
+
+    result = _evaluate(fresh, resources)
+
+    assert not result.passed and "behind their changelog" in result.description
+    assert result.metadata["partitions_behind"].value > 0
+
+
+def _evaluate(check, resources):
+    result = materialize([check], resources=resources, selection=AssetSelection.checks(check))
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def test_worker_schedule_waits_for_the_source_topic(kafka_bootstrap, unique_name, tmp_path):
+    from dagster import RunRequest, SkipReason, build_schedule_context
+
+    app = totals_app(kafka_bootstrap, unique_name("not-yet"), tmp_path, unique_name("totals"))
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    defs = build_stateful_definitions(app, 2, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    schedule = defs.resolve_schedule_def(job_name(app, "worker_schedule"))
+
+    skipped = schedule(build_schedule_context(resources={"kafka": kafka}))
+    assert isinstance(skipped, SkipReason) and skipped.skip_message is not None, skipped
+    assert "does not exist yet" in skipped.skip_message
+
+    bound_app = app.bind(kafka=kafka.clients())
+    bound_app.kafka.create_topic(app.source, 2, 1, {})
+    requested = schedule(build_schedule_context(resources={"kafka": kafka}))
+    assert isinstance(requested, RunRequest), "once the topic exists, the schedule runs the worker"

@@ -1,0 +1,129 @@
+"""The example deployment: the code location loads, its assets materialize against the broker, and
+the README's run command serves the UI and leaves nothing running after Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+from kafka_helpers import answers_http, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def example(kafka_bootstrap, monkeypatch, tmp_path):
+    """The example code location on the test broker, with its state in a temporary directory.
+
+    The example's topic names are fixed (`orders`, ...): its tests share them, so they only
+    assert what holds whatever ran before.
+    """
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("DAGSTER_STATEFUL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.syspath_prepend(str(ROOT))
+    sys.modules.pop("definitions", None)
+    import definitions
+
+    return definitions
+
+
+def test_dagster_validates_the_example_code_location(kafka_bootstrap):
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "All code locations passed validation" in result.stdout + result.stderr
+
+
+def test_example_generates_orders_and_keeps_totals(example):
+    defs = example.defs
+    instance = DagsterInstance.ephemeral()
+    generated = defs.resolve_job_def("generate_orders").execute_in_process(
+        instance=instance, run_config={"ops": {"write_orders": {"config": {"count": 300, "customers": 20}}}}
+    )
+    assert generated.success
+
+    provisioned = defs.resolve_job_def("order_totals__provision").execute_in_process(instance=instance)
+    assert provisioned.success
+    worker = defs.resolve_job_def("order_totals__worker").execute_in_process(
+        instance=instance, run_config={"ops": {"order_totals__run_worker_op": {"config": {"max_seconds": 120}}}}
+    )
+
+    assert worker.success
+    materializations = [e.event_specific_data.materialization for e in worker.all_events if e.is_step_materialization]
+    assert {m.partition for m in materializations} == {str(p) for p in range(example.ORDERS_PARTITIONS)}
+    assert sum(m.metadata["keys"].value for m in materializations) >= 2 * 20, "a total and a count per customer"
+    assert all(m.metadata["source_lag"].value == 0 for m in materializations)
+
+
+def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key != "KAFKA_BOOTSTRAP_SERVERS"}
+    env.update(DAGSTER_PORT=str(port), DAGSTER_STATEFUL_DEV_DIR=str(tmp_path / "dev"), DAGSTER_STATEFUL_VENV=sys.prefix)
+    output = open(tmp_path / "run-example.log", "wb")  # noqa: SIM115 - the child writes to it until the end
+    process = subprocess.Popen(
+        ["bash", str(ROOT / "scripts" / "run-example")],
+        env=env,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: answers_http(f"http://127.0.0.1:{port}/server_info"),
+            180,
+            f"the Dagster UI on port {port} (log: {tmp_path / 'run-example.log'})",
+            interval=1.0,
+        )
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dagster_stateful.cli",
+                "kafka",
+                "status",
+                "--home",
+                str(tmp_path / "dev" / "kafka"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert status.returncode == 0, status.stdout
+
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        output.close()
+    log = (tmp_path / "run-example.log").read_text(errors="replace")
+    assert f"Dagster UI: http://127.0.0.1:{port}" in log
+    assert "stopped the Kafka broker" in log, log[-2000:]
+    assert not _processes_mentioning(str(tmp_path / "dev")), "the broker outlived Ctrl-C"
+    assert not _processes_mentioning(str(port)), "Dagster outlived Ctrl-C"
+    assert not answers_http(f"http://127.0.0.1:{port}/server_info")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids

@@ -1,0 +1,145 @@
+"""The lag and rebalance sensors against real consumer groups on the real broker."""
+
+import threading
+
+import pytest
+from core_helpers import make_orders, orders_topic, totals_app
+from dagster import DagsterInstance, SkipReason, build_sensor_context
+from kafka_helpers import produce, wait_for
+
+from dagster_stateful.builder import build_stateful_definitions
+from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.naming import job_name, store_key
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap, unique_name, tmp_path):
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, make_orders(200, customers=16))
+    app = totals_app(kafka_bootstrap, source, tmp_path / "unbound", unique_name("totals"))
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "here"))
+    resources = {"kafka": kafka, "state_store": state_store}
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store, lag_threshold=100, restore_threshold=50)
+    bound = state_store.bind(app, kafka)
+    return defs, app, bound, resources
+
+
+def tick(defs, name, resources, instance, cursor=None):
+    sensor = defs.resolve_sensor_def(name)
+    context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    return sensor(context), context
+
+
+def test_lag_sensor_requests_a_worker_run_when_lag_passes_the_threshold(deployment, kafka_bootstrap):
+    defs, app, _bound, resources = deployment
+    instance = DagsterInstance.ephemeral()
+    sensor_name = job_name(app, "lag_sensor")
+
+    result, _ = tick(defs, sensor_name, resources, instance)
+    assert len(result.run_requests) == 1, "200 unprocessed messages pass the threshold of 100"
+    run_key = result.run_requests[0].run_key
+    observed = [e for e in result.asset_events if e.asset_key == store_key(app, "totals")]
+    assert sorted(e.partition for e in observed) == [str(p) for p in range(PARTITIONS)]
+    assert sum(e.metadata["lag"].value for e in observed) == 200
+
+    again, _ = tick(defs, sensor_name, resources, instance, cursor=result.cursor)
+    assert again.run_requests[0].run_key == run_key, "same backlog, same run key: a retry never doubles work"
+
+    instance.create_run_for_job(defs.resolve_job_def(job_name(app, "worker")))
+    busy, _ = tick(defs, sensor_name, resources, instance, cursor=again.cursor)
+    assert not busy.run_requests and "in progress" in busy.skip_reason.skip_message
+
+
+def test_lag_sensor_skips_without_lag_and_survives_a_bad_cursor(deployment):
+    defs, app, bound, resources = deployment
+    bound.run_worker(max_seconds=120)
+    instance = DagsterInstance.ephemeral()
+
+    result, _ = tick(defs, job_name(app, "lag_sensor"), resources, instance, cursor="{definitely not json")
+
+    assert not result.run_requests
+    assert isinstance(result.skip_reason, SkipReason) and result.skip_reason.skip_message is not None
+    assert "total lag 0" in result.skip_reason.skip_message
+    assert all(e.metadata["status"].value == "OK" for e in result.asset_events if e.partition is not None)
+    assert result.cursor.startswith("{")
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deployment, kafka_bootstrap, tmp_path):
+    defs, app, here, resources = deployment
+    elsewhere = here.bind(state_dir=tmp_path / "elsewhere")
+    instance = DagsterInstance.ephemeral()
+    sensor_name = job_name(app, "rebalance_sensor")
+    idle, _ = tick(defs, sensor_name, resources, instance)
+    assert "no partition owned elsewhere" in idle.skip_reason.skip_message
+
+    worker_here = here.worker(max_seconds=120, until_caught_up=False)
+    worker_elsewhere = elsewhere.worker(max_seconds=120, until_caught_up=False)
+    threads = [run_in_thread(worker_here)]
+    try:
+        wait_for(lambda: worker_here.report.total_processed == 200, 60, "the first worker to process the backlog")
+        first, _ = tick(defs, sensor_name, resources, instance, cursor=idle.cursor)
+        assert first.asset_events and first.asset_events[0].metadata["members"].value == 1
+
+        threads.append(run_in_thread(worker_elsewhere))  # a second worker joins: partitions move to it
+
+        def settled_with_two_members():
+            group = here.kafka.describe_group(app.consumer_group, app.source)
+            owners = group.owners()
+            return (
+                group.state == "STABLE"
+                and len(group.members) == 2
+                and len(owners) == PARTITIONS
+                and len(set(owners.values())) == 2
+                and group
+            )
+
+        group = wait_for(settled_with_two_members, 60, "the group to settle with both workers")
+        moved = sorted(p for m in group.members if m.client_id == elsewhere.worker_client_id for p in m.partitions)
+        joined, _ = tick(defs, sensor_name, resources, instance, cursor=first.cursor)
+        assert joined.asset_events[0].metadata["rebalances"].value == 1
+        assert joined.asset_events[0].metadata["moved_partitions"].value == ", ".join(map(str, moved))
+
+        # Many keys: the write cache folds repeated writes, so changelog growth follows distinct keys.
+        produce(kafka_bootstrap, app.source, make_orders(800, customers=400, start=200))
+
+        def all_committed() -> bool:
+            highs = here.kafka.watermarks(app.source, range(PARTITIONS))
+            committed = here.kafka.committed_offsets(app.consumer_group, app.source, range(PARTITIONS))
+            return all(committed[p] == highs[p][1] for p in range(PARTITIONS))
+
+        wait_for(all_committed, 90, "both workers to process and commit the new orders")
+        requested, _ = tick(defs, sensor_name, resources, instance, cursor=joined.cursor)
+    finally:
+        # This machine's worker leaves first: were the other one first, the moved partitions would
+        # come back here and be restored by the worker itself.
+        for worker, thread in zip((worker_here, worker_elsewhere), threads, strict=False):
+            worker.stop.request()
+            thread.join(60)
+        worker_elsewhere.stop.request()
+    assert not any(thread.is_alive() for thread in threads), "both workers stopped"
+
+    assert len(requested.run_requests) == 1
+    restore_config = requested.run_requests[0].run_config["ops"][job_name(app, "restore_op")]["config"]
+    assert restore_config["partitions"] == moved, "exactly the moved partitions whose local copy is behind"
+    behind = {d.partition: d.changelog_lag for d in here.describe_partitions(moved)}
+    assert all(lag > 50 for lag in behind.values())
+
+    restored = defs.resolve_job_def(job_name(app, "restore")).execute_in_process(
+        instance=instance, run_config=requested.run_requests[0].run_config
+    )
+
+    assert restored.success
+    after = [d.to_dict() for d in here.describe_partitions(moved)]
+    kinds = [
+        e.event_specific_data.materialization.description for e in restored.all_events if e.is_step_materialization
+    ]
+    assert all(d["changelog_lag"] == 0 for d in after), f"the local copies are fresh again: {after} {kinds}"
