@@ -5,7 +5,8 @@ Dagster). Materializing the changelog assets provisions or validates the compact
 Materializing a state store runs a bounded worker: over every partition it joins the app's consumer
 group; over chosen partitions (the store is partitioned by Kafka partition) it pins a worker to
 them, so one partition can be restored and brought up to date from the UI. Materializing a
-snapshot has Spark fold the changelog into the store's next snapshot.
+snapshot has Spark fold the changelog, up to what the consumer group committed, into the store's
+next snapshot.
 """
 
 from collections.abc import Iterator
@@ -183,11 +184,23 @@ def snapshot_assets(app: App):
         for store in app.stores:
             topic = app.changelog_topic(store)
             partitions = range(bound.kafka.partition_count(topic) or 0)
+            # Committed offsets first, then the ends: changelog records are delivered before their source
+            # offsets are committed, and the snapshot stops at the first record of an uncommitted message.
+            committed = bound.kafka.committed_offsets(app.consumer_group, app.source, partitions)
             ends = {p: high for p, (_, high) in bound.kafka.watermarks(topic, partitions).items()}
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
             manifest = build_snapshot(
-                pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, snapshot_store, config.keep
+                pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, committed, snapshot_store, config.keep
             )
+            left = {p: end - manifest.end_offsets.get(p, end) for p, end in sorted(ends.items())}
+            cut_short = sorted(p for p, records in left.items() if records > 0)
+            if cut_short:
+                context.log.info(
+                    "Snapshot of %s stops short of the changelog's end in partitions %s (records of uncommitted "
+                    "messages); restores replay those records from the changelog",
+                    store,
+                    cut_short,
+                )
             yield MaterializeResult(
                 asset_key=snapshot_key(app, store),
                 metadata={
@@ -196,6 +209,10 @@ def snapshot_assets(app: App):
                     "keys": sum(manifest.key_counts.values()),
                     "keys_per_partition": MetadataValue.json({str(p): n for p, n in manifest.key_counts.items()}),
                     "end_offsets": MetadataValue.json({str(p): o for p, o in manifest.end_offsets.items()}),
+                    "changelog_end_offsets": MetadataValue.json({str(p): o for p, o in sorted(ends.items())}),
+                    "committed_source_offsets": MetadataValue.json({str(p): o for p, o in sorted(committed.items())}),
+                    "partitions_cut_short": len(cut_short),
+                    "records_left_to_replay": MetadataValue.json({str(p): n for p, n in left.items()}),
                     "previous_snapshot": manifest.previous or "none",
                     "seconds": manifest.extra.get("seconds", 0.0),
                 },

@@ -68,6 +68,29 @@ class StateStoreError(StatefulError):
     """A local state store cannot be opened or written."""
 
 
+class StoreCorruptedError(StateStoreError):
+    """RocksDB reported corruption (or an I/O failure) in a state partition; names where.
+
+    `path` is the partition's directory; `store` and `partition` say which store partition it is
+    (None where the database was opened without them). Never a step failure: the partition must be
+    moved aside and restored from its changelog (`StorePartition.quarantine`).
+    """
+
+    def __init__(self, message: str, path: str, store: str | None = None, partition: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.store = store
+        self.partition = partition
+
+
+class StateSerializationError(StatefulError):
+    """A step set a state value the store's serializer cannot encode.
+
+    Raised by `State.set`, inside the step, so the app's error policy applies to the message that
+    set it; the value never reaches the commit.
+    """
+
+
 class RecoveryError(StatefulError):
     """Local state, changelog and source offsets disagree in a way that needs an operator's choice."""
 

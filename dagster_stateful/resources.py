@@ -81,8 +81,9 @@ class StateStoreResource(ConfigurableResource):
     )
 
     def bind(self, app: App, kafka: KafkaResource) -> App:
-        """The app, connected through `kafka` and keeping its state under `state_dir`."""
-        return app.bind(kafka=kafka.clients(), state_dir=self.state_dir)
+        """The app, connected through `kafka`, keeping its state under `state_dir` and finding its
+        stores' snapshots under `snapshot_root`."""
+        return app.bind(kafka=kafka.clients(), state_dir=self.state_dir, snapshot_root=self.snapshot_root)
 
 
 class StatefulSparkResource(PySparkResource):

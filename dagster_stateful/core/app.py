@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee, choice
+from dagster_stateful.core.config import AppConfig, ErrorPolicy, MissingOffsets, ProcessingGuarantee, choice
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.errors import kafka_errors
 from dagster_stateful.core.kafka.provisioning import (
@@ -63,7 +63,7 @@ class App:
         commit_interval: float = 5.0,
         commit_every: int = 50_000,
         use_changelog_topics: bool = True,
-        changelog_replication_factor: int = 1,
+        changelog_replication_factor: int = -1,
         changelog_config: Mapping[str, str] | None = None,
         auto_create_topics: bool = True,
         consumer_config: Mapping[str, Any] | None = None,
@@ -71,6 +71,8 @@ class App:
         group_instance_id: str | None = None,
         restore_batch_size: int = 10_000,
         processing_guarantee: ProcessingGuarantee | str = ProcessingGuarantee.AT_LEAST_ONCE,
+        missing_offsets: MissingOffsets | str = MissingOffsets.RESUME_FROM_STATE,
+        snapshot_root: str | None = None,
     ) -> None:
         """
         kafka: connection settings (librdkafka keys), a bootstrap address, or a `KafkaClients`;
@@ -82,6 +84,9 @@ class App:
             segment.ms, min.cleanable.dirty.ratio, max.compaction.lag.ms, ...).
         group_instance_id: static membership: a restarted worker with the same id gets its partitions
             back without a rebalance.
+        missing_offsets: when the group has no committed offset for a partition with local state
+            (expired or deleted group offsets): "resume-from-state" (from the source offset the local
+            state was committed at) or "fail" (stop with the operator's options).
         """
         self.config = AppConfig(
             name=name,
@@ -104,6 +109,7 @@ class App:
             group_instance_id=group_instance_id,
             restore_batch_size=restore_batch_size,
             processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
+            missing_offsets=choice(MissingOffsets, missing_offsets, "missing_offsets"),
         )
         if not use_changelog_topics:
             log.warning(
@@ -112,6 +118,7 @@ class App:
                 name,
             )
         self._state_root = Path(state_dir)
+        self.snapshot_root = snapshot_root
         self._kafka = None if kafka is None else _kafka_clients(kafka)
         self.listeners = Listeners()
         self._dataframe = StreamingDataFrame(list(self.config.stores))
@@ -167,7 +174,12 @@ class App:
     def worker_client_id(self) -> str:
         return self.state.worker_client_id
 
-    def bind(self, kafka: KafkaConnection | None = None, state_dir: str | Path | None = None) -> App:
+    def bind(
+        self,
+        kafka: KafkaConnection | None = None,
+        state_dir: str | Path | None = None,
+        snapshot_root: str | None = None,
+    ) -> App:
         """A copy of this app (same steps and listeners) with another connection or state directory.
 
         Lets a deployment declare an app once and give it the connection and disk of the place it
@@ -178,6 +190,8 @@ class App:
             bound._kafka = _kafka_clients(kafka)
         if state_dir is not None:
             bound._state_root = Path(state_dir)
+        if snapshot_root is not None:
+            bound.snapshot_root = snapshot_root
         return bound
 
     # Steps and listeners.
@@ -231,6 +245,7 @@ class App:
             listeners=self.listeners,
             state=self.state,
             limits=RunLimits(max_messages, max_seconds, until_caught_up),
+            snapshot_root=self.snapshot_root,
             partitions=None if partitions is None else list(partitions),
         )
 

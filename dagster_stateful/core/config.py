@@ -38,6 +38,17 @@ class ProcessingGuarantee(StrEnum):
 SUPPORTED_GUARANTEES = (ProcessingGuarantee.AT_LEAST_ONCE,)
 
 
+class MissingOffsets(StrEnum):
+    """What a worker does when the group has no committed offset for a partition that has local state
+    (bounded workers leave the group empty between runs, so `offsets.retention.minutes` can expire
+    its offsets, or an operator deleted them)."""
+
+    RESUME_FROM_STATE = "resume-from-state"
+    """Resume from the source offset the local state was committed at (exact: state and offset match)."""
+    FAIL = "fail"
+    """Stop with the operator's options."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AppConfig:
     """One app's settings. Build it through `App(...)`, or directly for the engine's lower layers.
@@ -60,7 +71,7 @@ class AppConfig:
     commit_interval: float = 5.0
     commit_every: int = 50_000
     use_changelog_topics: bool = True
-    changelog_replication_factor: int = 1
+    changelog_replication_factor: int = -1
     changelog_config: Mapping[str, str] = field(default_factory=dict)
     auto_create_topics: bool = True
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
@@ -68,6 +79,7 @@ class AppConfig:
     group_instance_id: str | None = None
     restore_batch_size: int = 10_000
     processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE
+    missing_offsets: MissingOffsets = MissingOffsets.RESUME_FROM_STATE
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -86,6 +98,7 @@ class AppConfig:
                 f"processing_guarantee {guarantee.value!r} is not supported yet; use 'at-least-once'"
             )
         self._set("processing_guarantee", guarantee)
+        self._set("missing_offsets", choice(MissingOffsets, self.missing_offsets, "missing_offsets"))
         if self.commit_interval <= 0 or self.commit_every <= 0:
             raise ConfigurationError("commit_interval and commit_every must be positive")
         if self.restore_batch_size <= 0:

@@ -356,7 +356,11 @@ def _free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment
 
 
 def _check_port_free(port: int, purpose: str) -> int:
+    """Refuse a port another socket listens on or is bound to. The probe binds with SO_REUSEADDR, as
+    the broker's own listeners do, so connections of a broker just stopped (left in TIME_WAIT for
+    about a minute) do not block a restart on the same port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((HOST, port))
         except OSError as error:

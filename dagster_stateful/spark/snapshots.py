@@ -1,11 +1,15 @@
-"""The compaction snapshot job: a changelog topic folded into the store's next snapshot, with Spark.
+"""The compaction snapshot job: the committed part of a changelog folded into the store's next snapshot, with Spark.
 
 Owns `build_snapshot`, a plain function of a SparkSession. It reads the changelog with Spark's
-Kafka source from the previous snapshot's end offsets (or the beginning) to the given end
-offsets, keeps the latest value per key and partition (by offset), lets those rows replace the
-previous snapshot's (a tombstone removes the key), drops tombstones, and writes Parquet, one
-directory per Kafka partition with rows sorted by the raw key bytes. The manifest is written
-last; older snapshots are pruned to `keep`. Runs unchanged on `local[*]` or a cluster.
+Kafka source from the previous snapshot's end offsets (or the beginning) and, per partition, cuts
+the range at the first record written for a message the consumer group has not committed (its
+processed-offset header is at or past the committed source offset): such records are left to the
+changelog replay that follows a snapshot load, which applies its own skip rule. Below the cut it
+keeps the latest value per key and partition (by offset), lets those rows replace the previous
+snapshot's (a tombstone removes the key), drops tombstones, and writes Parquet, one directory per
+Kafka partition with rows sorted by the raw key bytes. The manifest, written last, records the
+cut as the end offsets; older snapshots are pruned to `keep`. Runs unchanged on `local[*]` or a
+cluster.
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dagster_stateful.core.recovery.changelog import SOURCE_OFFSET_HEADER
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 
 log = logging.getLogger(__name__)
+
+_OFFSET_BYTES = 8
+_LARGEST_OFFSET = (1 << 63) - 1
 
 
 def build_snapshot(
@@ -27,17 +36,29 @@ def build_snapshot(
     kafka_options: dict[str, str],
     changelog_topic: str,
     end_offsets: dict[int, int],
+    committed_offsets: Mapping[int, int | None],
     snapshots: SnapshotStore,
     keep: int = 3,
 ) -> SnapshotManifest:
-    """Fold `changelog_topic` up to `end_offsets` (partition -> exclusive end) into a new snapshot.
+    """Fold the committed part of `changelog_topic` up to `end_offsets` (partition -> exclusive end)
+    into a new snapshot.
 
     kafka_options: `kafka.*` options of Spark's Kafka source (`kafka.bootstrap.servers`, security).
+    committed_offsets: the app's consumer group's committed source offset per partition (None, or
+    absent: never committed), read before `end_offsets`. A partition's snapshot ends at its
+    changelog end or at the first record in the range read whose processed source offset is at or
+    past the committed one, whichever comes first; records without the header count as committed.
     """
     previous = snapshots.latest()
     start_offsets = {p: (previous.end_offsets.get(p, 0) if previous else 0) for p in end_offsets}
     started = time.monotonic()
-    changes = _latest_changes(spark, kafka_options, changelog_topic, start_offsets, end_offsets)
+    uncommitted = _first_uncommitted(
+        spark, kafka_options, changelog_topic, start_offsets, end_offsets, committed_offsets
+    )
+    cut_seconds = time.monotonic() - started
+    cut = {p: min(end, uncommitted.get(p, end)) for p, end in end_offsets.items()}
+    cut_short = {p: end_offsets[p] for p in sorted(cut) if cut[p] < end_offsets[p]}
+    changes = _latest_changes(spark, kafka_options, changelog_topic, start_offsets, cut)
     if previous is not None:
         kept = spark.read.parquet(snapshots.snapshot_location(previous.snapshot_id)).select(
             "partition", "key", "value", "offset"
@@ -59,44 +80,122 @@ def build_snapshot(
         changelog_topic=changelog_topic,
         snapshot_id=snapshot_id,
         created_at=time.time(),
-        end_offsets=dict(end_offsets),
+        end_offsets=cut,
         key_counts=snapshots.count_keys(snapshot_id, sorted(end_offsets)),
         previous=previous.snapshot_id if previous else None,
         extra={
             "records_read_upper_bound": sum(end_offsets[p] - start_offsets[p] for p in end_offsets),
+            "partitions_cut_short": len(cut_short),
+            "changelog_end_offsets": {str(p): end for p, end in sorted(end_offsets.items())},
+            "committed_source_offsets": {str(p): committed_offsets.get(p) for p in sorted(end_offsets)},
+            "seconds_finding_cut": round(cut_seconds, 3),
             "seconds": round(time.monotonic() - started, 3),
         },
     )
     snapshots.write_manifest(manifest)
     pruned = snapshots.prune(keep)
+    if cut_short:
+        log.info(
+            "Snapshot %s of %s stops short of the changelog's end in %d partition(s) at the first record of an "
+            "uncommitted message (partition: snapshot end/changelog end): %s; the changelog replay after a "
+            "snapshot load covers the rest",
+            snapshot_id,
+            changelog_topic,
+            len(cut_short),
+            ", ".join(f"{p}: {cut[p]}/{end}" for p, end in cut_short.items()),
+        )
     log.info(
         "Snapshot %s of %s: %d keys up to %s (pruned %s)",
         snapshot_id,
         changelog_topic,
         sum(manifest.key_counts.values()),
-        end_offsets,
+        cut,
         pruned,
     )
     return manifest
+
+
+def _kafka_records(
+    spark: SparkSession,
+    kafka_options: dict[str, str],
+    topic: str,
+    start: dict[int, int],
+    end: dict[int, int],
+    include_headers: bool = False,
+) -> DataFrame | None:
+    """The changelog records in the offset ranges [start, end) of Spark's Kafka source; None when all are empty."""
+    partitions = [p for p in sorted(end) if end[p] > start[p]]
+    if not partitions:
+        return None
+    reader = spark.read.format("kafka")
+    for name, value in kafka_options.items():
+        reader = reader.option(name, value)
+    return (
+        reader.option("assign", json.dumps({topic: partitions}))
+        .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in partitions}}))
+        .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in partitions}}))
+        .option("failOnDataLoss", "false")  # compaction leaves gaps in the offsets
+        .option("includeHeaders", str(include_headers).lower())
+        .load()
+    )
+
+
+def _first_uncommitted(
+    spark: SparkSession,
+    kafka_options: dict[str, str],
+    topic: str,
+    start: dict[int, int],
+    end: dict[int, int],
+    committed: Mapping[int, int | None],
+) -> dict[int, int]:
+    """Per partition with one: the offset of the first record in [start, end) of an uncommitted message.
+
+    One aggregation over the headers: a record is uncommitted when it has a processed offset and
+    its partition has no committed offset or one at or below it.
+    """
+    records = _kafka_records(spark, kafka_options, topic, start, end, include_headers=True)
+    if records is None:
+        return {}
+    partitions = [p for p in sorted(end) if end[p] > start[p]]
+    committed_by_partition = F.create_map(
+        *[column for p in partitions for column in (F.lit(p), F.lit(committed.get(p)).cast("long"))]
+    )
+    limit = committed_by_partition[F.col("partition")]
+    processed = _processed_offset(F.col("headers"))
+    first = (
+        records.select("partition", "offset", "headers")
+        .where(processed.isNotNull() & (limit.isNull() | (processed >= limit)))
+        .groupBy("partition")
+        .agg(F.min("offset").alias("first"))
+        .collect()
+    )
+    return {int(row["partition"]): int(row["first"]) for row in first}
+
+
+def _processed_offset(headers: Column) -> Column:
+    """A record's processed source offset, read as `changelog.processed_offset` reads it.
+
+    The value of the first `source_offset` header that has one, a big-endian signed integer
+    (sign-extended to 8 bytes); null without such a header. A value longer than 8 bytes (the
+    engine writes exactly 8) reads as the largest offset: it counts as uncommitted, so the snapshot
+    stops before it and the changelog replay decides.
+    """
+    named = F.filter(headers, lambda header: (header["key"] == SOURCE_OFFSET_HEADER) & header["value"].isNotNull())
+    value = F.get(named, 0)["value"]
+    digits = F.hex(value)
+    sign = F.when(F.substring(digits, 1, 1) >= F.lit("8"), F.lit("F")).otherwise(F.lit("0"))
+    return F.when(F.length(value) > _OFFSET_BYTES, F.lit(_LARGEST_OFFSET)).otherwise(
+        F.conv(F.lpad(digits, 2 * _OFFSET_BYTES, sign), 16, -10).cast("long")
+    )
 
 
 def _latest_changes(
     spark: SparkSession, kafka_options: dict[str, str], topic: str, start: dict[int, int], end: dict[int, int]
 ) -> DataFrame:
     """The last record per (partition, key) in the offset ranges; tombstones keep a null value."""
-    partitions = [p for p in sorted(end) if end[p] > start[p]]
-    if not partitions:
+    records = _kafka_records(spark, kafka_options, topic, start, end)
+    if records is None:
         return spark.createDataFrame([], "partition int, key binary, value binary, offset long")
-    reader = spark.read.format("kafka")
-    for name, value in kafka_options.items():
-        reader = reader.option(name, value)
-    records = (
-        reader.option("assign", json.dumps({topic: partitions}))
-        .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in partitions}}))
-        .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in partitions}}))
-        .option("failOnDataLoss", "false")  # compaction leaves gaps in the offsets
-        .load()
-    )
     latest = records.groupBy("partition", "key").agg(F.max_by(F.struct("value", "offset"), "offset").alias("last"))
     return latest.select(
         F.col("partition").cast("int"), "key", F.col("last.value").alias("value"), F.col("last.offset").alias("offset")

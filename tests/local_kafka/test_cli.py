@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from kafka_helpers import wait_for
+from kafka_helpers import create_topic, free_port, read_all, wait_for
 
 from dagster_stateful.errors import JavaNotFoundError, PortInUseError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
@@ -78,6 +79,42 @@ def test_status_tells_when_the_broker_died(tmp_path):
 
         assert status.returncode == 3
         assert f"pid {pid} is gone" in status.stdout
+    finally:
+        cli("kafka", "stop", "--home", str(home))
+
+
+def blocked_for_a_plain_bind(port: int) -> bool:
+    """Whether binding `port` without SO_REUSEADDR fails, as it does while the last broker's
+    connections on it are in TIME_WAIT."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def test_start_right_after_stop_reuses_the_same_port(tmp_path):
+    home, port = tmp_path / "kafka", free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        started = cli("kafka", "start", "--home", str(home), "--port", str(port))
+        assert started.returncode == 0 and started.stdout.strip() == bootstrap, started.stderr
+        create_topic(bootstrap, "greetings")
+        producer = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+        producer.produce("greetings", key=b"k", value=b"hello")
+        assert producer.flush(30) == 0
+
+        stopped = cli("kafka", "stop", "--home", str(home))  # the producer is still connected
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+        assert blocked_for_a_plain_bind(port), "the broker's closed connections keep the port in TIME_WAIT"
+        again = cli("kafka", "start", "--home", str(home), "--port", str(port))
+
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.strip() == bootstrap
+        assert AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=15).brokers
+        assert read_all(bootstrap, "greetings") == [(b"k", b"hello")], "the same broker data, on the same port"
+        del producer
     finally:
         cli("kafka", "stop", "--home", str(home))
 

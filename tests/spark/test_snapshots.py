@@ -1,14 +1,26 @@
-"""Compaction snapshots built by Spark from a real changelog, and local bulk restores from them."""
+"""Compaction snapshots built by Spark from a real changelog, and local bulk restores from them.
+
+Snapshots hold only what the consumer group committed: a changelog whose last records come from
+messages whose commit never finished is cut at the first such record, and a snapshot load plus the
+ordinary tail replay gives what a plain changelog replay gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 import orjson
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from core_helpers import store_content
 from kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
+from dagster_stateful.core.recovery.changelog import source_offset_header
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_partition
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
+from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.spark.snapshots import build_snapshot
 
 pytestmark = pytest.mark.spark
@@ -62,9 +74,15 @@ def changelog_ends(app: App) -> dict[int, int]:
     }
 
 
-def snapshot_rows(snapshots: SnapshotStore, snapshot_id: str) -> dict[tuple[int, bytes], bytes]:
+def committed(app: App, partitions: int = PARTITIONS) -> dict[int, int | None]:
+    return app.kafka.committed_offsets(app.consumer_group, app.source, range(partitions))
+
+
+def snapshot_rows(
+    snapshots: SnapshotStore, snapshot_id: str, partitions: int = PARTITIONS
+) -> dict[tuple[int, bytes], bytes]:
     rows = {}
-    for partition in range(PARTITIONS):
+    for partition in range(partitions):
         previous = None
         for keys, values in snapshots.read_partition(snapshot_id, partition):
             for key, value in zip(keys, values, strict=False):
@@ -86,7 +104,12 @@ def test_snapshot_holds_the_latest_live_value_of_every_key(spark, kafka_bootstra
     ends = changelog_ends(profiles)
 
     manifest = build_snapshot(
-        spark, {"kafka.bootstrap.servers": kafka_bootstrap}, profiles.changelog_topic("profiles"), ends, snapshots
+        spark,
+        {"kafka.bootstrap.servers": kafka_bootstrap},
+        profiles.changelog_topic("profiles"),
+        ends,
+        committed(profiles),
+        snapshots,
     )
 
     rows = snapshot_rows(snapshots, manifest.snapshot_id)
@@ -99,14 +122,15 @@ def test_snapshot_holds_the_latest_live_value_of_every_key(spark, kafka_bootstra
 def test_incremental_snapshots_equal_a_full_one(spark, kafka_bootstrap, profiles, tmp_path):
     kafka = {"kafka.bootstrap.servers": kafka_bootstrap}
     incremental = SnapshotStore(str(tmp_path / "incremental"), profiles.name, "profiles")
-    first = build_snapshot(spark, kafka, profiles.changelog_topic("profiles"), changelog_ends(profiles), incremental)
+    topic = profiles.changelog_topic("profiles")
+    first = build_snapshot(spark, kafka, topic, changelog_ends(profiles), committed(profiles), incremental)
     produce(kafka_bootstrap, profiles.source, events(600, 300, users=120, delete_every=5))
     profiles.run_worker(max_seconds=120)
     ends = changelog_ends(profiles)
 
-    second = build_snapshot(spark, kafka, profiles.changelog_topic("profiles"), ends, incremental, keep=1)
+    second = build_snapshot(spark, kafka, topic, ends, committed(profiles), incremental, keep=1)
     full = SnapshotStore(str(tmp_path / "full"), profiles.name, "profiles")
-    from_scratch = build_snapshot(spark, kafka, profiles.changelog_topic("profiles"), ends, full)
+    from_scratch = build_snapshot(spark, kafka, topic, ends, committed(profiles), full)
 
     assert second.previous == first.snapshot_id
     assert snapshot_rows(incremental, second.snapshot_id) == snapshot_rows(full, from_scratch.snapshot_id)
@@ -120,6 +144,7 @@ def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(spark, 
         {"kafka.bootstrap.servers": kafka_bootstrap},
         profiles.changelog_topic("profiles"),
         changelog_ends(profiles),
+        committed(profiles),
         snapshots,
     )
     produce(kafka_bootstrap, profiles.source, events(600, 200, users=90, delete_every=3))
@@ -150,3 +175,246 @@ def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(spark, 
     assert restored.run_worker(max_seconds=120).total_processed == 1
     content = store_content(restored, "profiles", PARTITIONS)
     assert orjson.loads(content[(b"user-1", b"profile")]) == {"seen": "after restore"}
+
+
+# Snapshots hold only what was committed (issue defect 9): a changelog cut during a commit that never finished.
+
+CUT_PARTITIONS = 4
+FAR_OFFSET = 1000  # a committed offset past every processed offset below
+
+
+@dataclass(frozen=True)
+class ChangelogRecord:
+    partition: int
+    user: str
+    processed: int | None
+    """The processed source offset in the `source_offset` header; None: a record without the header."""
+    value: str | None
+    """None: a tombstone. Values of uncommitted messages start with "in-flight"."""
+    extra_headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def scoped(user: str) -> bytes:
+    return message_prefix(user.encode()) + b"profile"
+
+
+def encoded(value: str | None) -> bytes | None:
+    return None if value is None else orjson.dumps({"seen": value})
+
+
+COMMITTED: dict[int, int | None] = {0: 10, 1: 8, 2: None, 3: 20}
+"""The group's committed source offsets while the snapshot is built; partition 2 never committed."""
+CHANGELOG = [
+    # partition 0: committed records, then the tail of a commit that never finished (the last records)
+    ChangelogRecord(0, "a", 0, "a1"),
+    ChangelogRecord(0, "b", 1, "b1"),
+    ChangelogRecord(0, "a", 2, "a2"),
+    ChangelogRecord(0, "c", 3, "c1"),
+    ChangelogRecord(0, "c", 4, None),
+    ChangelogRecord(0, "d", 5, "d1"),
+    ChangelogRecord(0, "b", 9, "b2"),
+    # the processed offset is the second header: the first one must not be read as an offset
+    ChangelogRecord(0, "a", 10, "in-flight a", extra_headers=(("trace", b"\xff" * 8),)),
+    ChangelogRecord(0, "e", 11, "in-flight e"),
+    ChangelogRecord(0, "d", 11, None),  # an uncommitted delete
+    # partition 1: an uncommitted record (at the committed offset itself) followed by committed ones
+    ChangelogRecord(1, "f", 0, "f1"),
+    ChangelogRecord(1, "g", None, "g1"),
+    ChangelogRecord(1, "h", 3, "h1"),
+    ChangelogRecord(1, "f", 8, "in-flight f"),
+    ChangelogRecord(1, "h", 5, "h2"),
+    ChangelogRecord(1, "i", 7, "i1"),
+    # partition 2: the group never committed, so every record with the header is uncommitted
+    ChangelogRecord(2, "j", 0, "in-flight j"),
+    ChangelogRecord(2, "k", 1, "in-flight k"),
+    ChangelogRecord(2, "l", None, "l1"),
+    # partition 3: everything committed
+    ChangelogRecord(3, "m", 0, "m1"),
+    ChangelogRecord(3, "n", None, "n1"),
+    ChangelogRecord(3, "m", 19, "m2"),
+    ChangelogRecord(3, "o", 12, "o1", extra_headers=(("trace", b"x"),)),
+]
+FIRST_UNCOMMITTED = {0: 7, 1: 3, 2: 0}
+"""Per partition, the changelog offset of the first record of an uncommitted message (see CHANGELOG)."""
+
+
+def produce_changelog(bootstrap: str, topic: str, records: list[ChangelogRecord]) -> dict[int, int]:
+    """Produce `records` in order (engine format); returns the changelog's end offset per partition."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    delivered: list[tuple[int, int]] = []
+    errors: list[str] = []
+
+    def on_delivery(error, message) -> None:
+        if error is not None:
+            errors.append(str(error))
+        else:
+            delivered.append((message.partition(), message.offset()))
+
+    for record in records:
+        header = source_offset_header(record.processed) if record.processed is not None else []
+        producer.produce(
+            topic,
+            key=scoped(record.user),
+            value=encoded(record.value),
+            partition=record.partition,
+            headers=[*record.extra_headers, *header],
+            on_delivery=on_delivery,
+        )
+    assert producer.flush(30) == 0 and not errors, errors
+    ends = {p: sum(1 for r in records if r.partition == p) for p in range(CUT_PARTITIONS)}
+    assert sorted(delivered) == sorted((p, o) for p, end in ends.items() for o in range(end)), "offsets 0, 1, ..."
+    return ends
+
+
+def commit_source_offsets(app: App, offsets: dict[int, int | None]) -> None:
+    """Commit the group's source offsets, as a worker's commit would."""
+    consumer = Consumer(
+        {"bootstrap.servers": app.kafka.bootstrap_servers, "group.id": app.consumer_group, "enable.auto.commit": False}
+    )
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(app.source, p, o) for p, o in offsets.items() if o is not None],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+    assert committed(app, CUT_PARTITIONS) == offsets
+
+
+@dataclass(frozen=True)
+class InFlight:
+    app: App
+    ends: dict[int, int]
+
+
+@pytest.fixture
+def in_flight(kafka_bootstrap, unique_name, tmp_path) -> InFlight:
+    """An app whose changelog holds records of messages whose commit never finished."""
+    source = unique_name("visits")
+    create_topic(kafka_bootstrap, source, partitions=CUT_PARTITIONS)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for partition in range(CUT_PARTITIONS):
+        for n in range(20):
+            producer.produce(source, key=b"u", value=orjson.dumps({"n": n}), partition=partition)
+    assert producer.flush(30) == 0
+    app = profiles_app(kafka_bootstrap, source, tmp_path / "state", unique_name("in-flight"))
+    app.provision()
+    ends = produce_changelog(kafka_bootstrap, app.changelog_topic("profiles"), CHANGELOG)
+    commit_source_offsets(app, COMMITTED)
+    return InFlight(app, ends)
+
+
+def committed_content(records: list[ChangelogRecord], ends: dict[int, int]) -> dict[tuple[int, bytes], bytes]:
+    """The live value per key of the records below `ends` (per partition), in changelog order."""
+    latest: dict[tuple[int, bytes], bytes | None] = {}
+    offsets = dict.fromkeys(range(CUT_PARTITIONS), 0)
+    for record in records:
+        if offsets[record.partition] < ends[record.partition]:
+            latest[(record.partition, scoped(record.user))] = encoded(record.value)
+        offsets[record.partition] += 1
+    return {key: value for key, value in latest.items() if value is not None}
+
+
+def newest_uncommitted(
+    records: list[ChangelogRecord], committed_offsets: dict[int, int | None]
+) -> dict[tuple[bytes, bytes], bytes | None]:
+    """(message key, state key) -> the value of its newest record of an uncommitted message."""
+    newest: dict[tuple[bytes, bytes], bytes | None] = {}
+    for record in records:
+        committed_offset = committed_offsets[record.partition]
+        if record.processed is not None and (committed_offset is None or record.processed >= committed_offset):
+            newest[(record.user.encode(), b"profile")] = encoded(record.value)
+    return newest
+
+
+def test_snapshot_stops_at_the_first_record_of_an_uncommitted_message(spark, kafka_bootstrap, in_flight, tmp_path):
+    app, ends = in_flight.app, in_flight.ends
+    snapshots = SnapshotStore(str(tmp_path / "snapshots"), app.name, "profiles")
+
+    manifest = build_snapshot(
+        spark,
+        {"kafka.bootstrap.servers": kafka_bootstrap},
+        app.changelog_topic("profiles"),
+        ends,
+        committed(app, CUT_PARTITIONS),
+        snapshots,
+    )
+
+    cut = {p: FIRST_UNCOMMITTED.get(p, ends[p]) for p in range(CUT_PARTITIONS)}
+    assert manifest.end_offsets == cut == {0: 7, 1: 3, 2: 0, 3: 4}
+    assert manifest.extra["partitions_cut_short"] == 3
+    rows = snapshot_rows(snapshots, manifest.snapshot_id, CUT_PARTITIONS)
+    in_flight_values = {encoded(r.value) for r in CHANGELOG if r.value is not None and r.value.startswith("in-flight")}
+    assert not in_flight_values & set(rows.values()), "no value of an uncommitted message is in the snapshot"
+    assert rows[(0, scoped("d"))] == encoded("d1"), "an uncommitted delete is not applied"
+    assert rows == committed_content(CHANGELOG, cut)
+    assert manifest.key_counts == {0: 3, 1: 3, 2: 0, 3: 3}
+
+    # Ordinary restore: load the snapshot, then replay the changelog tail after it (under the committed offsets).
+    restored = app.bind(state_dir=tmp_path / "restored")
+    results = restored.restore_partitions(range(CUT_PARTITIONS), snapshot_root=snapshots.root, method="snapshot")
+    assert {r.partition: r.plan.path for r in results} == dict.fromkeys(range(CUT_PARTITIONS), "snapshot")
+    tails = {r.partition: report for r in results for report in r.reports if report.kind != "snapshot"}
+    assert {p: report.start_offset for p, report in tails.items()} == FIRST_UNCOMMITTED, "the tail starts at the cut"
+    replayed = app.bind(state_dir=tmp_path / "replayed")
+    replayed.restore_partitions(range(CUT_PARTITIONS), method="changelog")
+
+    content = store_content(restored, "profiles", CUT_PARTITIONS)
+    replay = store_content(replayed, "profiles", CUT_PARTITIONS)
+    differing = {key for key in content.keys() | replay.keys() if content.get(key) != replay.get(key)}
+    newest = newest_uncommitted(CHANGELOG, COMMITTED)
+    assert all(key in newest and content.get(key) == newest[key] for key in differing), (
+        "snapshot + tail equals a plain replay but where the tail holds records of uncommitted messages whose "
+        "committed record the tail replay did not see: there it holds the newest of them (at-least-once may "
+        f"double, never lose): {differing}"
+    )
+    assert content[(b"h", b"profile")] == encoded("h2"), "a committed record after an uncommitted one is kept"
+    assert content[(b"l", b"profile")] == encoded("l1")
+
+
+def test_the_next_snapshot_continues_from_the_cut_once_the_commit_finished(spark, kafka_bootstrap, in_flight, tmp_path):
+    app, ends = in_flight.app, in_flight.ends
+    kafka, topic = {"kafka.bootstrap.servers": kafka_bootstrap}, app.changelog_topic("profiles")
+    incremental = SnapshotStore(str(tmp_path / "incremental"), app.name, "profiles")
+    first = build_snapshot(spark, kafka, topic, ends, committed(app, CUT_PARTITIONS), incremental)
+    commit_source_offsets(app, dict.fromkeys(range(CUT_PARTITIONS), FAR_OFFSET))  # the commit finishes
+
+    second = build_snapshot(spark, kafka, topic, ends, committed(app, CUT_PARTITIONS), incremental)
+    full = SnapshotStore(str(tmp_path / "full"), app.name, "profiles")
+    from_scratch = build_snapshot(spark, kafka, topic, ends, committed(app, CUT_PARTITIONS), full)
+
+    assert first.end_offsets != ends and second.previous == first.snapshot_id
+    assert second.end_offsets == from_scratch.end_offsets == ends
+    assert second.extra["partitions_cut_short"] == 0
+    rows = snapshot_rows(incremental, second.snapshot_id, CUT_PARTITIONS)
+    assert rows == snapshot_rows(full, from_scratch.snapshot_id, CUT_PARTITIONS) == committed_content(CHANGELOG, ends)
+    assert rows[(0, scoped("a"))] == encoded("in-flight a") and (0, scoped("d")) not in rows
+
+
+def test_snapshot_asset_reads_the_committed_offsets_and_shows_the_cut(spark, kafka_bootstrap, in_flight, tmp_path):
+    from dagster import materialize
+
+    from dagster_stateful.builder import build_stateful_definitions
+    from dagster_stateful.naming import job_name, snapshot_key
+    from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+
+    app = in_flight.app
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "here"), snapshot_root=str(tmp_path / "snapshots"))
+    pyspark = StatefulSparkResource(spark_config={"spark.master": "local[2]"})
+    defs = build_stateful_definitions(app, CUT_PARTITIONS, kafka, state_store, spark=pyspark)
+
+    result = materialize(
+        [defs.get_assets_def(snapshot_key(app, "profiles"))],
+        resources={"kafka": kafka, "state_store": state_store, "pyspark": pyspark},
+    )
+
+    [materialization] = result.asset_materializations_for_node(job_name(app, "snapshots"))
+    metadata = {name: value.value for name, value in materialization.metadata.items()}
+    assert metadata["end_offsets"] == {"0": 7, "1": 3, "2": 0, "3": 4}
+    assert metadata["changelog_end_offsets"] == {str(p): end for p, end in in_flight.ends.items()}
+    assert metadata["committed_source_offsets"] == {str(p): o for p, o in COMMITTED.items()}
+    assert metadata["partitions_cut_short"] == 3
+    assert metadata["records_left_to_replay"] == {"0": 3, "1": 3, "2": 3, "3": 0}
+    latest = SnapshotStore(str(tmp_path / "snapshots"), app.name, "profiles").latest()
+    assert latest is not None and latest.end_offsets == {0: 7, 1: 3, 2: 0, 3: 4}

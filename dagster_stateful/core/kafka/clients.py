@@ -2,17 +2,20 @@
 
 Owns client construction from one set of connection settings (bootstrap servers, security; the
 caller passes secrets in, this module never logs settings) and the administrative reads and
-writes the engine needs: topic partition counts and configs, topic creation, low/high watermarks
-and a consumer group's committed offsets.
+writes the engine needs: topic layouts (partitions, replication) and configs, topic creation,
+low/high watermarks, a consumer group's committed offsets and members. Every admin call waits out
+transient failures (brokers down or unreachable, partitions without a leader yet, coordinators
+loading) with capped exponential backoff for up to `admin_timeout_seconds`, so a worker survives a
+broker restart; past that it raises a retriable `KafkaOperationError`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -29,8 +32,14 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
-from dagster_stateful.core.kafka.errors import as_operation_error, kafka_errors
-from dagster_stateful.errors import ConfigurationError, KafkaOperationError
+from dagster_stateful.core.kafka.errors import (
+    STALE_METADATA,
+    as_operation_error,
+    gave_up_error,
+    is_transient,
+    kafka_error_of,
+)
+from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +70,24 @@ class GroupDescription:
         }
 
 
+@dataclass(frozen=True)
+class TopicLayout:
+    partitions: int
+    replication_factor: int
+    """Replicas of the topic's least replicated partition."""
+
+
 ADMIN_TIMEOUT = 30.0
+"""Default of `KafkaClients(admin_timeout_seconds=...)`: how long an admin call waits out transient failures."""
 ATTEMPT_TIMEOUT = 10.0
-"""One try of an admin call that may be retried within ADMIN_TIMEOUT."""
+"""One try of an admin call that may be retried within the admin timeout."""
+MIN_ATTEMPT_TIMEOUT = 1.0
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 2.0
+WARN_AFTER = 5.0
+"""Failures lasting this long are logged as a warning (once per call), shorter ones at debug level."""
+DEFAULT_REPLICATION = -1
+"""`replication_factor` meaning the brokers' `default.replication.factor` (CreateTopics v4+)."""
 RESTORE_CONSUMER_CONFIG = {
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
@@ -75,15 +99,30 @@ RESTORE_CONSUMER_CONFIG = {
     "fetch.max.bytes": 64 * 1024 * 1024,
 }
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
+_MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+_T = TypeVar("_T")
+
+
+def describe_replication(replication_factor: int) -> str:
+    """A replication factor as an operator reads it: -1 is the brokers' default."""
+    return "default" if replication_factor == DEFAULT_REPLICATION else str(replication_factor)
 
 
 class KafkaClients:
-    """Makes producers, consumers and admin calls from one set of connection settings."""
+    """Makes producers, consumers and admin calls from one set of connection settings.
 
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    admin_timeout_seconds: how long each admin call (metadata, offsets, topic creation, group reads)
+    keeps retrying transient failures, such as brokers being down, before it raises a retriable
+    `KafkaOperationError`. Raise it to let workers wait out longer broker outages.
+    """
+
+    def __init__(self, settings: Mapping[str, Any], admin_timeout_seconds: float = ADMIN_TIMEOUT) -> None:
         if "bootstrap.servers" not in settings:
             raise ConfigurationError("Kafka settings need 'bootstrap.servers' (the brokers to connect to)")
+        if not admin_timeout_seconds > 0:
+            raise ConfigurationError(f"admin_timeout_seconds must be positive, got {admin_timeout_seconds!r}")
         self.settings = dict(settings)
+        self.admin_timeout_seconds = float(admin_timeout_seconds)
         self._admin: AdminClient | None = None
 
     @property
@@ -103,71 +142,85 @@ class KafkaClients:
 
     def partition_count(self, topic: str) -> int | None:
         """The topic's partition count, or None when it does not exist."""
-        with kafka_errors(f"reading the metadata of topic {topic}"):
-            metadata = self.admin().list_topics(topic, timeout=ADMIN_TIMEOUT).topics.get(topic)
-        if metadata is None or (
-            metadata.error is not None
-            and metadata.error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-        ):
-            return None
-        if metadata.error is not None:
-            raise as_operation_error(KafkaException(metadata.error), f"reading the metadata of topic {topic}")
-        return len(metadata.partitions)
+        layout = self.topic_layout(topic)
+        return None if layout is None else layout.partitions
+
+    def topic_layout(self, topic: str) -> TopicLayout | None:
+        """The topic's partition count and replication factor, or None when it does not exist."""
+
+        def call(timeout: float) -> TopicLayout | None:
+            metadata = self.admin().list_topics(topic, timeout=timeout).topics.get(topic)
+            if metadata is None or (metadata.error is not None and metadata.error.code() in _MISSING_TOPIC):
+                return None
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            replicas = min((len(p.replicas) for p in metadata.partitions.values()), default=0)
+            return TopicLayout(len(metadata.partitions), replicas)
+
+        return self._retrying(call, f"reading the metadata of topic {topic}")
 
     def topic_config(self, topic: str) -> dict[str, str]:
         resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-        with kafka_errors(f"reading the configuration of topic {topic}"):
-            entries = self.admin().describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT)
+
+        def call(timeout: float) -> dict[str, Any]:
+            future = self.admin().describe_configs([resource], request_timeout=timeout)[resource]
+            return future.result(timeout=timeout + MIN_ATTEMPT_TIMEOUT)
+
+        entries = self._retrying(call, f"reading the configuration of topic {topic}", final=_MISSING_TOPIC)
         return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
     def create_topic(self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]) -> None:
-        topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=dict(config))
-        with kafka_errors(f"creating topic {name} ({partitions} partitions, {dict(config)})"):
-            future = self.admin().create_topics([topic], operation_timeout=ADMIN_TIMEOUT)[name]
-            try:
-                future.result(timeout=ADMIN_TIMEOUT)
-            except KafkaException as error:
-                if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-            self._wait_for_leaders(name, partitions)
-        log.info(
-            "Created topic %s (%d partitions, replication %d, %s)", name, partitions, replication_factor, dict(config)
-        )
+        """Create the topic (an existing one is left as it is) and return once every partition answers.
 
-    def _wait_for_leaders(self, topic: str, partitions: int) -> None:
-        """Creation returns before every broker knows the new partitions' leaders; wait for them."""
-        deadline = time.monotonic() + ADMIN_TIMEOUT
-        while time.monotonic() < deadline:
-            metadata = self.admin().list_topics(topic, timeout=ADMIN_TIMEOUT).topics.get(topic)
-            if (
-                metadata is not None
-                and metadata.error is None
-                and len(metadata.partitions) == partitions
-                and all(p.leader >= 0 for p in metadata.partitions.values())
-            ):
-                return
-            time.sleep(0.1)
-        raise KafkaException(
-            KafkaError(KafkaError._TIMED_OUT, f"topic {topic} has no leaders after {ADMIN_TIMEOUT:.0f} s")
+        replication_factor: -1 (`DEFAULT_REPLICATION`) leaves it to the brokers' default.replication.factor.
+        """
+        replication = describe_replication(replication_factor)
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=dict(config))
+
+        def call(timeout: float) -> None:
+            future = self.admin().create_topics([topic], operation_timeout=timeout, request_timeout=timeout)[name]
+            try:
+                future.result(timeout=timeout + MIN_ATTEMPT_TIMEOUT)
+            except KafkaException as error:
+                kafka_error = kafka_error_of(error)
+                if kafka_error is None or kafka_error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+        self._retrying(
+            call, f"creating topic {name} ({partitions} partitions, replication {replication}, {dict(config)})"
         )
+        # Creation returns before the new partitions serve requests (metadata may already name a
+        # leader that answers NOT_LEADER / UNKNOWN_TOPIC_OR_PART): wait until every one answers.
+        self._offsets(name, list(range(partitions)), (OffsetSpec.latest(),), f"waiting for new topic {name} to answer")
+        log.info("Created topic %s (%d partitions, replication %s, %s)", name, partitions, replication, dict(config))
 
     def watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
         """(low, high) offsets per partition."""
         partitions = list(partitions)
         if not partitions:
             return {}
-        low = self._list_offsets(topic, partitions, OffsetSpec.earliest())
-        high = self._list_offsets(topic, partitions, OffsetSpec.latest())
+        low, high = self._offsets(
+            topic, partitions, (OffsetSpec.earliest(), OffsetSpec.latest()), f"listing offsets of {topic}"
+        )
         return {p: (low[p], high[p]) for p in partitions}
 
-    def _list_offsets(self, topic: str, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
-        def call() -> dict[int, int]:
-            futures = self.admin().list_offsets(
-                {TopicPartition(topic, p): spec for p in partitions}, request_timeout=ADMIN_TIMEOUT
-            )
-            return {tp.partition: future.result(timeout=ADMIN_TIMEOUT).offset for tp, future in futures.items()}
+    def _offsets(
+        self, topic: str, partitions: list[int], specs: tuple[OffsetSpec, ...], doing: str
+    ) -> list[dict[int, int]]:
+        """Offsets per partition for each of `specs` (earliest, latest, ...), read in one retried attempt."""
 
-        return _retrying(call, f"listing offsets of {topic} partitions {partitions}")
+        def call(timeout: float) -> list[dict[int, int]]:
+            return [self._list_offsets_once(topic, partitions, spec, timeout) for spec in specs]
+
+        return self._retrying(call, f"{doing} partitions {partitions}", topic=topic)
+
+    def _list_offsets_once(self, topic: str, partitions: list[int], spec: OffsetSpec, timeout: float) -> dict[int, int]:
+        futures = self.admin().list_offsets(
+            {TopicPartition(topic, p): spec for p in partitions}, request_timeout=timeout
+        )
+        return {
+            tp.partition: future.result(timeout=timeout + MIN_ATTEMPT_TIMEOUT).offset for tp, future in futures.items()
+        }
 
     def committed_offsets(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
         """The group's committed offset per partition (None where it never committed).
@@ -180,8 +233,8 @@ class KafkaClients:
             return {}
         reader = self.consumer({"group.id": group, "enable.auto.commit": False})
         try:
-            result = _retrying(
-                lambda: reader.committed([TopicPartition(topic, p) for p in partitions], timeout=ADMIN_TIMEOUT),
+            result = self._retrying(
+                lambda timeout: reader.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout),
                 f"reading group {group!r}'s committed offsets on {topic}",
             )
         finally:
@@ -190,11 +243,11 @@ class KafkaClients:
 
     def describe_group(self, group: str, topic: str) -> GroupDescription:
         """The group's state and members, with the partitions of `topic` each one owns."""
-        description = _retrying(
-            lambda: (
+        description = self._retrying(
+            lambda timeout: (
                 self.admin()
-                .describe_consumer_groups([group], request_timeout=ATTEMPT_TIMEOUT)[group]
-                .result(timeout=ATTEMPT_TIMEOUT + 5)
+                .describe_consumer_groups([group], request_timeout=timeout)[group]
+                .result(timeout=timeout + MIN_ATTEMPT_TIMEOUT)
             ),
             f"describing consumer group {group!r}",
         )
@@ -211,40 +264,83 @@ class KafkaClients:
         state = getattr(description.state, "name", str(description.state))
         return GroupDescription(group, state, members)
 
+    def _retrying(
+        self, call: Callable[[float], _T], what: str, final: Collection[int] = (), topic: str | None = None
+    ) -> _T:
+        """Run `call(attempt timeout)`, retrying transient failures (see `errors.is_transient`, and a
+        request left unanswered) with capped exponential backoff until `admin_timeout_seconds` have
+        passed; then raise a retriable `KafkaOperationError` about `what`. Other errors, and codes in
+        `final`, are raised at once. After an error that hints at stale leaders, `topic`'s metadata is
+        refreshed before the next try."""
+        backoff = _Backoff(self.admin_timeout_seconds)
+        failure: Exception
+        while True:
+            timeout = backoff.attempt_timeout()
+            try:
+                return call(timeout)
+            except FutureTimeoutError as error:
+                last, failure = KafkaError(KafkaError._TIMED_OUT, f"no answer within {timeout:.0f} s"), error
+            except KafkaException as error:
+                last, failure = _transient_or_raise(error, what, final), error
+            if backoff.remaining() <= 0:
+                raise gave_up_error(last, what, self.bootstrap_servers, self.admin_timeout_seconds) from failure
+            self._log_retry(backoff, last, what)
+            backoff.sleep()
+            if topic is not None and last.code() in STALE_METADATA:
+                self._refresh_metadata(topic, min(timeout, backoff.remaining()))
 
-_T = TypeVar("_T")
-_TRANSIENT = {
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.NOT_COORDINATOR,
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-}
+    def _log_retry(self, backoff: _Backoff, last: KafkaError, what: str) -> None:
+        """A warning once failures have lasted WARN_AFTER seconds (an outage being waited out), else debug."""
+        if backoff.warned or backoff.elapsed() < WARN_AFTER:
+            log.debug("Retrying a Kafka admin call after %s while %s", last.name(), what)
+            return
+        backoff.warned = True
+        log.warning(
+            "Kafka at %s has failed for %.0f s while %s (%s); retrying for up to %g s in all",
+            self.bootstrap_servers,
+            backoff.elapsed(),
+            what,
+            last.name(),
+            self.admin_timeout_seconds,
+        )
 
-
-def _retrying(call: Callable[[], _T], what: str) -> _T:
-    """Run an admin call, retrying transient errors (a coordinator still loading, a new partition
-    whose leader is not elected yet, a request left unanswered) for up to ADMIN_TIMEOUT; what is
-    left is raised as a `KafkaOperationError` about `what`."""
-    deadline = time.monotonic() + ADMIN_TIMEOUT
-    while True:
+    def _refresh_metadata(self, topic: str, timeout: float) -> None:
+        """Ask for the topic's metadata, which updates the admin client's cached leaders and epochs
+        (after a broker restart it would otherwise send fenced leader epochs until its periodic refresh)."""
+        if timeout <= 0:
+            return
         try:
-            return call()
-        except FutureTimeoutError as error:
-            if time.monotonic() > deadline:
-                raise KafkaOperationError(
-                    f"Kafka did not answer within {ADMIN_TIMEOUT:.0f} s while {what}; check that the brokers are "
-                    "reachable and run again.",
-                    code=KafkaError._TIMED_OUT,
-                    code_name="_TIMED_OUT",
-                    retriable=True,
-                ) from error
-            log.debug("Retrying a Kafka admin call that got no answer in time")
+            self.admin().list_topics(topic, timeout=timeout)
         except KafkaException as error:
-            kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
-            retriable = kafka_error is not None and (kafka_error.retriable() or kafka_error.code() in _TRANSIENT)
-            if not retriable or time.monotonic() > deadline:
-                raise as_operation_error(error, what) from error
-            log.debug("Retrying a Kafka admin call after %s", error)
-            time.sleep(0.2)
+            log.debug("Refreshing the metadata of %s failed: %s", topic, error)
+
+
+@dataclass
+class _Backoff:
+    """The deadline and the capped exponential pauses of one retried admin call."""
+
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+    pause: float = BACKOFF_FIRST
+    warned: bool = False
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def attempt_timeout(self) -> float:
+        return min(ATTEMPT_TIMEOUT, max(MIN_ATTEMPT_TIMEOUT, self.remaining()))
+
+    def sleep(self) -> None:
+        time.sleep(max(0.0, min(self.pause, self.remaining())))
+        self.pause = min(self.pause * 2, BACKOFF_MAX)
+
+
+def _transient_or_raise(error: KafkaException, what: str, final: Collection[int]) -> KafkaError:
+    """Kafka's error when it is worth another try, else the `KafkaOperationError` about `what`, raised."""
+    kafka_error = kafka_error_of(error)
+    if kafka_error is None or not is_transient(error) or kafka_error.code() in final:
+        raise as_operation_error(error, what) from error
+    return kafka_error

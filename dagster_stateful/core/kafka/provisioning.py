@@ -2,9 +2,12 @@
 
 Owns `TopicSpec` (name, role, partitions, replication factor, config) and `ProvisioningPlan`,
 which compares the specs with the cluster. Operators who must create topics by hand print the
-plan; workers apply it (create what is missing, if allowed). A changelog with the wrong partition
-count or cleanup policy is an error naming the topic, what was found, what was expected and what to
-do; an existing topic is never changed silently.
+plan; workers apply it (create what is missing, if allowed). Only changelogs must match the
+source's partition count (state partition N is source partition N); output and dead-letter topics
+are created with the source's count but may have any. A changelog with the wrong partition count or
+cleanup policy is an error naming the topic, what was found, what was expected and what to do; an
+existing topic is never changed silently. Replication factors default to -1, the brokers'
+`default.replication.factor` (as in Kafka Streams), printed as "default".
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dagster_stateful.core.config import AppConfig, ErrorPolicy
-from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.clients import DEFAULT_REPLICATION, KafkaClients, TopicLayout, describe_replication
 from dagster_stateful.errors import TopicMismatchError, TopicMissingError
 
 log = logging.getLogger(__name__)
@@ -39,8 +42,10 @@ class TopicSpec:
     name: str
     role: TopicRole
     partitions: int | None
-    """None: whatever the topic has (the source topic)."""
-    replication_factor: int = 1
+    """What a changelog must have, what an output or dead-letter topic is created with; None: not
+    known yet (before `inspect`), or whatever the topic has (the source topic)."""
+    replication_factor: int = DEFAULT_REPLICATION
+    """-1: the brokers' default.replication.factor."""
     config: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -48,12 +53,18 @@ class TopicSpec:
         """Topics the app may create; the source topic belongs to its producers."""
         return self.role is not TopicRole.SOURCE
 
+    @property
+    def needs_source_partitions(self) -> bool:
+        """Changelogs only: state partition N is restored from changelog partition N for source partition N."""
+        return self.role is TopicRole.CHANGELOG
+
 
 @dataclass
 class TopicCheck:
     spec: TopicSpec
     status: TopicStatus
     found_partitions: int | None = None
+    found_replication: int | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -70,19 +81,37 @@ class ProvisioningPlan:
         return next(check for check in self.checks if check.spec.name == name)
 
     def describe(self) -> str:
-        """A table an operator can follow to create the topics by hand."""
-        lines = [f"{'role':<12} {'topic':<48} {'partitions':>10} {'rf':>3}  {'status':<9} config"]
+        """A table an operator can follow to create the topics by hand (replication "default": leave it
+        to the brokers' default.replication.factor; in brackets what an existing topic has)."""
+        lines = [f"{'role':<12} {'topic':<48} {'partitions':>10} {'replication':<13} {'status':<9} config"]
         for check in self.checks:
             spec = check.spec
-            partitions = spec.partitions if spec.partitions is not None else check.found_partitions
             config = ",".join(f"{k}={v}" for k, v in sorted(spec.config.items())) or "-"
             lines.append(
-                f"{spec.role.value:<12} {spec.name:<48} {partitions if partitions is not None else '?':>10} "
-                f"{spec.replication_factor:>3}  {check.status.value:<9} {config}"
+                f"{spec.role.value:<12} {spec.name:<48} {_partitions_cell(check):>10} {_replication_cell(check):<13} "
+                f"{check.status.value:<9} {config}"
             )
             lines.extend(f"{'':<12} ! {problem}" for problem in check.problems)
             lines.extend(f"{'':<12} ~ {warning}" for warning in check.warnings)
         return "\n".join(lines)
+
+
+def _partitions_cell(check: TopicCheck) -> str:
+    """What a changelog needs; what other topics have (or are created with)."""
+    spec = check.spec
+    needed = spec.partitions if spec.needs_source_partitions else None
+    shown = needed if needed is not None else (check.found_partitions or spec.partitions)
+    return "?" if shown is None else str(shown)
+
+
+def _replication_cell(check: TopicCheck) -> str:
+    spec, found = check.spec, check.found_replication
+    if not spec.managed:
+        return "?" if found is None else str(found)
+    wanted = describe_replication(spec.replication_factor)
+    if found is None or found == spec.replication_factor:
+        return wanted
+    return f"{wanted} ({found})" if spec.replication_factor == DEFAULT_REPLICATION else f"{wanted} (has {found})"
 
 
 def app_topic_specs(config: AppConfig) -> list[TopicSpec]:
@@ -116,31 +145,33 @@ def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
     source_partitions: int | None = None
     checks = []
     for spec in specs:
-        found = kafka.partition_count(spec.name)
+        layout = kafka.topic_layout(spec.name)
         if spec.role is TopicRole.SOURCE:
-            source_partitions = found
+            source_partitions = None if layout is None else layout.partitions
         expected = (
             spec.partitions
             if spec.partitions is not None
             else (source_partitions if spec.role is not TopicRole.SOURCE else None)
         )
         spec = TopicSpec(spec.name, spec.role, expected, spec.replication_factor, spec.config)
-        checks.append(_check(spec, found, kafka))
+        checks.append(_check(spec, layout, kafka))
     return ProvisioningPlan(checks)
 
 
-def _check(spec: TopicSpec, found_partitions: int | None, kafka: KafkaClients) -> TopicCheck:
-    if found_partitions is None:
+def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> TopicCheck:
+    if layout is None:
         check = TopicCheck(spec, TopicStatus.MISSING)
         if not spec.managed:
             check.problems.append(
                 f"source topic {spec.name} does not exist; create it (or fix the app's `source`) before running the app"
             )
         return check
-    check = TopicCheck(spec, TopicStatus.OK, found_partitions)
+    check = TopicCheck(spec, TopicStatus.OK, layout.partitions, layout.replication_factor)
     if spec.role is TopicRole.SOURCE:
         return check
-    if spec.partitions is not None and found_partitions != spec.partitions:
+    _check_replication(spec, layout.replication_factor, check)
+    found_partitions = layout.partitions
+    if spec.needs_source_partitions and spec.partitions is not None and found_partitions != spec.partitions:
         check.problems.append(
             f"{spec.role.value} topic {spec.name} has {found_partitions} partitions but the source topic has "
             f"{spec.partitions}; state partition N must map to source partition N. Delete and recreate "
@@ -152,6 +183,14 @@ def _check(spec: TopicSpec, found_partitions: int | None, kafka: KafkaClients) -
     if check.problems:
         check.status = TopicStatus.MISMATCH
     return check
+
+
+def _check_replication(spec: TopicSpec, found: int, check: TopicCheck) -> None:
+    if spec.replication_factor != DEFAULT_REPLICATION and found != spec.replication_factor:
+        check.warnings.append(
+            f"replication factor is {found}, the app asks for {spec.replication_factor} (left unchanged; "
+            "raise it with `kafka-reassign-partitions`, or set changelog_replication_factor to match)"
+        )
 
 
 def _check_changelog_config(spec: TopicSpec, found: dict[str, str], check: TopicCheck) -> None:
@@ -178,7 +217,9 @@ def apply(plan: ProvisioningPlan, kafka: KafkaClients, create: bool = True) -> P
             spec = check.spec
             kafka.create_topic(spec.name, spec.partitions or 1, spec.replication_factor, spec.config)
             check.status = TopicStatus.CREATED
-            check.found_partitions = spec.partitions
+            layout = kafka.topic_layout(spec.name)
+            check.found_partitions = spec.partitions if layout is None else layout.partitions
+            check.found_replication = None if layout is None else layout.replication_factor
     missing = [c.spec.name for c in plan.checks if c.status is TopicStatus.MISSING and c.spec.managed]
     if plan.problems:
         raise TopicMismatchError("the app's topics do not match what it needs:\n  " + "\n  ".join(plan.problems))

@@ -37,6 +37,9 @@ class RestoreListener:
 
     def on_restore_end(self, partition: int, store: str, total_restored: int) -> None: ...
 
+    def on_restore_suspended(self, partition: int, store: str, total_restored: int) -> None:
+        """The restore stopped before the end (revocation, shutdown); its progress is kept."""
+
 
 class Listeners:
     def __init__(self) -> None:
@@ -63,6 +66,10 @@ class Listeners:
     def restore_end(self, partition: int, store: str, total: int) -> None:
         for listener in self.restore:
             self._call(listener.on_restore_end, partition, store, total)
+
+    def restore_suspended(self, partition: int, store: str, total: int) -> None:
+        for listener in self.restore:
+            self._call(listener.on_restore_suspended, partition, store, total)
 
     @staticmethod
     def _call(callback: Callable[..., None], *args: object) -> None:

@@ -44,8 +44,14 @@ class RestoreReport:
     end_offset: int
     records_applied: int = 0
     records_skipped: int = 0
-    """Changelog records of messages not yet committed on the source (they will be processed again)."""
+    """Records of uncommitted messages left out: the key's committed record was restored (they will be
+    processed again)."""
+    records_uncommitted_applied: int = 0
+    """Records of uncommitted messages applied because the key's committed record was compacted away
+    (at-least-once: their messages may count twice)."""
     seconds: float = 0.0
+    completed: bool = True
+    """False when the restore was suspended (revocation, shutdown); the next owner continues it."""
 
 
 @dataclass
@@ -56,6 +62,10 @@ class WorkerReport:
     committed_offsets: dict[int, int] = field(default_factory=dict)
     restores: list[RestoreReport] = field(default_factory=list)
     rebalances: int = 0
+    stores_recovered: int = 0
+    """Store partitions found damaged while processing, moved aside and restored from their changelog."""
+    partitions_lost: int = 0
+    """Partitions the group took away without a revocation (this worker was evicted or cut off)."""
     skipped: int = 0
     dead_lettered: int = 0
     lag: dict[int, int] = field(default_factory=dict)

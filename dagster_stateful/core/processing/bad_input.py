@@ -3,7 +3,8 @@
 Owns `BadInputHandler`: under "raise" the worker stops with a `ProcessingError` naming topic,
 partition and offset (nothing past that offset is committed); under "skip" the message is counted
 and logged; under "dead-letter" its raw key, value and headers go to `<app>-dead-letter` with
-headers describing the failure, and processing goes on.
+headers describing the failure, and processing goes on (a full producer queue is waited out,
+serving delivery reports, as for outputs).
 """
 
 from __future__ import annotations
@@ -63,4 +64,12 @@ class BadInputHandler:
             (f"{ERROR_HEADER_PREFIX}source-partition", str(partition).encode()),
             (f"{ERROR_HEADER_PREFIX}source-offset", str(offset).encode()),
         ]
-        self._producer.produce(self._topic, key=message.key(), value=message.value(), headers=headers)
+        self._produce(message.key(), message.value(), headers)
+
+    def _produce(self, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        while True:
+            try:
+                self._producer.produce(self._topic, key=key, value=value, headers=headers)
+                return
+            except BufferError:
+                self._producer.poll(0.1)

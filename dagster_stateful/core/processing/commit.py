@@ -8,6 +8,10 @@ Owns `Committer` and `DeliveryTracker`. A commit of a set of partition transacti
 3. commits the source offsets;
 4. writes each store partition's changes with both offsets in one RocksDB WriteBatch, then its
    `.checkpoint` file.
+A delivery failure is sticky for the run: a record Kafka rejected (changelog or output) is lost
+for good, so once one failed, or one was not acknowledged in time, every later commit raises
+`DeliveryError` again and commits nothing; the worker must close without committing
+(`Committer.failed`) and the next run processes those messages again.
 Exactly-once will wrap steps 1-3 in a Kafka transaction (`_deliver_and_commit_offsets`).
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -31,19 +36,31 @@ _RETRIABLE_COMMIT_ERRORS = {
     KafkaError.ILLEGAL_GENERATION,
     KafkaError.UNKNOWN_MEMBER_ID,
     KafkaError._ASSIGNMENT_LOST,
+    # The coordinator is away (a broker outage, a moving coordinator): the next commit retries.
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._WAIT_COORD,
 }
 
 
 class CommitDeferred(Exception):
-    """The group is rebalancing (or moved on): the source commit was refused, nothing else was written.
+    """The group is rebalancing (or moved on), or its coordinator is unreachable: the source commit
+    did not happen and nothing else was written.
 
     The transactions keep their changes and the next commit retries; changelog records already
-    sent carry processed offsets at or past the committed offset, so a restore skips them.
+    sent carry processed offsets at or past the committed offset, so a restore treats them as
+    records of uncommitted messages (see `recovery.uncommitted`).
     """
 
 
 class DeliveryTracker:
-    """The producer's delivery callback: remembers failures and the last offset per topic partition."""
+    """The producer's delivery callback: remembers failures (every one, for the run) and the last
+    offset per topic partition."""
 
     def __init__(self) -> None:
         self.errors: list[str] = []
@@ -77,10 +94,24 @@ class Committer:
         self._source_topic = source_topic
         self._changelog_topics = changelog_topics
         """Changelog topic per store; None when changelogs are off."""
+        self._failure: DeliveryError | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True once a record was rejected or not acknowledged: nothing may be committed any more."""
+        return self._failure is not None or bool(self._tracker.errors)
+
+    @property
+    def failure(self) -> DeliveryError | None:
+        """The first delivery failure of the run (None while there is none)."""
+        return self._failure
 
     def commit(self, transactions: Iterable[PartitionTransaction]) -> dict[int, int]:
-        """Commit every transaction with progress; returns the committed offset per partition."""
+        """Commit every transaction with progress; returns the committed offset per partition.
+
+        Raises `DeliveryError`, writing nothing, when this or any earlier delivery failed."""
         pending = [txn for txn in transactions if txn.has_progress]
+        self._refuse_after_failure([txn.partition for txn in pending])
         if not pending:
             return {}
         prepared = {txn.partition: {store: list(txn.changes(store)) for store in txn.stores} for txn in pending}
@@ -128,20 +159,40 @@ class Committer:
             except BufferError:
                 self._producer.poll(0.1)
 
+    def _refuse_after_failure(self, partitions: list[int]) -> None:
+        """Raise again when an earlier commit failed, or a delivery report since brought a failure."""
+        if self._failure is not None:
+            raise DeliveryError(
+                f"a delivery failed earlier in this run, so nothing more is committed for {self._source_topic} "
+                f"partitions {partitions}: close without committing and run again; the uncommitted messages will "
+                f"be processed again. The first failure: {self._failure}"
+            ) from self._failure
+        if self._tracker.errors:
+            self._fail(0, partitions)
+
+    def _fail(self, unacknowledged: int, partitions: list[int]) -> NoReturn:
+        errors = self._tracker.errors
+        problems = (
+            [f"did not acknowledge {unacknowledged} records within {FLUSH_TIMEOUT:.0f} s"] if unacknowledged else []
+        )
+        if errors:
+            problems.append(f"rejected {len(errors)} records ({'; '.join(errors[:5])})")
+        self._failure = DeliveryError(
+            f"Kafka {' and '.join(problems)}. Nothing was committed for "
+            f"{self._source_topic} partitions {partitions}, nor will be in this run: those messages will be "
+            "processed again by the next run. Check the brokers, the topics' min.insync.replicas and "
+            "max.message.bytes."
+        )
+        raise self._failure
+
     def _deliver_and_commit_offsets(self, offsets: list[TopicPartition]) -> None:
         remaining = self._producer.flush(FLUSH_TIMEOUT)
         if remaining or self._tracker.errors:
-            errors, self._tracker.errors = self._tracker.errors, []
-            raise DeliveryError(
-                f"Kafka did not acknowledge {remaining} records within {FLUSH_TIMEOUT:.0f} s"
-                f"{' and rejected: ' + '; '.join(errors[:5]) if errors else ''}. Nothing was committed for "
-                f"{self._source_topic} partitions {[tp.partition for tp in offsets]}: those messages will be "
-                "processed again. Check the brokers and the topics' min.insync.replicas."
-            )
+            self._fail(remaining, [tp.partition for tp in offsets])
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as error:
-            code = error.args[0].code() if error.args and isinstance(error.args[0], KafkaError) else None
-            if code not in _RETRIABLE_COMMIT_ERRORS:
+            kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+            if kafka_error is None or kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:
                 raise
-            raise CommitDeferred(str(error.args[0])) from error
+            raise CommitDeferred(kafka_error.str()) from error

@@ -3,7 +3,9 @@
 Owns `Step` and `StreamingDataFrame`: `apply` maps a value, `update` runs a function for its
 effect and passes the value through, `filter` drops values for which it returns false. A step is
 stateful when declared so: it then receives the `State` of its store (the app's only store unless
-named) as second argument. `run` pushes one value through every step.
+named) as second argument. `run` pushes one value through every step; what a step raises is a
+`StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable store),
+which is the store's failure, not the message's, and passes through as it is.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_stateful.core.state.transaction import State
-from dagster_stateful.errors import ConfigurationError
+from dagster_stateful.errors import ConfigurationError, StateStoreError
 
 DROPPED = object()
 
@@ -86,6 +88,8 @@ class StreamingDataFrame:
         for step in self.steps:
             try:
                 result = step.function(value) if step.store is None else step.function(value, states[step.store])
+            except StateStoreError:
+                raise
             except Exception as error:
                 raise StepFailed(step.name, error) from error
             if step.kind == "apply":

@@ -1,11 +1,14 @@
 """What a worker does when Kafka gives it partitions, takes them back, or declares them lost.
 
-Owns `PartitionAssignments`, the rebalance callbacks. On assignment, before the partition's first
-message: read the group's committed offset, refuse a committed offset below the source's low
-watermark (with the operator's options), open each store partition, wipe local state that is
-ahead of the committed offset (it holds effects of messages that will be processed again), and
-restore from the changelog. On revocation: commit, then close the partition's stores before
-letting go. On loss (the group moved on without us): drop uncommitted work and close.
+Owns `PartitionAssignments`, the rebalance callbacks and the partitions they hand to the worker.
+On assignment (inside the callback, quick work only): read the group's committed offsets, decide
+where processing starts (a missing offset resumes from the local state's own offset, or stops
+with the operator's options), refuse a committed offset below the source's low watermark, open
+each store partition, wipe local state that is ahead of the starting offset, and take the
+partition paused when a store needs restoring: the worker restores it between polls
+(`restoring.Restorations`) and `activate()` resumes it. On revocation: commit, close the
+partition's stores (or suspend their restore) before letting go. On loss (the group moved on
+without us): drop uncommitted work and close.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.config import AppConfig, MissingOffsets
+from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition
+from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
+from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.errors import RecoveryError
+from dagster_stateful.errors import RecoveryError, StateLockedError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -35,57 +42,146 @@ class PartitionAssignments:
     def __init__(
         self,
         config: AppConfig,
+        kafka: KafkaClients,
         state: StateDirectory,
         listeners: Listeners,
         restorer: Restorer | None,
         report: WorkerReport,
         commit: Callable[[], None],
         offset_reader: Consumer,
+        cooperative: bool = True,
+        snapshots: Callable[[str], SnapshotStore] | None = None,
     ) -> None:
+        """snapshots: the snapshots of a store, when there are any: a restore loads the latest one when
+        the planner says that is faster than replaying the changelog."""
         self.config = config
+        self._kafka = kafka
         self._state = state
         self._listeners = listeners
         self._offset_reader = offset_reader
         self._restorer = restorer
         self._report = report
         self._commit = commit
+        self._cooperative = cooperative
+        self._snapshots = snapshots
         self.transactions: dict[int, PartitionTransaction] = {}
+        """Partitions ready to process."""
+        self.restorations = Restorations()
+        """Partitions whose stores are still restoring (paused)."""
         self.empty_since: float | None = None
         """Since when this worker has held no partition, once it joined the group."""
         self.shutting_down = False
-        self.failure: BaseException | None = None
         """Set before the worker closes its consumer: the final revocation is not a rebalance."""
+        self.dirty = False
+        """Set when the worker must not commit any more (a failed delivery): revocation only closes."""
+        self.failure: BaseException | None = None
 
-    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    @property
+    def held(self) -> set[int]:
+        return set(self.transactions) | set(self.restorations.partitions)
+
+    # Taking partitions.
+
+    def take(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Newly assigned partitions, with the offsets to assign them at; every one stays paused until
+        `advance()` has opened its stores and restored them."""
         if not partitions:
             self._note_empty()
-            return
+            return []
         self.empty_since = None
         self._listeners.transition(AppState.REBALANCING)
         self._report.rebalances += 1
-        committed = self._committed_offsets(partitions)
-        for topic_partition in committed:
-            offset = topic_partition.offset if topic_partition.offset >= 0 else None
-            self._check_source_offset(consumer, topic_partition.partition, offset)
-            self.transactions[topic_partition.partition] = self._open(topic_partition.partition, offset)
+        starts = []
+        now = time.monotonic()
+        for topic_partition in self._committed_offsets(partitions):
+            partition = topic_partition.partition
+            committed = topic_partition.offset if topic_partition.offset >= 0 else None
+            self._check_source_offset(partition, committed)
+            self.restorations.add(RestoringPartition(partition, committed, now))
+            starts.append(TopicPartition(self.config.source, partition, topic_partition.offset))
         log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
-        self._listeners.transition(AppState.RUNNING)
+        return starts
+
+    def advance(self, consumer: Consumer) -> None:
+        """Between polls: open the stores of new partitions (waiting for locks without blocking),
+        replay one changelog batch, and resume the partitions whose stores are up to date."""
+        for restoring in self.restorations.unopened():
+            self._try_open(restoring)
+        for restored in self.restorations.step():
+            self.activate(consumer, restored)
+
+    def recover_corrupted(self, consumer: Consumer, partition: int, error: StoreCorruptedError) -> None:
+        """A store was found damaged while processing `partition`: never the message's fault. Drop
+        the partition's uncommitted work, move the damaged store aside, restore it from its
+        changelog and process the partition again from its committed offset."""
+        txn = self.transactions.get(partition)
+        damaged = next((s for s in (txn.stores.values() if txn else ()) if str(s.path) == str(error.path)), None)
+        if txn is None or damaged is None:
+            raise error
+        del self.transactions[partition]
+        aside = damaged.quarantine(error)
+        start = txn.committed_offset
+        if start is None:
+            start = self._kafka.watermarks(self.config.source, [partition])[partition][0]
+        log.warning(
+            "Store %r partition %d is damaged (%s); moved it to %s, restoring it from %s and processing "
+            "%s[%d] again from offset %d",
+            damaged.store,
+            partition,
+            error,
+            aside,
+            damaged.changelog_topic,
+            self.config.source,
+            partition,
+            start,
+        )
+        self._report.stores_recovered += 1
+        consumer.pause([TopicPartition(self.config.source, partition)])
+        restoring = RestoringPartition(partition, txn.committed_offset, time.monotonic(), dict(txn.stores))
+        restoring.rewind_to = start
+        self.restorations.add(restoring)
+
+    def activate(self, consumer: Consumer, restored: RestoringPartition) -> None:
+        """A partition's stores are restored: process it from its starting offset."""
+        self.transactions[restored.partition] = PartitionTransaction(
+            restored.partition, restored.stores, self.config.state_serde, restored.committed
+        )
+        offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
+        if offsets:
+            consumer.seek(TopicPartition(self.config.source, restored.partition, min(offsets)))
+        consumer.resume([TopicPartition(self.config.source, restored.partition)])
+        log.info("Partition %d is up to date; processing resumes", restored.partition)
+        if not self.restorations:
+            self._listeners.transition(AppState.RUNNING)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        starts = self.take(partitions)
+        if not starts:
+            return
+        if self._cooperative:
+            consumer.incremental_assign(starts)
+        else:
+            consumer.assign(starts)
+        consumer.pause(starts)
+
+    # Letting partitions go.
 
     def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked = [tp.partition for tp in partitions if tp.partition in self.transactions]
+        revoked = [tp.partition for tp in partitions if tp.partition in self.held]
         if not revoked:
             return
         if not self.shutting_down:
             self._listeners.transition(AppState.REBALANCING)
             self._report.rebalances += 1
-        self._commit()
+        if not self.dirty:
+            self._commit()
         for partition in revoked:
             self._close(partition)
         self._note_empty()
         log.info("Revoked %s partitions %s", self.config.source, revoked)
 
     def _lose(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = [tp.partition for tp in partitions if tp.partition in self.transactions]
+        lost = [tp.partition for tp in partitions if tp.partition in self.held]
         if lost:
             log.warning(
                 "Lost %s partitions %s (the group moved on without this worker); their uncommitted work "
@@ -94,12 +190,24 @@ class PartitionAssignments:
                 lost,
             )
             self._report.rebalances += 1
+            self._report.partitions_lost += len(lost)
         for partition in lost:
             self._close(partition)
         self._note_empty()
 
+    def close_all(self) -> None:
+        for partition in list(self.held):
+            self._close(partition)
+
+    def _close(self, partition: int) -> None:
+        txn = self.transactions.pop(partition, None)
+        restoring = self.restorations.suspend(partition)
+        stores = txn.stores if txn is not None else restoring.stores if restoring is not None else {}
+        for store in stores.values():
+            store.close()
+
     def _note_empty(self) -> None:
-        if not self.transactions and self.empty_since is None:
+        if not self.held and self.empty_since is None:
             self.empty_since = time.monotonic()
 
     # confluent-kafka's propagation of an exception out of a rebalance callback is unreliable (it can
@@ -107,7 +215,7 @@ class PartitionAssignments:
     # `raise_failure` once `consume()` has returned.
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._guarded(self._assign, consumer, partitions)
+        self._guarded(self._on_assign, consumer, partitions)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._guarded(self._revoke, consumer, partitions)
@@ -133,9 +241,7 @@ class PartitionAssignments:
             failure, self.failure = self.failure, None
             raise failure
 
-    def close_all(self) -> None:
-        for partition in list(self.transactions):
-            self._close(partition)
+    # Opening a partition.
 
     def _committed_offsets(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         # Not the subscribed consumer: its committed() can stall until timeout inside a cooperative
@@ -153,44 +259,103 @@ class PartitionAssignments:
                 log.warning("Reading committed offsets failed (%s); retrying", error)
         raise AssertionError("unreachable")
 
-    def _open(self, partition: int, committed: int | None) -> PartitionTransaction:
-        stores: dict[str, StorePartition] = {}
+    def _try_open(self, restoring: RestoringPartition) -> None:
+        """Open the partition's stores without waiting for a lock another holder keeps (the evicted
+        owner may still be letting go): try again on the next call, until the state directory's
+        lock timeout has passed since the assignment."""
+        partition = restoring.partition
         try:
             for name in self.config.stores:
-                store = self._state.partition(name, partition)
-                store.open()
-                stores[name] = store
-                if store.source_offset is not None and store.source_offset > (committed or 0):
-                    log.warning(
-                        "Store %r partition %d holds state up to source offset %d but the group's committed "
-                        "offset is %s (offsets were reset?); rebuilding it from the changelog",
-                        name,
-                        partition,
-                        store.source_offset,
-                        committed,
-                    )
-                    store.wipe()
-                    store.open()
-                if self._restorer is not None:
-                    restored = self._restorer.restore(store, committed)
-                    if restored is not None:
-                        self._report.restores.append(restored)
+                if name not in restoring.stores:
+                    store = self._state.partition(name, partition)
+                    store.open(lock_timeout=0)
+                    restoring.stores[name] = store
+        except StateLockedError:
+            if time.monotonic() - restoring.assigned_at < self._state.lock_timeout_seconds:
+                return
+            raise
+        try:
+            restoring.committed = self._starting_offset(partition, restoring.committed, restoring.stores)
+            self._wipe_ahead(partition, restoring.committed, restoring.stores)
+            restoring.pending = self._replays(restoring.stores, restoring.committed)
         except BaseException:
-            for store in stores.values():
+            self.restorations.suspend(partition)
+            for store in restoring.stores.values():
                 store.close()
             raise
-        return PartitionTransaction(partition, stores, self.config.state_serde, committed)
+        restoring.opened = True
+        if restoring.pending:
+            log.info(
+                "Partition %d is paused while %d store(s) restore %d changelog records",
+                partition,
+                len(restoring.pending),
+                restoring.records_left,
+            )
 
-    def _close(self, partition: int) -> None:
-        txn = self.transactions.pop(partition, None)
-        if txn is not None:
-            for store in txn.stores.values():
-                store.close()
+    def _wipe_ahead(self, partition: int, start: int | None, stores: dict[str, StorePartition]) -> None:
+        for name, store in stores.items():
+            if store.source_offset is not None and store.source_offset > (start or 0):
+                log.warning(
+                    "Store %r partition %d holds state up to source offset %d but processing starts at %s "
+                    "(offsets were reset?); rebuilding it from the changelog",
+                    name,
+                    partition,
+                    store.source_offset,
+                    start,
+                )
+                store.wipe()
+                store.open(lock_timeout=0)
 
-    def _check_source_offset(self, consumer: Consumer, partition: int, committed: int | None) -> None:
+    def _replays(self, stores: dict[str, StorePartition], start: int | None) -> list[ChangelogRestore]:
+        if self._restorer is None:
+            return []
+        replays = []
+        for store in stores.values():
+            if self._snapshots is not None:
+                self._load_snapshot_if_faster(store)
+            replay = self._restorer.begin(store, start)
+            if replay is not None:
+                replays.append(replay)
+        return replays
+
+    def _load_snapshot_if_faster(self, store: StorePartition) -> None:
+        assert self._snapshots is not None
+        partition = store.partition
+        low, high = self._kafka.watermarks(store.changelog_topic, [partition])[partition]
+        loaded = load_snapshot_if_faster(store, self._snapshots(store.store), low, high)
+        if loaded is not None:
+            self.restorations.reports.append(loaded)
+
+    def _starting_offset(self, partition: int, committed: int | None, stores: dict[str, StorePartition]) -> int | None:
+        if committed is not None:
+            return committed
+        local = sorted({store.source_offset for store in stores.values() if store.source_offset is not None})
+        if not local:
+            return None  # nothing committed: processing starts from the beginning and rebuilds the state
+        where = f"{self.config.source}[{partition}]"
+        if self.config.missing_offsets is MissingOffsets.FAIL:
+            raise RecoveryError(
+                f"group {self.config.consumer_group!r} has no committed offset on {where}, but the local state at "
+                f"{self._state.app_dir} was committed at source offset {local[0]} (the group's offsets expired "
+                "after offsets.retention.minutes, or were deleted). Options: (1) set the group's offset to it "
+                f"(`kafka-consumer-groups --reset-offsets --to-offset {local[0]} --group "
+                f"{self.config.consumer_group} --topic {self.config.source}:{partition} --execute`); (2) run with "
+                "missing_offsets='resume-from-state', which does that by itself; (3) clear the state and the "
+                "changelog to reprocess from the source's beginning."
+            )
+        log.warning(
+            "Group %r has no committed offset on %s (expired or deleted); resuming from source offset %d, where "
+            "the local state was committed",
+            self.config.consumer_group,
+            where,
+            local[0],
+        )
+        return local[0]
+
+    def _check_source_offset(self, partition: int, committed: int | None) -> None:
         if committed is None:
             return
-        low, _ = consumer.get_watermark_offsets(TopicPartition(self.config.source, partition), timeout=30, cached=False)
+        low, _ = self._kafka.watermarks(self.config.source, [partition])[partition]
         if committed < low:
             raise RecoveryError(
                 f"group {self.config.consumer_group!r} committed offset {committed} on "

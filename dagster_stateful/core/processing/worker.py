@@ -11,12 +11,7 @@ assignment and revocation are handled by `rebalance.PartitionAssignments`.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from dataclasses import dataclass
-from types import FrameType
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -29,45 +24,30 @@ from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
 from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.lifecycle import RunLimits, StopSignal
+from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
 from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.errors import ConfigurationError, ProcessingError, StateLockedError
+from dagster_stateful.errors import (
+    ConfigurationError,
+    DeliveryError,
+    ProcessingError,
+    StatefulError,
+    StateLockedError,
+    StoreCorruptedError,
+)
+
+__all__ = ["RunLimits", "StopSignal", "Worker"]
 
 log = logging.getLogger(__name__)
 
 CONSUME_BATCH = 1000
 CAUGHT_UP_CHECK_INTERVAL = 0.5
 EMPTY_ASSIGNMENT_GRACE = 5.0
-"""Seconds a worker must hold no partition, after joining, before a bounded run stops idle."""
-
-
-@dataclass(frozen=True)
-class RunLimits:
-    max_messages: int | None = None
-    max_seconds: float | None = None
-    until_caught_up: bool = True
-
-
-class StopSignal:
-    """Set by SIGTERM (when the worker runs on the main thread) or by `request()`."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def request(self, signum: int | None = None, frame: FrameType | None = None) -> None:
-        self.requested = True
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self.request)
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+"""Seconds a worker must hold no partition, after joining, before a bounded run may stop idle."""
 
 
 class Worker:
@@ -85,13 +65,16 @@ class Worker:
         state: StateDirectory,
         limits: RunLimits | None = None,
         partitions: list[int] | None = None,
+        snapshot_root: str | None = None,
     ) -> None:
+        """snapshot_root: where the stores' snapshots live; restores load one when that is faster."""
         self.config = config
         self.kafka = kafka
         self.listeners = listeners
         self.state = state
         self.limits = limits or RunLimits()
         self.partitions = partitions
+        self.snapshot_root = snapshot_root
         self.stop = StopSignal()
         self.report = WorkerReport(config.name)
         self._dataframe = dataframe
@@ -101,11 +84,11 @@ class Worker:
         config = self.config
         started = time.monotonic()
         activity = self.state.activity_lock()
-        activity.hold_shared()
-        self.stop.install()
-        self._open_clients()
         failed = False
         try:
+            activity.hold_shared()
+            self.stop.install()
+            self._open_clients()
             plan = provision(config, self.kafka)
             if self.partitions is None:
                 self._consumer.subscribe(
@@ -119,10 +102,14 @@ class Worker:
             self.report.stop_reason = self._loop(started)
             self.listeners.transition(AppState.PENDING_SHUTDOWN)
             self._commit()
-            self.report.lag = self._lag()
         except ProcessingError:
             failed = True
-            self._commit()  # everything before the bad message; its own offset stays uncommitted
+            if not self._committer.failed:
+                self._commit()  # everything before the bad message; its own offset stays uncommitted
+            raise
+        except DeliveryError:
+            failed = True
+            self._assignments.dirty = True  # Kafka Streams' dirty close: nothing more is committed
             raise
         except BaseException:
             failed = True
@@ -133,9 +120,7 @@ class Worker:
             self._close()
             activity.release()
             self.stop.restore()
-            self.report.skipped = self._bad_input.skipped
-            self.report.dead_lettered = self._bad_input.dead_lettered
-            self.report.seconds = time.monotonic() - started
+            self._finish_report(started)
             if not failed:
                 self.listeners.transition(AppState.NOT_RUNNING)
         log.info(
@@ -148,6 +133,18 @@ class Worker:
             self.report.seconds,
         )
         return self.report
+
+    def _finish_report(self, started: float) -> None:
+        report = self.report
+        if hasattr(self, "_assignments"):
+            report.restores = list(self._assignments.restorations.reports)
+            report.skipped = self._bad_input.skipped
+            report.dead_lettered = self._bad_input.dead_lettered
+            try:
+                report.lag = self._group_lag()
+            except StatefulError as error:
+                log.warning("Could not read the lag left on %s: %s", self.config.source, error)
+        report.seconds = time.monotonic() - started
 
     def _open_clients(self) -> None:
         config, kafka = self.config, self.kafka
@@ -179,17 +176,25 @@ class Worker:
         changelogs = config.changelog_topics()
         self._committer = Committer(self._consumer, self._producer, self._tracker, config.source, changelogs)
         self._bad_input = BadInputHandler(config.on_error, self._producer, config.dead_letter_topic)
-        restorer = Restorer(self._restore_consumer, self.listeners, config.restore_batch_size)
+        restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
+        strategy = str(consumer_config.get("partition.assignment.strategy", ""))
         self._assignments = PartitionAssignments(
             config,
+            kafka,
             self.state,
             self.listeners,
             restorer if changelogs else None,
             self.report,
             self._commit,
             self._offset_reader,
+            cooperative="cooperative" in strategy,
+            snapshots=self._snapshot_store if self.snapshot_root else None,
         )
+
+    def _snapshot_store(self, store: str) -> SnapshotStore:
+        assert self.snapshot_root is not None
+        return SnapshotStore(self.snapshot_root, self.config.name, store)
 
     def _assign_manually(self, source_partitions: int) -> None:
         unknown = sorted(set(self.partitions or ()) - set(range(source_partitions)))
@@ -205,9 +210,9 @@ class Worker:
                 "must not compete with them. Wait until they stop (bounded runs end by themselves) and retry."
             )
         topic_partitions = [TopicPartition(self.config.source, p) for p in sorted(set(self.partitions or ()))]
-        self._assignments.on_assign(self._consumer, topic_partitions)
-        self._assignments.raise_failure()
-        self._consumer.assign(topic_partitions)
+        starts = self._assignments.take(topic_partitions)
+        self._consumer.assign(starts)
+        self._consumer.pause(starts)
 
     def _loop(self, started: float) -> StopReason:
         limits, config = self.limits, self.config
@@ -215,12 +220,18 @@ class Worker:
         since_commit = processed = 0
         next_check = 0.0
         while True:
+            # Here every message consume() returned has been processed (see `progress.pass_markers`).
             if self.stop.requested:
+                self._pass_markers()
                 return StopReason.STOP_REQUESTED
             now = time.monotonic()
             if limits.max_seconds is not None and now - started >= limits.max_seconds:
+                self._pass_markers()
                 return StopReason.MAX_SECONDS
-            messages = self._consumer.consume(CONSUME_BATCH, timeout=0.2)
+            restoring = bool(self._assignments.restorations)
+            if restoring:
+                self._restore_step()
+            messages = self._consumer.consume(CONSUME_BATCH, timeout=0.0 if restoring else 0.2)
             self._assignments.raise_failure()
             for message in messages:
                 error = message.error()
@@ -228,7 +239,12 @@ class Worker:
                     if error.code() == KafkaError._PARTITION_EOF:
                         continue
                     raise KafkaException(error)
-                if self._process(message):
+                try:
+                    accepted = self._process(message)
+                except StoreCorruptedError as damage:
+                    self._assignments.recover_corrupted(self._consumer, position(message)[1], damage)
+                    continue
+                if accepted:
                     processed += 1
                     since_commit += 1
                 if limits.max_messages is not None and processed >= limits.max_messages:
@@ -237,18 +253,28 @@ class Worker:
                     self._commit()
                     since_commit, last_commit = 0, time.monotonic()
             if time.monotonic() - last_commit >= config.commit_interval:
+                self._pass_markers()
                 self._commit()
                 since_commit, last_commit = 0, time.monotonic()
-            if limits.until_caught_up and not messages and time.monotonic() >= next_check:
+            if limits.until_caught_up and not messages and not restoring and time.monotonic() >= next_check:
                 if self._caught_up():
+                    self._pass_markers()
                     return StopReason.CAUGHT_UP if self._assignments.transactions else StopReason.NO_PARTITIONS
                 next_check = time.monotonic() + CAUGHT_UP_CHECK_INTERVAL
+
+    def _restore_step(self) -> None:
+        """Open new partitions' stores, one changelog batch of the restores in progress; resumes the
+        partitions that are up to date."""
+        self._assignments.advance(self._consumer)
 
     def _process(self, message: Message) -> bool:
         """Process one message; False when its partition is no longer ours."""
         _, partition, offset = position(message)
         txn = self._assignments.transactions.get(partition)
         if txn is None:
+            restoring = self._assignments.restorations.partitions.get(partition)
+            if restoring is not None:
+                restoring.note_arrival(offset)  # processed once its restore is done
             return False
         config = self.config
         raw_key, raw_value = message.key(), message.value()
@@ -300,36 +326,53 @@ class Worker:
                 self._producer.poll(0.1)
 
     def _commit(self) -> None:
+        """Commit every processed partition; never again once a delivery failed (a dirty close)."""
+        if self._assignments.dirty:
+            return
         committed = self._committer.commit(self._assignments.transactions.values())
         self.report.committed_offsets.update(committed)
 
+    def _pass_markers(self) -> None:
+        pass_markers(self._consumer, self.config.source, self._assignments.transactions)
+
     def _caught_up(self) -> bool:
+        """Every held partition processed up to its end; holding none, the whole group caught up."""
         transactions = self._assignments.transactions
         if not transactions:
-            # Cooperative rebalancing assigns in two rounds: an empty first round says little.
+            # Cooperative rebalancing assigns in two rounds: an empty first round says little. After
+            # that, a worker holding nothing stops only when the group's committed offsets say that
+            # nothing is left (partitions lost in a broker outage come back once the group rejoins).
             idle_since = self._assignments.empty_since
-            return idle_since is not None and time.monotonic() - idle_since >= EMPTY_ASSIGNMENT_GRACE
-        return not any(self._lag().values())
+            if idle_since is None or time.monotonic() - idle_since < EMPTY_ASSIGNMENT_GRACE:
+                return False
+            return not any(self._group_lag().values())
+        return not any(self._held_lag().values())
 
-    def _lag(self) -> dict[int, int]:
-        """Messages left per assigned partition. One admin request for all partitions: asking the
-        fetching consumer would queue behind its long-polling fetches."""
-        transactions = self._assignments.transactions
-        marks = self.kafka.watermarks(self.config.source, transactions)
-        return {p: max(0, high - _next_or(transactions[p].next_offset, low)) for p, (low, high) in marks.items()}
+    def _held_lag(self) -> dict[int, int]:
+        return held_lag(self.kafka, self._consumer, self.config.source, self._assignments.transactions)
+
+    def _group_lag(self) -> dict[int, int]:
+        return group_lag(self.kafka, self._consumer, self.config, self._assignments.transactions)
 
     def _close(self) -> None:
-        self._assignments.shutting_down = True
-        try:
-            self._consumer.close()
-            self._assignments.raise_failure()
-        except Exception:
-            log.exception("Closing the consumer of %r failed", self.config.name)
-        self._assignments.close_all()
-        self._producer.flush(30)
-        self._restore_consumer.close()
-        self._offset_reader.close()
-
-
-def _next_or(offset: int | None, default: int) -> int:
-    return default if offset is None else offset
+        """Close what was opened, in order; a failure while starting leaves some clients unopened."""
+        assignments = getattr(self, "_assignments", None)
+        if assignments is not None:
+            assignments.shutting_down = True
+        consumer = getattr(self, "_consumer", None)
+        if consumer is not None:
+            try:
+                consumer.close()
+                if assignments is not None:
+                    assignments.raise_failure()
+            except Exception:
+                log.exception("Closing the consumer of %r failed", self.config.name)
+        if assignments is not None:
+            assignments.close_all()
+        producer = getattr(self, "_producer", None)
+        if producer is not None:
+            producer.flush(30)
+        for name in ("_restore_consumer", "_offset_reader"):
+            client = getattr(self, name, None)
+            if client is not None:
+                client.close()

@@ -1,12 +1,16 @@
-"""Recovery: bring a store partition up to date from its changelog before it processes a message.
+"""Changelog replay: bring a store partition up to date from its changelog, in steps.
 
-Owns the restore decision and the replay. A partition without local state replays the whole
-changelog (full restore); one with state replays only the tail after its stored changelog offset
-(partial restore). Records whose processed source offset (a header) is at or past the committed
-source offset are skipped: they belong to messages that will be processed again. Replay consumes
-thousands of records at a time, deduplicates each batch by key and writes it sorted, in one
-WriteBatch with the changelog position. Inconsistencies an operator must decide on (a stored
-offset beyond the changelog's end) are raised with the options.
+Owns the changelog record format the commit path writes (the `source_offset` header: the source
+offset of the message whose processing wrote the record), `ChangelogRestore` (one partition's
+replay, advanced one batch at a time so that a worker keeps polling between batches, and
+interruptible without losing what it restored) and `Restorer` (the assign-only consumer restores
+read through; `restore()` runs one to the end). A partition without local state replays the
+whole changelog (full restore); one with state replays only the tail after its stored changelog
+offset (partial restore). Records of uncommitted messages follow the at-least-once rule of
+`uncommitted.UncommittedFilter`, and the recorded position never passes the first of them. Each
+batch is deduplicated by key and written sorted, in one WriteBatch with the changelog position.
+Inconsistencies an operator must decide on (a stored offset beyond the changelog's end) are
+raised with the options.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.kafka.records import position as record_position
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.uncommitted import OFFSET_BYTES, UncommittedFilter
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
@@ -27,6 +33,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_OFFSET_HEADER = "source_offset"
 STALL_TIMEOUT = 60.0
+PROGRESS_LOG_INTERVAL = 10.0
 
 
 def source_offset_header(offset: int) -> Headers:
@@ -40,18 +47,194 @@ def processed_offset(headers: Headers | None) -> int | None:
     return None
 
 
+class ChangelogRestore:
+    """One store partition's replay from `start` to `end` (the changelog's end when it began).
+
+    `step()` reads and writes one batch; `finish()` makes the result durable with its position;
+    `suspend()` stops early, keeping what was restored and its position for the next owner.
+    """
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        listeners: Listeners,
+        store: StorePartition,
+        committed_source_offset: int | None,
+        start: int,
+        end: int,
+        batch_size: int,
+    ) -> None:
+        self.store = store
+        self.committed_source_offset = committed_source_offset
+        self.start, self.end, self.position = start, end, start
+        kind = RestoreKind.FULL if store.changelog_offset is None else RestoreKind.PARTIAL
+        self.report = RestoreReport(store.store, store.partition, kind, start, end)
+        self._consumer = consumer
+        self._listeners = listeners
+        self._batch_size = batch_size
+        self._topic_partition = TopicPartition(store.changelog_topic, store.partition, start)
+        self._batch: dict[bytes, bytes | None] = {}
+        restored = self._restored_here if kind is RestoreKind.FULL else None
+        self.filter = UncommittedFilter(committed_source_offset, restored)
+        self._started: float | None = None
+        self._last_progress = self._last_log = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
+
+    @property
+    def started(self) -> bool:
+        return self._started is not None
+
+    @property
+    def records_left(self) -> int:
+        return max(0, self.end - self.position)
+
+    def step(self) -> int:
+        """Read and write one batch; returns the records it applied."""
+        if self._started is None:
+            self._begin()
+        if self.done:
+            return 0
+        # consume() waits for a full batch: ask for no more than the offsets left.
+        messages = self._consumer.consume(min(self._batch_size, self.end - self.position), timeout=0.5)
+        if not messages:
+            self._note_no_records()
+            return 0
+        self._batch = {}
+        self._deduplicate(messages)
+        self.position = record_position(messages[-1])[2] + 1
+        self._last_progress = time.monotonic()
+        applied = len(self._batch)
+        self.store.write_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
+        self._batch = {}
+        self.report.records_applied += applied
+        self._listeners.batch_restored(self.store.partition, self.store.store, self.position, applied)
+        self._log_progress()
+        return applied
+
+    def finish(self) -> RestoreReport:
+        """Record the restored state durably, with the position the next restore starts from."""
+        self._stop_reading()
+        self._complete_report()
+        self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
+        self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
+        log.info(
+            "Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied (%d of uncommitted "
+            "messages), %d skipped, %.2f s",
+            self.store.store,
+            self.store.partition,
+            self.report.kind,
+            self.store.changelog_topic,
+            self.start,
+            self.end,
+            self.report.records_applied,
+            self.filter.applied_uncommitted,
+            self.report.records_skipped,
+            self.report.seconds,
+        )
+        return self.report
+
+    def suspend(self) -> RestoreReport:
+        """Stop before the end (revocation, shutdown): what was restored stays, with its position."""
+        self._stop_reading()
+        self._complete_report()
+        self.report.completed = False
+        self.store.db.flush()
+        self._listeners.restore_suspended(self.store.partition, self.store.store, self.report.records_applied)
+        log.info(
+            "Suspended the restore of store %r partition %d at changelog offset %d of %d (%d records applied); "
+            "the next owner continues from there",
+            self.store.store,
+            self.store.partition,
+            self.position,
+            self.end,
+            self.report.records_applied,
+        )
+        return self.report
+
+    def _begin(self) -> None:
+        self._started = self._last_progress = self._last_log = time.monotonic()
+        self._consumer.assign([self._topic_partition])
+        self._listeners.restore_start(self.store.partition, self.store.store, self.start, self.end)
+
+    def _stop_reading(self) -> None:
+        if self._started is not None:
+            self._consumer.unassign()
+
+    def _complete_report(self) -> None:
+        self.report.records_skipped = self.filter.skipped
+        self.report.records_uncommitted_applied = self.filter.applied_uncommitted
+        self.report.seconds = time.monotonic() - self._started if self._started is not None else 0.0
+
+    def _restored_here(self, key: bytes) -> bool:
+        return key in self._batch or self.store.get(key) is not None
+
+    def _deduplicate(self, messages: list[Message]) -> None:
+        """The batch's last value per key (None: tombstone), under the at-least-once rule.
+
+        This loop runs once per changelog record: the header the commit path writes (one, an
+        8-byte big-endian offset) is compared as bytes, which orders like the offsets.
+        """
+        batch, uncommitted = self._batch, self.filter
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                raise KafkaException(error)
+            key, value = message.key(), message.value()
+            if key is None:
+                continue  # the engine never writes keyless records; nothing to restore
+            processed = _processed_bytes(message.headers())
+            if uncommitted.is_uncommitted(processed):
+                if not uncommitted.admit_uncommitted(key, record_position(message)[2]):
+                    continue
+            else:
+                uncommitted.admit_committed(key, value)
+            batch[key] = value
+
+    def _note_no_records(self) -> None:
+        # Compaction and transaction markers leave offsets no record sits on.
+        self.position = max(self.position, self._consumer.position([self._topic_partition])[0].offset)
+        if not self.done and time.monotonic() - self._last_progress > STALL_TIMEOUT:
+            raise RecoveryError(
+                f"restoring store {self.store.store!r} from {self.store.changelog_topic}[{self.store.partition}] "
+                f"made no progress for {STALL_TIMEOUT:.0f} s at offset {self.position} (end {self.end}); "
+                "is the broker reachable?"
+            )
+
+    def _log_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < PROGRESS_LOG_INTERVAL or self._started is None:
+            return
+        self._last_log = now
+        done = self.position - self.start
+        rate = done / max(now - self._started, 1e-9)
+        log.info(
+            "Restoring store %r partition %d: %d of %d changelog records (%.0f%%), %.0f records/s, about %.0f s left",
+            self.store.store,
+            self.store.partition,
+            done,
+            self.end - self.start,
+            100.0 * done / max(1, self.end - self.start),
+            rate,
+            self.records_left / max(rate, 1e-9),
+        )
+
+
 class Restorer:
     """Restores store partitions through one dedicated, assign-only consumer."""
 
-    def __init__(self, consumer: Consumer, listeners: Listeners, batch_size: int = 10_000) -> None:
+    def __init__(self, kafka: KafkaClients, consumer: Consumer, listeners: Listeners, batch_size: int = 10_000) -> None:
+        self._kafka = kafka
         self._consumer = consumer
         self._listeners = listeners
         self._batch_size = batch_size
 
-    def restore(self, store: StorePartition, committed_source_offset: int | None) -> RestoreReport | None:
-        """Replay what the store lacks; None when it was already up to date."""
+    def begin(self, store: StorePartition, committed_source_offset: int | None) -> ChangelogRestore | None:
+        """The replay the (open) store partition needs; None when it is up to date (nothing to read)."""
         topic, partition = store.changelog_topic, store.partition
-        low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+        low, high = self._kafka.watermarks(topic, [partition])[partition]
         stored = store.changelog_offset
         if stored is not None and stored > high:
             raise RecoveryError(
@@ -74,86 +257,37 @@ class Restorer:
             store.open()
             stored = None
         start = stored if stored is not None else low
-        skip_from = committed_source_offset if committed_source_offset is not None else 0
         if start >= high:
             if stored is None or store.source_offset != committed_source_offset:
                 store.finish_restore(high, committed_source_offset)
             return None
-        kind = RestoreKind.PARTIAL if stored is not None else RestoreKind.FULL
-        report = RestoreReport(store.store, partition, kind, start, high)
-        began = time.monotonic()
-        self._listeners.restore_start(partition, store.store, start, high)
-        self._replay(store, start, high, skip_from, report)
-        store.finish_restore(high, committed_source_offset)
-        report.seconds = time.monotonic() - began
-        self._listeners.restore_end(partition, store.store, report.records_applied)
-        log.info(
-            "Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied, %d skipped, %.2f s",
-            store.store,
-            partition,
-            report.kind,
-            topic,
-            start,
-            high,
-            report.records_applied,
-            report.records_skipped,
-            report.seconds,
+        return ChangelogRestore(
+            self._consumer, self._listeners, store, committed_source_offset, start, high, self._batch_size
         )
-        return report
 
-    @staticmethod
-    def _deduplicate(messages: list, skip_from: int, report: RestoreReport) -> dict[bytes, bytes | None]:
-        """The batch's last value per key (None: tombstone), without records of uncommitted messages.
-
-        This loop runs once per changelog record: the header written by the commit path (one,
-        an 8-byte big-endian offset) is compared as bytes, which orders like the offsets.
-        """
-        skip_key = skip_from.to_bytes(8, "big", signed=True)
-        batch: dict[bytes, bytes | None] = {}
-        skipped = 0
-        for message in messages:
-            if message.error():
-                raise KafkaException(message.error())
-            headers = message.headers()
-            if headers:
-                name, value = headers[0]
-                if name == SOURCE_OFFSET_HEADER and len(headers) == 1 and value is not None and len(value) == 8:
-                    if value >= skip_key:
-                        skipped += 1
-                        continue
-                else:
-                    offset = processed_offset(headers)
-                    if offset is not None and offset >= skip_from:
-                        skipped += 1
-                        continue
-            batch[message.key()] = message.value()
-        report.records_skipped += skipped
-        return batch
-
-    def _replay(self, store: StorePartition, start: int, end: int, skip_from: int, report: RestoreReport) -> None:
-        topic_partition = TopicPartition(store.changelog_topic, store.partition, start)
-        self._consumer.assign([topic_partition])
-        position = start
-        last_progress = time.monotonic()
+    def restore(self, store: StorePartition, committed_source_offset: int | None) -> RestoreReport | None:
+        """Replay what the store lacks, to the end; None when it was already up to date."""
+        replay = self.begin(store, committed_source_offset)
+        if replay is None:
+            return None
         try:
-            while position < end:
-                # consume() waits for a full batch: ask for no more than the offsets left.
-                messages = self._consumer.consume(min(self._batch_size, end - position), timeout=0.5)
-                batch = self._deduplicate(messages, skip_from, report)
-                if messages:
-                    position = record_position(messages[-1])[2] + 1
-                    last_progress = time.monotonic()
-                    store.write_restored(sorted(batch.items()), position)
-                    report.records_applied += len(batch)
-                    self._listeners.batch_restored(store.partition, store.store, position, len(batch))
-                else:
-                    # Compaction and transaction markers leave offsets no record sits on.
-                    position = max(position, self._consumer.position([topic_partition])[0].offset)
-                    if time.monotonic() - last_progress > STALL_TIMEOUT:
-                        raise RecoveryError(
-                            f"restoring store {store.store!r} from {store.changelog_topic}"
-                            f"[{store.partition}] made no progress for {STALL_TIMEOUT:.0f} s at "
-                            f"offset {position} (end {end}); is the broker reachable?"
-                        )
-        finally:
-            self._consumer.unassign()
+            while not replay.done:
+                replay.step()
+        except BaseException:
+            replay.suspend()
+            raise
+        return replay.finish()
+
+
+def _processed_bytes(headers: object) -> bytes | None:
+    """The processed-offset header as 8 big-endian bytes (None: the record has none).
+
+    Runs once per changelog record: the common case (the one header the commit path writes) is
+    checked first."""
+    if not isinstance(headers, list) or not headers:
+        return None
+    name, value = headers[0]
+    if name == SOURCE_OFFSET_HEADER and len(headers) == 1 and isinstance(value, bytes):
+        return value if len(value) == OFFSET_BYTES else None
+    offset = processed_offset(headers)
+    return None if offset is None else offset.to_bytes(OFFSET_BYTES, "big", signed=True)

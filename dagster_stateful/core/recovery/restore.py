@@ -73,7 +73,7 @@ def restore_partitions(
     partitions = sorted(set(request.partitions))
     committed = kafka.committed_offsets(config.consumer_group, config.source, partitions)
     consumer = kafka.consumer({"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG})
-    restorer = Restorer(consumer, listeners, config.restore_batch_size)
+    restorer = Restorer(kafka, consumer, listeners, config.restore_batch_size)
     activity = state.activity_lock()
     activity.hold_shared()
     try:
@@ -106,7 +106,7 @@ def _restore_store(
         for partition in partitions:
             part = state.partition(store, partition)
             try:
-                part.open()
+                part.open(lock_timeout=0 if request.skip_locked else None)
             except StateLockedError:
                 if not request.skip_locked:
                     raise

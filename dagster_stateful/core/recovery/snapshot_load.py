@@ -3,8 +3,9 @@
 Owns `load_snapshot_partition`: the partition's local state is replaced by the snapshot's rows
 (read with pyarrow, already sorted by key, so writing SST files is a straight copy), its stored
 changelog offset is set to the snapshot's end offset, and the ordinary recovery then replays only
-the changelog tail written after the snapshot. Also `ingest_sst_files`, for SST files another
-process (a Spark task) wrote.
+the changelog tail written after the snapshot; `load_snapshot_if_faster` does so when the
+planner says it beats the replay (a worker's own restores). Also `ingest_sst_files`, for SST files
+another process (a Spark task) wrote.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.planner import RestorePath, plan_restore
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
@@ -46,6 +48,19 @@ def load_snapshot_partition(
         seconds,
     )
     return RestoreReport(store.store, partition, RestoreKind.SNAPSHOT, 0, end, records_applied=count, seconds=seconds)
+
+
+def load_snapshot_if_faster(
+    store: StorePartition, snapshots: SnapshotStore, changelog_low: int, changelog_high: int
+) -> RestoreReport | None:
+    """Load the latest snapshot into the (open) store partition when the planner says that loading it
+    and replaying the tail after it is faster than replaying the changelog; None otherwise."""
+    manifest = snapshots.latest()
+    plan = plan_restore(store.partition, store.changelog_offset, changelog_low, changelog_high, manifest)
+    if plan.path is not RestorePath.SNAPSHOT or manifest is None:
+        return None
+    log.info("Store %r partition %d: %s", store.store, store.partition, plan.reason)
+    return load_snapshot_partition(store, snapshots, manifest, changelog_high)
 
 
 def ingest_sst_files(store: StorePartition, files: Iterable[str], changelog_offset: int) -> None:

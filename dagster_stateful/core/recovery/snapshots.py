@@ -33,7 +33,9 @@ class SnapshotManifest:
     snapshot_id: str
     created_at: float
     end_offsets: dict[int, int]
-    """Per partition: the changelog offset up to which (exclusive) the snapshot holds everything."""
+    """Per partition: the changelog offset up to which (exclusive) the snapshot holds everything. It
+    never passes the first record of a message the group had not committed when the snapshot was
+    built, so it may stop short of the changelog's end; the replay after a load covers the rest."""
     key_counts: dict[int, int]
     previous: str | None = None
     format: int = FORMAT_VERSION

@@ -44,7 +44,7 @@ def replay_digest(config: AppConfig, kafka: KafkaClients, store: str, partition:
         replica = StateDirectory(Path(scratch), config).partition(store, partition)
         replica.open()
         try:
-            Restorer(consumer, Listeners(), config.restore_batch_size).restore(replica, committed)
+            Restorer(kafka, consumer, Listeners(), config.restore_batch_size).restore(replica, committed)
             return partition_digest(replica)
         finally:
             replica.close()

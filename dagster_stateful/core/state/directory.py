@@ -1,10 +1,11 @@
 """The state directory: where an app's local state lives on disk, as in Kafka Streams' `StateDirectory`.
 
 Owns the layout `<root>/<app>/<store>/<partition>/` (one RocksDB per store partition, with its
-`.lock` and `.checkpoint`), the app's activity lock (held shared by running workers, taken
-exclusively to delete state), listing what is on disk, deleting it, and the `.corrupt-<ms>` copies
-a corrupted partition is moved to (kept for inspection, pruned by age and count so that they never
-pile up). It is the one place that builds a `StorePartition`.
+`.lock` and `.checkpoint`), how long opening a partition waits for its lock, the app's activity
+lock (held shared by running workers, taken exclusively to delete state), listing what is on disk,
+deleting it, and the `.corrupt-<ms>` copies a corrupted partition is moved to (kept for
+inspection, pruned by age and count so that they never pile up). It is the one place that builds
+a `StorePartition`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from pathlib import Path
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
-from dagster_stateful.core.state.locks import AppActivityLock
+from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, AppActivityLock
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.errors import StateLockedError
+from dagster_stateful.errors import ConfigurationError, StateLockedError
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,20 @@ class StateDirectory:
         config: AppConfig,
         corrupt_retention_seconds: float = DEFAULT_CORRUPT_RETENTION_SECONDS,
         corrupt_copies_kept: int = DEFAULT_CORRUPT_COPIES_KEPT,
+        lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
     ) -> None:
         """corrupt_retention_seconds / corrupt_copies_kept: `.corrupt-*` copies older than this, or
-        beyond this many per partition (newest kept), are deleted when a new one is made."""
+        beyond this many per partition (newest kept), are deleted when a new one is made.
+        lock_timeout_seconds: how long opening a partition waits for another holder of its lock (a
+        worker handing it over) before `StateLockedError`; `StorePartition.open(lock_timeout=...)`
+        overrides it per call (0 fails at once)."""
+        if lock_timeout_seconds < 0:
+            raise ConfigurationError(f"lock_timeout_seconds is zero or more, got {lock_timeout_seconds}")
         self.root = Path(root)
         self.config = config
         self.corrupt_retention_seconds = corrupt_retention_seconds
         self.corrupt_copies_kept = corrupt_copies_kept
+        self.lock_timeout_seconds = lock_timeout_seconds
 
     @property
     def app_dir(self) -> Path:
@@ -65,6 +73,7 @@ class StateDirectory:
             self.config.changelog_topic(store),
             self.config.source,
             quarantine=self._move_aside,
+            lock_timeout=self.lock_timeout_seconds,
         )
 
     def read_checkpoint(self, store: str, partition: int) -> Checkpoint | None:
@@ -131,7 +140,7 @@ class StateDirectory:
         """Move a corrupted partition directory out of the way; returns where it went."""
         aside = path.with_name(f"{path.name}{CORRUPT_MARKER}{int(time.time() * 1000)}")
         path.rename(aside)
-        log.warning("State partition %s cannot be opened (%s); moved it to %s for inspection", path, error, aside)
+        log.warning("State partition %s is corrupted (%s); moved it to %s for inspection", path, error, aside)
         self._prune_corrupt_copies(path.parent.name, int(path.name))
         return aside
 

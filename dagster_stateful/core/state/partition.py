@@ -1,10 +1,11 @@
 """Store partitions: one RocksDB per (app, store, Kafka partition), with its lock and offsets.
 
 Owns one partition directory's content (RocksDB files, `.lock`, `.checkpoint`), opening it safely
-(exclusive lock; a corrupted or unopenable database is handed to the state directory's quarantine
-and the partition starts empty, to be fully restored), the partition's
-two offsets kept inside the database, and committing data and offsets in one WriteBatch before
-publishing the `.checkpoint` mirror.
+(exclusive lock, waited for within a bound; a corrupted database is handed to the state directory's
+quarantine and the partition starts empty, to be fully restored, while any other failure to open
+raises and moves nothing), the partition's two offsets kept inside the database, committing data
+and offsets in one WriteBatch before publishing the `.checkpoint` mirror, and finishing a restore
+so that its offsets become durable only after its data.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from dagster_stateful.core.state.locks import PartitionLock
+from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
-from dagster_stateful.errors import StateStoreError
+from dagster_stateful.errors import ConfigurationError, StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,12 @@ def _decode_offset(data: bytes | None) -> int | None:
     return None if data is None else int.from_bytes(data, "big", signed=True)
 
 
+def _checked_timeout(seconds: float) -> float:
+    if seconds < 0:
+        raise ConfigurationError(f"a lock timeout is zero or more seconds, got {seconds}")
+    return seconds
+
+
 Quarantine = Callable[[Path, BaseException], Path]
 """Moves a corrupted partition directory aside and returns where it went (see `StateDirectory`)."""
 
@@ -45,13 +52,22 @@ class StorePartition:
     """
 
     def __init__(
-        self, path: Path, store: str, partition: int, changelog_topic: str, source_topic: str, quarantine: Quarantine
+        self,
+        path: Path,
+        store: str,
+        partition: int,
+        changelog_topic: str,
+        source_topic: str,
+        quarantine: Quarantine,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
     ) -> None:
+        """lock_timeout: seconds `open()` waits for another holder of the partition's lock to let go."""
         self.store = store
         self.partition = partition
         self.changelog_topic = changelog_topic
         self.source_topic = source_topic
         self.path = path
+        self.lock_timeout = _checked_timeout(lock_timeout)
         self._quarantine = quarantine
         self._lock = PartitionLock(self.path / ".lock", f"state partition {partition} of store {store!r}")
         self._db: PartitionDatabase | None = None
@@ -70,20 +86,34 @@ class StorePartition:
         """False for a new or wiped partition: it needs a full restore."""
         return self.changelog_offset is not None
 
-    def open(self) -> None:
+    def open(self, lock_timeout: float | None = None) -> None:
+        """Take the lock (waiting up to `lock_timeout` seconds, the partition's default when None; 0
+        fails at once) and open the database. Raises `StateLockedError` when another holder keeps
+        the lock, `StateStoreError` when RocksDB cannot open (nothing is moved unless it is corrupted)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()
+        self._lock.acquire(self.lock_timeout if lock_timeout is None else _checked_timeout(lock_timeout))
         try:
-            self._db = PartitionDatabase(self.path)
-        except Exception as error:  # noqa: BLE001 - rocksdict raises plain exceptions on corruption
-            self._move_aside(error)
-            self._db = PartitionDatabase(self.path)
-        self.changelog_offset = _decode_offset(self._db.get_meta(CHANGELOG_OFFSET_KEY))
-        self.source_offset = _decode_offset(self._db.get_meta(SOURCE_OFFSET_KEY))
+            self._db = self._open_database()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._load_offsets()
 
-    def _move_aside(self, error: Exception) -> None:
-        self._lock.release()
+    def _open_database(self) -> PartitionDatabase:
+        try:
+            return PartitionDatabase(self.path, self.store, self.partition)
+        except StoreCorruptedError as error:
+            self._move_aside(error)
+            return PartitionDatabase(self.path, self.store, self.partition)
+
+    def _load_offsets(self) -> None:
+        self.changelog_offset = _decode_offset(self.db.get_meta(CHANGELOG_OFFSET_KEY))
+        self.source_offset = _decode_offset(self.db.get_meta(SOURCE_OFFSET_KEY))
+
+    def _move_aside(self, error: BaseException) -> Path:
+        """Rename the (closed) partition directory aside, still holding its lock, then lock the new, empty one."""
         aside = self._quarantine(self.path, error)
+        self._lock.release()  # the lock file moved aside with the directory
         log.warning(
             "Store %r partition %d will be restored fully from %s (its damaged copy is at %s)",
             self.store,
@@ -92,10 +122,25 @@ class StorePartition:
             aside,
         )
         self.path.mkdir(parents=True)
-        self._lock.acquire()
+        self._lock.acquire(0.0)
         self.recovered_from_corruption = True
+        return aside
+
+    def quarantine(self, error: BaseException) -> Path:
+        """Move this damaged partition aside (after a `StoreCorruptedError` met while it was open) and
+        start it empty: it stays open and locked, without local state, ready for a full restore from
+        its changelog. Returns where the damaged copy went."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        aside = self._move_aside(error)
+        self._db = PartitionDatabase(self.path, self.store, self.partition)
+        self._load_offsets()
+        return aside
 
     def get(self, key: bytes) -> bytes | None:
+        """The stored value of `key`; raises `StoreCorruptedError` when RocksDB finds the data damaged
+        (a plain `StateStoreError` when the machine is short of files, memory or disk)."""
         return self.db.get(key)
 
     def commit(
@@ -112,18 +157,21 @@ class StorePartition:
         self.publish_checkpoint()
 
     def write_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
-        """One restore batch and the changelog position it reaches, without the write-ahead log."""
+        """One restore batch and the changelog position it reaches, without the write-ahead log: a
+        crash loses both together (flushes are atomic), and the next restore replays them."""
         self.db.write(changes, {CHANGELOG_OFFSET_KEY: encode_offset(changelog_offset)}, durable=False)
         self.changelog_offset = changelog_offset
 
     def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None:
+        """Make the restored data durable, then, only then, the offsets it reaches, then the checkpoint."""
+        self.db.flush()
         meta = {CHANGELOG_OFFSET_KEY: encode_offset(changelog_offset)}
         if source_offset is not None:
             meta[SOURCE_OFFSET_KEY] = encode_offset(source_offset)
-            self.source_offset = source_offset
         self.db.write((), meta)
-        self.db.flush()
         self.changelog_offset = changelog_offset
+        if source_offset is not None:
+            self.source_offset = source_offset
         self.publish_checkpoint()
 
     def publish_checkpoint(self) -> None:

@@ -22,34 +22,87 @@ from rocksdict import (
     WriteOptions,
 )
 
+from dagster_stateful.errors import StateStoreError, StoreCorruptedError
+
 META_COLUMN_FAMILY = "__meta__"
 DEFAULT_RECORDS_PER_SST = 2_000_000
+_CORRUPTION_STATUS = "Corruption:"
+_SHORTAGES = ("Too many open files", "No space left on device", "Cannot allocate memory")
+"""What RocksDB's status says when the machine, not the data, is at fault."""
 
 
 def _options() -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    # Restores write without the WAL: RocksDB must never flush the offsets without their data.
+    options.set_atomic_flush(True)
     return options
 
 
 class PartitionDatabase:
-    """One open RocksDB database holding one store partition."""
+    """One open RocksDB database holding one store partition (`store`, `partition` name it in errors)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, store: str | None = None, partition: int | None = None) -> None:
         self.path = path
+        self.store = store
+        self.partition = partition
         self._fast_writes = WriteOptions()
         # rocksdict's stub declares a method; at run time `disable_wal` is a settable property.
         self._fast_writes.disable_wal = True  # type: ignore[method-assign, assignment]
-        self._db = Rdict(str(path), _options(), column_families={META_COLUMN_FAMILY: Options(raw_mode=True)})
+        try:
+            self._db = Rdict(str(path), _options(), column_families={META_COLUMN_FAMILY: Options(raw_mode=True)})
+        except Exception as error:
+            raise self._open_error(error) from error
         self._meta_handle = self._db.get_column_family_handle(META_COLUMN_FAMILY)
         self._meta = self._db.get_column_family(META_COLUMN_FAMILY)
 
+    @property
+    def _where(self) -> str:
+        which = f"store {self.store!r} partition {self.partition} " if self.store is not None else ""
+        return f"{which}at {self.path}"
+
+    def _open_error(self, error: Exception) -> StateStoreError:
+        if is_corruption(self.path, error):
+            return StoreCorruptedError(
+                f"the RocksDB state {self._where} is corrupted ({error}); it must be moved aside and restored "
+                "from its changelog",
+                str(self.path),
+                self.store,
+                self.partition,
+            )
+        return StateStoreError(
+            f"cannot open the RocksDB state {self._where}: {error}. This is not corruption, so nothing was moved "
+            "or deleted. Check free disk space, the open-files limit (ulimit -n) and the directory's permissions, "
+            "then run the worker again."
+        )
+
+    def _read_error(self, error: Exception) -> StateStoreError:
+        if any(shortage in str(error) for shortage in _SHORTAGES):
+            return StateStoreError(
+                f"cannot read the RocksDB state {self._where} now: {error}. This is not corruption, so nothing needs "
+                "moving; raise the open-files limit (ulimit -n) or free memory or disk, then run the worker again."
+            )
+        return StoreCorruptedError(
+            f"reading the RocksDB state {self._where} failed: {error}. The local copy is damaged or unreadable: move "
+            "it aside and restore it from the changelog (StorePartition.quarantine, or stop the worker and run the "
+            "restore job with from_scratch=true); if the disk itself fails, replace it first.",
+            str(self.path),
+            self.store,
+            self.partition,
+        )
+
     def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+        try:
+            return self._db.get(key)
+        except Exception as error:
+            raise self._read_error(error) from error
 
     def get_meta(self, key: bytes) -> bytes | None:
-        return self._meta.get(key)
+        try:
+            return self._meta.get(key)
+        except Exception as error:
+            raise self._read_error(error) from error
 
     def write(
         self, changes: Iterable[tuple[bytes, bytes | None]], meta: Mapping[bytes, bytes], durable: bool = True
@@ -67,10 +120,16 @@ class PartitionDatabase:
                 batch.put(key, value)
         for key, value in meta.items():
             batch.put(key, value, self._meta_handle)
-        if durable:
-            self._db.write(batch)
-        else:
-            self._db.write(batch, self._fast_writes)
+        try:
+            if durable:
+                self._db.write(batch)
+            else:
+                self._db.write(batch, self._fast_writes)
+        except Exception as error:
+            raise StateStoreError(
+                f"cannot write to the RocksDB state {self._where}: {error}. Nothing of this write was applied; "
+                "check free disk space, then run the worker again."
+            ) from error
 
     def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         items = self._db.items(from_key=from_key) if from_key is not None else self._db.items()
@@ -98,13 +157,30 @@ class PartitionDatabase:
             self._db.ingest_external_file(files, options)
 
     def flush(self) -> None:
+        """Write both column families' memtables to SST files: the data first, then the offsets, so a
+        crash in between leaves offsets behind their data (replayed again), never ahead of it."""
         self._db.flush()
+        self._meta.flush()
 
     def close(self) -> None:
         # Open column-family handles keep RocksDB's LOCK after close(): drop them first.
         del self._meta
         del self._meta_handle
         self._db.close()
+
+
+def is_corruption(path: Path, error: Exception) -> bool:
+    """Whether a failure to open the database at `path` means its files are damaged (not merely
+    unreadable right now, as with too many open files or a full disk)."""
+    return str(error).startswith(_CORRUPTION_STATUS) or _current_names_missing_manifest(path)
+
+
+def _current_names_missing_manifest(path: Path) -> bool:
+    try:
+        manifest = (path / "CURRENT").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False  # no CURRENT is a new database; an unreadable one is not evidence of damage
+    return bool(manifest) and not (path / manifest).is_file()
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ Owns `State` (get / set / delete / exists, scoped to the current message key) an
 `PartitionTransaction`: per store, the last value written to each key since the last commit
 (repeated writes to a key cost one changelog record and one RocksDB put), plus the writes of the
 message being processed, which are staged apart and merged only when the message succeeds, so a
-step that fails half-way leaves no trace. Values are kept as Python objects and serialized once,
-at commit.
+step that fails half-way leaves no trace. Values are serialized by `State.set`, inside the step, so
+a value the serializer refuses fails that message under the app's error policy instead of every
+commit; the cache keeps bytes, and `State.get` returns a freshly deserialized object, so mutating
+it in place changes nothing until it is `set`.
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ from typing import Any
 from dagster_stateful.core.state.keys import encode_state_key, message_prefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
-from dagster_stateful.errors import StateStoreError
+from dagster_stateful.errors import StateSerializationError, StateStoreError
 
 Change = tuple[bytes, bytes | None, int]
 """A key's change since the last commit: (store key, serialized value or None for a delete, source offset)."""
 
 _MISSING = object()
-DELETED = object()
 
 
 class State:
@@ -30,7 +31,13 @@ class State:
 
     __slots__ = ("_cache", "_partition", "_prefix", "_serde", "_staged")
 
-    def __init__(self, partition: StorePartition, cache: dict, staged: dict, serde: Serde) -> None:
+    def __init__(
+        self,
+        partition: StorePartition,
+        cache: dict[bytes, tuple[bytes | None, int]],
+        staged: dict[bytes, bytes | None],
+        serde: Serde,
+    ) -> None:
         self._partition = partition
         self._cache = cache
         self._staged = staged
@@ -41,26 +48,46 @@ class State:
         self._prefix = prefix
 
     def get(self, key: str | bytes, default: Any = None) -> Any:
+        """A new object on every call: change it, then `set` it, for the change to count."""
         store_key = self._prefix + encode_state_key(key)
-        value = self._staged.get(store_key, _MISSING)
-        if value is _MISSING:
+        data: bytes | None
+        if store_key in self._staged:
+            data = self._staged[store_key]
+        else:
             entry = self._cache.get(store_key)
-            if entry is None:
-                raw = self._partition.get(store_key)
-                return default if raw is None else self._serde.loads(raw)
-            value = entry[0]
-        return default if value is DELETED else value
+            data = self._partition.get(store_key) if entry is None else entry[0]
+        return default if data is None else self._serde.loads(data)
 
     def set(self, key: str | bytes, value: Any) -> None:
+        """Raises `StateSerializationError` (a failure of the step) when the serializer refuses `value`."""
         if value is None:
             raise ValueError("state values cannot be None; use state.delete(key)")
-        self._staged[self._prefix + encode_state_key(key)] = value
+        self._staged[self._prefix + encode_state_key(key)] = self._dumps(key, value)
 
     def delete(self, key: str | bytes) -> None:
-        self._staged[self._prefix + encode_state_key(key)] = DELETED
+        self._staged[self._prefix + encode_state_key(key)] = None
 
     def exists(self, key: str | bytes) -> bool:
         return self.get(key, _MISSING) is not _MISSING
+
+    def _dumps(self, key: str | bytes, value: Any) -> bytes:
+        serde_name = getattr(self._serde, "name", type(self._serde).__name__)
+        try:
+            data = self._serde.dumps(value)
+        except Exception as error:
+            raise StateSerializationError(
+                f"cannot store a {type(value).__name__} under state key {key!r} of store {self._partition.store!r}: "
+                f"the {serde_name!r} state serializer refused it ({type(error).__name__}: {error}). Store values it "
+                "can encode (for JSON: dict, list, str, int, float, bool), or give the app a state_serde that can."
+            ) from error
+        if isinstance(data, (bytearray, memoryview)):
+            return bytes(data)
+        if not isinstance(data, bytes):
+            raise StateSerializationError(
+                f"the {serde_name!r} state serializer returned {type(data).__name__}, not bytes, for state key "
+                f"{key!r} of store {self._partition.store!r}; its dumps() must return bytes."
+            )
+        return data
 
 
 class PartitionTransaction:
@@ -71,9 +98,8 @@ class PartitionTransaction:
     ) -> None:
         self.partition = partition
         self.stores = stores
-        self._serde = serde
-        self._caches: dict[str, dict[bytes, tuple[Any, int]]] = {name: {} for name in stores}
-        self._staged: dict[str, dict[bytes, Any]] = {name: {} for name in stores}
+        self._caches: dict[str, dict[bytes, tuple[bytes | None, int]]] = {name: {} for name in stores}
+        self._staged: dict[str, dict[bytes, bytes | None]] = {name: {} for name in stores}
         self.states = {name: State(stores[name], self._caches[name], self._staged[name], serde) for name in stores}
         self.next_offset: int | None = committed_offset
         """Offset of the next message to process on the source partition."""
@@ -120,10 +146,9 @@ class PartitionTransaction:
     def changes(self, store: str) -> Iterator[Change]:
         """(key, serialized value or None for a delete, source offset), sorted by key."""
         cache = self._caches[store]
-        dumps = self._serde.dumps
         for key in sorted(cache):
-            value, offset = cache[key]
-            yield key, (None if value is DELETED else dumps(value)), offset
+            data, offset = cache[key]
+            yield key, data, offset
 
     def committed(self) -> None:
         """Everything up to `next_offset` is durable: start a new transaction."""

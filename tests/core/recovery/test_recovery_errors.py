@@ -35,7 +35,7 @@ def test_corrupted_store_is_moved_aside_and_fully_restored(kafka_bootstrap, uniq
     with caplog.at_level(logging.WARNING):
         report = app.run_worker(max_seconds=120)
 
-    assert "cannot be opened" in caplog.text and str(partition_dir) in caplog.text
+    assert "is corrupted" in caplog.text and str(partition_dir) in caplog.text
     assert [r.kind for r in report.restores] == ["full"]
     assert list(partition_dir.parent.glob("0.corrupt-*")), "the damaged store is kept for inspection"
     assert totals_in_store(app, 1) == expected_totals(orders)

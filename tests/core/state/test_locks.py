@@ -25,7 +25,7 @@ from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.errors import StateLockedError
 
 config = AppConfig(name="app", source="orders", stores=("totals",))
-partition = StateDirectory(Path(sys.argv[1]), config).partition("totals", 0)
+partition = StateDirectory(Path(sys.argv[1]), config, lock_timeout_seconds=0).partition("totals", 0)
 try:
     partition.open()
 except StateLockedError as error:
@@ -61,7 +61,7 @@ def test_second_open_in_same_process_is_refused_naming_path_and_holder(tmp_path)
         second = partition_at(tmp_path)
 
         with pytest.raises(StateLockedError) as raised:
-            second.open()
+            second.open(lock_timeout=0)
 
         message = str(raised.value)
         assert str(holder.path) in message and f"pid {os.getpid()}" in message, message
@@ -106,7 +106,7 @@ def test_lock_of_a_killed_holder_is_released(tmp_path):
         assert process.stdout is not None, "started with stdout=PIPE"
         assert process.stdout.readline().strip() == "HOLDING"
         with pytest.raises(StateLockedError, match=f"pid {process.pid}"):
-            partition_at(tmp_path).open()
+            partition_at(tmp_path).open(lock_timeout=0)
     finally:
         process.kill()
         process.wait(timeout=30)

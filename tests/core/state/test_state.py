@@ -9,7 +9,7 @@ from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix, split_store_key
 from dagster_stateful.core.state.serialization import resolve_serde
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.errors import ConfigurationError
+from dagster_stateful.errors import ConfigurationError, StateSerializationError
 
 
 @pytest.fixture
@@ -103,3 +103,42 @@ def test_serializers_reject_bad_input_clearly():
         StrSerde().dumps(5)
     with pytest.raises(ConfigurationError, match="unknown serializer"):
         resolve_serde("avro")
+
+
+def test_a_value_the_serializer_refuses_fails_in_set_and_leaves_no_trace(transaction):
+    state = transaction.states["totals"]
+    transaction.begin_message(b"A")
+    state.set("total", 1)
+    transaction.accept_message(0)
+    transaction.begin_message(b"A")
+    state.set("total", 2)
+
+    with pytest.raises(StateSerializationError) as raised:
+        state.set("tags", {"x", "y"})  # JSON has no sets
+
+    message = str(raised.value)
+    assert "'tags'" in message and "'totals'" in message and "set" in message and "json" in message, message
+    transaction.discard_message()
+    assert list(transaction.changes("totals")) == [(message_prefix(b"A") + b"total", b"1", 0)]
+
+
+def test_get_returns_a_new_object_so_in_place_changes_count_only_when_set(transaction):
+    state = transaction.states["totals"]
+    transaction.begin_message(b"A")
+    state.set("record", {"n": 1})
+    transaction.accept_message(0)
+
+    transaction.begin_message(b"A")
+    record = state.get("record")
+    record["n"] = 999  # mutated, then the message fails
+    transaction.discard_message()
+    assert state.get("record") == {"n": 1}
+    assert state.get("record") is not state.get("record")
+
+    transaction.begin_message(b"A")
+    record = state.get("record")
+    record["n"] += 1
+    state.set("record", record)
+    record["n"] = 555  # after set: the stored bytes are already taken
+    transaction.accept_message(1)
+    assert list(transaction.changes("totals")) == [(message_prefix(b"A") + b"record", b'{"n":2}', 1)]

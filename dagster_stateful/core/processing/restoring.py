@@ -1,0 +1,90 @@
+"""Partitions whose stores are being opened and restored while the worker keeps polling (Kafka
+Streams' state updater, in the worker's own loop).
+
+Owns `RestoringPartition` (an assigned source partition, paused, with its stores once their locks
+are taken, and the changelog replays they still need) and `Restorations`, which the worker
+advances one batch at a time between polls, so that restored partitions keep processing, the consumer keeps its group
+membership during long restores, and a revocation or a stop interrupts a restore without losing
+its progress. Messages of a restoring partition that arrive anyway are not processed: the
+partition is rewound to the first of them when it resumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagster_stateful.core.monitoring.report import RestoreReport
+from dagster_stateful.core.recovery.changelog import ChangelogRestore
+from dagster_stateful.core.state.partition import StorePartition
+
+
+@dataclass
+class RestoringPartition:
+    partition: int
+    committed: int | None
+    """The group's committed offset; once the stores are open, the offset processing starts from."""
+    assigned_at: float
+    stores: dict[str, StorePartition] = field(default_factory=dict)
+    opened: bool = False
+    """Whether every store is open (their locks taken) and the replays they need are known."""
+    pending: list[ChangelogRestore] = field(default_factory=list)
+    rewind_to: int | None = None
+    """The first offset of this partition that arrived while it was restoring (not processed)."""
+
+    def note_arrival(self, offset: int) -> None:
+        if self.rewind_to is None or offset < self.rewind_to:
+            self.rewind_to = offset
+
+    @property
+    def records_left(self) -> int:
+        return sum(replay.records_left for replay in self.pending)
+
+
+class Restorations:
+    """The restoring partitions of one worker, advanced one changelog batch per `step()`."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[int, RestoringPartition] = {}
+        self.reports: list[RestoreReport] = []
+        """Every restore finished or suspended so far."""
+
+    def __bool__(self) -> bool:
+        return bool(self.partitions)
+
+    def __contains__(self, partition: int) -> bool:
+        return partition in self.partitions
+
+    def add(self, restoring: RestoringPartition) -> None:
+        self.partitions[restoring.partition] = restoring
+
+    def unopened(self) -> list[RestoringPartition]:
+        return [restoring for restoring in self.partitions.values() if not restoring.opened]
+
+    def step(self) -> list[RestoringPartition]:
+        """Advance the first unfinished restore by one batch; returns the partitions now ready."""
+        for restoring in self.partitions.values():
+            if not restoring.pending:
+                continue
+            replay = restoring.pending[0]
+            replay.step()
+            if replay.done:
+                self.reports.append(replay.finish())
+                restoring.pending.pop(0)
+            break
+        ready = [r for r in self.partitions.values() if r.opened and not r.pending]
+        for restoring in ready:
+            del self.partitions[restoring.partition]
+        return ready
+
+    def suspend(self, partition: int) -> RestoringPartition | None:
+        """Stop restoring `partition` (its progress is kept); returns it so its stores can be closed."""
+        restoring = self.partitions.pop(partition, None)
+        if restoring is not None and restoring.pending:
+            if restoring.pending[0].started:
+                self.reports.append(restoring.pending[0].suspend())
+            restoring.pending.clear()
+        return restoring
+
+    @property
+    def records_left(self) -> int:
+        return sum(restoring.records_left for restoring in self.partitions.values())

@@ -1,0 +1,49 @@
+"""A damaged store met inside a step is the store's failure, not the message's (real RocksDB, no Kafka).
+
+`StreamingDataFrame.run` turns what a step raises into `StepFailed`, which the error policy may
+skip or dead-letter; a `StoreCorruptedError` from a state read must pass through unwrapped, or a
+worker under on_error="skip" would skip every message of a damaged partition and commit past them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from state_damage import MESSAGE_KEY, STATE_KEYS, committed_store, damage_data_block
+
+from dagster_stateful.core import JsonSerde, State
+from dagster_stateful.core.processing.dataframe import StepFailed, StreamingDataFrame
+from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.errors import StoreCorruptedError
+
+
+def read_every_key(value: dict, state: State) -> dict:
+    for state_key in STATE_KEYS:
+        state.get(state_key)
+    return value
+
+
+def test_a_corrupted_store_read_in_a_step_propagates_unwrapped(tmp_path):
+    state_dir = committed_store(tmp_path)
+    damage_data_block(state_dir.partition_path("totals", 0))
+    part = state_dir.partition("totals", 0)
+    part.open()
+    try:
+        txn = PartitionTransaction(0, {"totals": part}, JsonSerde(), committed_offset=len(STATE_KEYS))
+        sdf = StreamingDataFrame(["totals"]).update(read_every_key, stateful=True)
+
+        txn.begin_message(MESSAGE_KEY)
+        with pytest.raises(StoreCorruptedError) as raised:
+            sdf.run({"amount": 1}, txn.states)
+
+        assert not isinstance(raised.value, StepFailed)
+        assert raised.value.path == str(part.path) and raised.value.partition == 0
+    finally:
+        part.close()
+
+
+def test_other_step_errors_are_still_step_failures(tmp_path):
+    def broken(value: dict) -> dict:
+        raise KeyError("amount")
+
+    with pytest.raises(StepFailed, match="broken"):
+        StreamingDataFrame(["totals"]).apply(broken).run({}, {})

@@ -1,0 +1,149 @@
+"""Changelog records of uncommitted messages, with aggressive compaction, as production sees it.
+
+A worker dies (or pauses) between delivering its changelog records and committing the source
+offsets: the faulty consumer below stands in for a crash at exactly that point. Totals are always
+recomputed from the source topic, never read back from the code under test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from kafka_helpers import produce, read_messages, wait_for
+
+from dagster_stateful.core.recovery.changelog import processed_offset
+from dagster_stateful.core.state.keys import message_prefix
+
+TESTS = Path(__file__).resolve().parents[2]
+COMPACT_FAST = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}
+
+FAULTY_WORKER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from confluent_kafka import Consumer
+    from core_helpers import totals_app
+    from dagster_stateful.core.kafka.clients import KafkaClients
+
+    class FaultyConsumer(Consumer):
+        # The source commit comes after every changelog record was delivered: fail right there.
+        def commit(self, *args, **kwargs):
+            if {fault!r} == "crash":
+                os._exit(9)
+            release = Path({release!r})
+            Path({paused!r}).touch()
+            while not release.exists():
+                time.sleep(0.05)
+            return super().commit(*args, **kwargs)
+
+    make_consumer = KafkaClients.consumer
+
+    def consumer(self, config):
+        if "partition.assignment.strategy" in config:
+            return FaultyConsumer({{**self.settings, **config}})
+        return make_consumer(self, config)
+
+    KafkaClients.consumer = consumer
+    app = totals_app({bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, commit_every=10_000,
+                     changelog_config={changelog_config!r})
+    app.run_worker(max_seconds=120)
+""")
+
+
+def faulty_worker(fault: str, tmp_path: Path, **values) -> subprocess.Popen:
+    script = FAULTY_WORKER.format(
+        tests=str(TESTS),
+        fault=fault,
+        release=str(tmp_path / "release"),
+        paused=str(tmp_path / "paused"),
+        changelog_config=COMPACT_FAST,
+        **values,
+    )
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def changelog_records(bootstrap: str, topic: str) -> list[tuple[bytes | None, int | None]]:
+    """(key, processed source offset) of every record left in the changelog."""
+    return [(m.key(), processed_offset(m.headers())) for m in read_messages(bootstrap, topic)]
+
+
+def test_a_full_restore_after_compaction_never_loses_committed_state(kafka_bootstrap, unique_name, tmp_path):
+    first, second = make_orders(300, customers=10), make_orders(300, customers=10, start=300)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 1, first)
+    name = unique_name("totals")
+    app = totals_app(kafka_bootstrap, source, tmp_path, name, changelog_config=COMPACT_FAST)
+    assert app.run_worker(max_seconds=120).committed_offsets == {0: 300}
+    produce(kafka_bootstrap, source, second)
+
+    worker = faulty_worker(
+        "crash", tmp_path, bootstrap=kafka_bootstrap, source=source, state_dir=str(tmp_path), name=name
+    )
+    assert worker.wait(timeout=120) == 9, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
+    changelog = app.changelog_topic("totals")
+    customers = {key for key, _ in first}
+    prefixes = tuple(message_prefix(customer) for customer in customers)
+    roll = [(message_prefix(b"no-such-customer") + b"total", None)]
+
+    def compacted() -> bool:
+        # The cleaner never touches the active segment: a record written after segment.ms (here a
+        # tombstone for a key no message has) rolls it, as later commits would in production.
+        produce(kafka_bootstrap, changelog, roll)
+        latest = [
+            (key, offset)
+            for key, offset in changelog_records(kafka_bootstrap, changelog)
+            if key is not None and key.startswith(prefixes)
+        ]
+        return len(latest) == len(customers) and all(offset is not None and offset >= 300 for _, offset in latest)
+
+    wait_for(compacted, 120, "compaction to keep only the uncommitted record of each customer", interval=0.5)
+    app.clear_state()  # a new machine: the full restore sees only the uncommitted records
+
+    report = app.run_worker(max_seconds=120)
+
+    assert report.stop_reason == "caught_up"
+    restored = totals_in_store(app, 1)
+    expected = expected_totals(first + second)
+    assert set(restored) == set(expected), "no customer is missing"
+    short = {c: (restored[c], expected[c]) for c in expected if restored[c] < expected[c]}
+    assert not short, f"at-least-once never loses: customers short (restored, expected): {short}"
+    assert sum(r.records_uncommitted_applied for r in report.restores) == len(customers)
+
+
+def test_a_restore_during_a_commit_in_flight_applies_that_commit_later(kafka_bootstrap, unique_name, tmp_path):
+    first, second = make_orders(300, customers=12), make_orders(300, customers=12, start=300)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 1, first)
+    name = unique_name("totals")
+    owner_dir, standby_dir = tmp_path / "owner", tmp_path / "standby"
+    app = totals_app(kafka_bootstrap, source, owner_dir, name, changelog_config=COMPACT_FAST)
+    app.run_worker(max_seconds=120)
+    standby = app.bind(state_dir=standby_dir)
+    standby.restore_partitions([0])
+    produce(kafka_bootstrap, source, second)
+
+    worker = faulty_worker(
+        "pause", tmp_path, bootstrap=kafka_bootstrap, source=source, state_dir=str(owner_dir), name=name
+    )
+    try:
+        wait_for(
+            lambda: (tmp_path / "paused").exists() or worker.poll() is not None,
+            120,
+            "the owner to deliver its changelog and start committing",
+        )
+        assert worker.poll() is None, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
+        standby.restore_partitions([0])  # reads the group's committed offset while the commit is in flight
+        (tmp_path / "release").touch()
+        assert worker.wait(timeout=120) == 0, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    standby.restore_partitions([0])
+
+    expected = expected_totals(first + second)
+    assert totals_in_store(standby, 1) == expected, "the standby copy has the commit that was in flight"
+    assert totals_in_store(app, 1) == expected
