@@ -26,6 +26,8 @@ def worker_metadata(report: WorkerReport) -> dict[str, Any]:
         "lag_left": report.total_lag,
         "lag_per_partition": MetadataValue.json({str(p): n for p, n in sorted(report.lag.items())}),
         "rebalances_seen": report.rebalances,
+        "partitions_lost": report.partitions_lost,
+        "stores_recovered": report.stores_recovered,
         "skipped_messages": report.skipped,
         "dead_lettered_messages": report.dead_lettered,
         "duration_seconds": round(report.seconds, 3),

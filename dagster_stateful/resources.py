@@ -29,6 +29,11 @@ class KafkaResource(ConfigurableResource):
     sasl_mechanism: str | None = Field(default=None, description="e.g. PLAIN, SCRAM-SHA-512 (SASL only).")
     sasl_username: str | None = Field(default=None, description="SASL user name; pass it with `EnvVar`.")
     sasl_password: str | None = Field(default=None, description="SASL password; always pass it with `EnvVar`.")
+    admin_timeout_seconds: float = Field(
+        default=30.0,
+        description="How long Kafka reads and topic changes retry transient errors (a broker outage, a "
+        "leader moving) before the run fails; raise it to let workers ride out longer outages.",
+    )
     client_config: dict[str, str] = Field(
         default_factory=dict,
         description="Further librdkafka settings applied to every client (e.g. `ssl.ca.location`).",
@@ -67,7 +72,7 @@ class KafkaResource(ConfigurableResource):
         return options
 
     def clients(self) -> KafkaClients:
-        return KafkaClients(self.client_settings())
+        return KafkaClients(self.client_settings(), admin_timeout_seconds=self.admin_timeout_seconds)
 
 
 class StateStoreResource(ConfigurableResource):

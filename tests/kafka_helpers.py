@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 T = TypeVar("T")
 
@@ -33,6 +33,18 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[st
     )[name]
     future.result(timeout=30)
     wait_for(lambda: name in admin.list_topics(timeout=10).topics, 30, f"topic {name} to appear")
+    wait_for(lambda: _answers_offsets(admin, name, partitions), 30, f"every partition of {name} to answer")
+
+
+def _answers_offsets(admin: AdminClient, topic: str, partitions: int) -> bool:
+    """Whether every partition of a new topic has a leader that answers an offsets request."""
+    requests = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+    try:
+        for future in admin.list_offsets(requests, request_timeout=10).values():
+            future.result(timeout=15)
+    except KafkaException:
+        return False
+    return True
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:

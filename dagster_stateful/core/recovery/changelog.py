@@ -174,22 +174,34 @@ class ChangelogRestore:
     def _deduplicate(self, messages: list[Message]) -> None:
         """The batch's last value per key (None: tombstone), under the at-least-once rule.
 
-        This loop runs once per changelog record: the header the commit path writes (one, an
-        8-byte big-endian offset) is compared as bytes, which orders like the offsets.
+        This loop runs once per changelog record, so it is written for speed: the header the commit
+        path writes (one, an 8-byte big-endian offset) is compared as bytes, which orders like the
+        offsets, and the filter is consulted only where it has something to decide or remember.
         """
         batch, uncommitted = self._batch, self.filter
+        committed_bytes = uncommitted.committed_bytes
+        remember_committed = uncommitted.remembers_committed_keys
         for message in messages:
-            error = message.error()
-            if error is not None:
-                raise KafkaException(error)
-            key, value = message.key(), message.value()
+            key = message.key()
             if key is None:
+                error = message.error()
+                if error is not None:
+                    raise KafkaException(error)
                 continue  # the engine never writes keyless records; nothing to restore
-            processed = _processed_bytes(message.headers())
-            if uncommitted.is_uncommitted(processed):
-                if not uncommitted.admit_uncommitted(key, record_position(message)[2]):
+            value = message.value()
+            headers = message.headers()
+            processed: bytes | None = None
+            if headers:
+                name, raw = headers[0]
+                if len(headers) == 1 and name == SOURCE_OFFSET_HEADER and isinstance(raw, bytes) and len(raw) == 8:
+                    processed = raw
+                else:
+                    processed = _processed_bytes(headers)
+            if processed is not None and processed >= committed_bytes:
+                offset = message.offset()
+                if not uncommitted.admit_uncommitted(key, offset if offset is not None else self.position):
                     continue
-            else:
+            elif remember_committed or value is None:
                 uncommitted.admit_committed(key, value)
             batch[key] = value
 

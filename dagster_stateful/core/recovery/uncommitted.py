@@ -48,6 +48,12 @@ class UncommittedFilter:
         self.skipped = 0
         self.applied_uncommitted = 0
 
+    @property
+    def remembers_committed_keys(self) -> bool:
+        """Whether `admit_committed` must see every committed record (restores on top of existing
+        state), not only tombstones and keys restored from uncommitted records."""
+        return self._restored is None or bool(self._uncommitted_keys)
+
     def is_uncommitted(self, processed: bytes | None) -> bool:
         """Whether a record whose processed-offset header is `processed` (8 bytes) is uncommitted.
 
