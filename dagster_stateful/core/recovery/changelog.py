@@ -191,7 +191,7 @@ class ChangelogRestore:
             value = message.value()
             headers = message.headers()
             processed: bytes | None = None
-            if headers:
+            if isinstance(headers, list) and headers:
                 name, raw = headers[0]
                 if len(headers) == 1 and name == SOURCE_OFFSET_HEADER and isinstance(raw, bytes) and len(raw) == 8:
                     processed = raw
