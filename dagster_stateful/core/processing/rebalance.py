@@ -179,6 +179,8 @@ class PartitionAssignments:
             self._close(partition)
         self._note_empty()
         log.info("Revoked %s partitions %s", self.config.source, revoked)
+        if self.transactions and not self.restorations and not self.shutting_down:
+            self._listeners.transition(AppState.RUNNING)  # the partitions kept go on processing
 
     def _lose(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = [tp.partition for tp in partitions if tp.partition in self.held]

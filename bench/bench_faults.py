@@ -1,0 +1,268 @@
+"""Fault-injection benchmark: the cases of tests/faults/ repeated at scale, with a table of what they found.
+
+Runs the seven cases of the issue "Correct under every failure" (tests/fault_scenarios.py: real
+worker subprocesses against a real broker) --repetitions times each and prints, per case:
+
+    case | faults injected | messages | lost | doubled | recovery seconds
+
+- faults injected: kills that landed, broker outages, damaged stores, recreated changelogs,
+  retention cuts, read-only directories;
+- messages: source messages the final state was checked against (read back from Kafka);
+- lost / doubled: over customers, sum of max(0, expected - counted) and max(0, counted - expected)
+  of the per-customer order count in the store ("lost" must be 0; "doubled" is what at-least-once
+  allows after a crash);
+- recovery seconds: from the restart after the (last) fault until the worker stopped caught up
+  (process start, group join, restores and the messages left); median and max over repetitions.
+
+Below the table it prints, per case, where the kills landed, the errors workers stopped with,
+anything a failed run committed anyway, and other ways out that were tried. The script exits 1
+when any order was lost or a final run did not end caught up with no lag.
+
+A single-node broker is started in a temporary directory (unless KAFKA_BOOTSTRAP_SERVERS is set);
+case 3 always starts a broker of its own, since it stops and restarts it. Case 7 runs its workers as
+the user `nobody` when run as root (root ignores file permissions).
+
+    .venv/bin/python bench/bench_faults.py                              # every case once, a few minutes
+    .venv/bin/python bench/bench_faults.py --cases 1,2 --repetitions 3 --kills 50 --orders 100000
+    .venv/bin/python bench/bench_faults.py --cases 4,5,6,7 --orders 2000   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))  # the harness and the cases live with the tests
+
+from fault_harness import FaultResult, RestartableBroker  # noqa: E402
+from fault_scenarios import (  # noqa: E402
+    Lab,
+    ReadOnlyMoment,
+    alternating_kills,
+    broker_outage,
+    corrupted_store,
+    read_only_state,
+    recreated_changelog,
+    retention_cut,
+    shadowed_corruption,
+    sigkill_storm,
+)
+
+from dagster_stateful.local_kafka.broker import LocalKafkaBroker  # noqa: E402
+
+CASES = ("1", "2", "3", "4", "5", "6", "7")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case numbers (default: all)")
+    parser.add_argument("--repetitions", type=int, default=1, help="runs of each case")
+    parser.add_argument("--orders", type=int, default=20_000, help="orders of case 1 (cases 3-7 use a quarter)")
+    parser.add_argument("--customers", type=int, default=600)
+    parser.add_argument("--partitions", type=int, default=3, help="source partitions (case 2 uses one more)")
+    parser.add_argument("--kills", type=int, default=20, help="SIGKILLs of case 1")
+    parser.add_argument("--alternating-kills", type=int, default=8, help="SIGKILLs of case 2 (A and B in turn)")
+    parser.add_argument("--feed-rate", type=float, default=400.0, help="orders/s produced during case 2")
+    parser.add_argument("--outage-seconds", type=float, default=0.0, help="least broker downtime in case 3")
+    parser.add_argument("--damage-rounds", type=int, default=2, help="stores damaged in turn in case 4")
+    parser.add_argument("--cut", type=int, default=200, help="orders case 6 deletes past the committed offset")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the random choices (default: random)")
+    parser.add_argument("--log-level", default="WARNING")
+    return parser.parse_args()
+
+
+def print_settings(args: argparse.Namespace, cases: list[str], seed: int, external: str | None) -> None:
+    print("== machine")
+    print(f"cpu_count: {os.cpu_count()}; {platform.platform()}; Python {sys.version.split()[0]}")
+    print(f"load avg:  {' / '.join(f'{x:.2f}' for x in os.getloadavg())} (1/5/15 min; other work skews the seconds)")
+    print("== settings")
+    print(f"cases:        {', '.join(cases)}; repetitions {args.repetitions}; seed {seed}")
+    print(
+        f"case 1:       {args.orders:,} orders, {args.customers} customers, {args.partitions} partitions, "
+        f"{args.kills} kills (mid-batch, mid-restore, three points inside the commit, about equally often; "
+        "local state deleted before every mid-restore kill and a quarter of the others)"
+    )
+    print(
+        f"case 2:       {args.alternating_kills} kills of workers A and B in turn, {args.partitions + 1} partitions, "
+        f"orders fed at {args.feed_rate:.0f}/s while killing"
+    )
+    print(
+        f"case 3:       {args.orders // 4:,} orders; the broker is stopped (down at least {args.outage_seconds:g} s; "
+        "its restart takes longer than the 3 s session timeout) while a patient worker (admin timeout 120 s) "
+        "processes and an impatient one (3 s) restores; one more impatient worker starts during the outage"
+    )
+    print(
+        f"cases 4-7:    {args.orders // 4:,} orders each; case 4 damages the newest SST of {args.damage_rounds} "
+        "store partition(s) in turn, then (apart) the oldest SST of a partition with three, which newer files "
+        f"shadow; case 6 deletes {args.cut} orders past the committed offset"
+    )
+    print(
+        "workers:      commit every 200 messages or 0.5 s, restore batches of 100, session timeout 1.5 s "
+        "(cases 1-2) or 3 s, changelog compaction segment.ms=300, min.cleanable.dirty.ratio=0.01, "
+        "delete.retention.ms=100"
+    )
+    print(f"kafka:        {external or 'a local broker started for this run'} (case 3: its own broker)")
+
+
+def run_cases(
+    args: argparse.Namespace, cases: list[str], bootstrap: str, scratch: Path, seed: int
+) -> dict[str, list[FaultResult]]:
+    small = max(1000, args.orders // 4)
+    results: dict[str, list[FaultResult]] = {}
+    rng = random.Random(seed)
+    for repetition in range(args.repetitions):
+        for case in cases:
+            work = scratch / f"case{case}-{repetition}"
+            work.mkdir(parents=True)
+            lab = Lab(bootstrap, work, rng.randrange(2**32))
+            began = time.monotonic()
+            found = _run_case(case, args, lab, small, work)
+            for result in found:
+                results.setdefault(result.case, []).append(result)
+            print(f"   case {case} run {repetition + 1}: {time.monotonic() - began:.0f} s", flush=True)
+    return results
+
+
+def _run_case(case: str, args: argparse.Namespace, lab: Lab, small: int, work: Path) -> list[FaultResult]:
+    if case == "3":
+        broker = RestartableBroker(work / "kafka")
+        own = Lab(broker.start(), work, lab.seed)
+        try:
+            return broker_outage(own, broker, orders=small, outage_seconds=args.outage_seconds)
+        finally:
+            broker.stop()
+    if case == "4":
+        return [
+            corrupted_store(lab, small, args.customers, args.partitions, args.damage_rounds),
+            shadowed_corruption(lab, small, args.customers, args.partitions),
+        ]
+    if case == "7":
+        return [read_only_state(lab, moment, orders=small) for moment in ReadOnlyMoment]
+    runners: dict[str, Callable[[], FaultResult]] = {
+        "1": lambda: sigkill_storm(lab, args.orders, args.customers, args.partitions, args.kills),
+        "2": lambda: alternating_kills(
+            lab, args.alternating_kills, args.customers, args.partitions + 1, args.feed_rate
+        ),
+        "5": lambda: recreated_changelog(lab, small, args.customers, args.partitions),
+        "6": lambda: retention_cut(lab, small, args.customers, args.partitions, args.cut),
+    }
+    return [runners[case]()]
+
+
+def final_run_ok(result: FaultResult) -> bool:
+    """The run that settled the case ended caught up with no lag by Kafka's committed offsets."""
+    last = result.runs[-1] if result.runs else None
+    return last is not None and last.error is None and last.stop_reason == "caught_up" and last.lag == 0
+
+
+def print_table(results: dict[str, list[FaultResult]]) -> bool:
+    header = ("case", "faults injected", "messages", "lost", "doubled", "recovery s (median / max)", "final run")
+    rows = []
+    healthy = True
+    for case, found in results.items():
+        recoveries = [r.recovery_seconds for r in found]
+        ok = all(final_run_ok(r) for r in found)
+        lost = sum(r.lost for r in found)
+        healthy = healthy and ok and lost == 0 and not any(r.totals_short for r in found)
+        rows.append(
+            (
+                case,
+                str(sum(r.faults for r in found)),
+                f"{sum(r.messages for r in found):,}",
+                str(lost),
+                str(sum(r.doubled for r in found)),
+                f"{statistics.median(recoveries):.1f} / {max(recoveries):.1f}",
+                "caught up, lag 0" if ok else "NOT CAUGHT UP",
+            )
+        )
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    print("\n== results")
+    print(" | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)))
+    print("-+-".join("-" * width for width in widths))
+    for row in rows:
+        print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    return healthy
+
+
+def print_findings(results: dict[str, list[FaultResult]]) -> None:
+    print("\n== what each case found")
+    for case, found in results.items():
+        print(f"{case}:")
+        points: dict[str, int] = {}
+        counters: dict[str, int] = {}
+        for result in found:
+            for point, count in result.points.items():
+                points[point] = points.get(point, 0) + count
+            for name, value in result.counters.items():
+                counters[name] = counters.get(name, 0) + value
+        if points:
+            print("   kills landed: " + "; ".join(f"{point} x{count}" for point, count in sorted(points.items())))
+        if counters:
+            print("   " + "; ".join(f"{name}: {value}" for name, value in counters.items()))
+        for result in found:
+            for run in result.runs:
+                if run.error is not None:
+                    print(f"   {run.label}: stopped with {run.error.type}: {_first_line(run.error.message)}")
+            for change in result.changed_by_failed_run:
+                print(f"   COMMITTED BY A FAILED RUN: {change}")
+            for route, comparison in result.side_routes.items():
+                print(f"   side route {route}: lost {comparison.lost}, doubled {comparison.doubled}")
+            if result.totals_short:
+                print(f"   customers with a short total: {list(result.totals_short)[:10]}")
+            if result.missed_by_iteration:
+                print(f"   customers the store's iteration misses: {len(result.missed_by_iteration)}")
+            for note in result.notes:
+                print(f"   {note}")
+
+
+def _first_line(message: str, limit: int = 220) -> str:
+    line = message.splitlines()[0] if message else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def main() -> int:
+    args = parse_args()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cases = [case.strip() for case in args.cases.split(",") if case.strip()]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; the cases are {', '.join(CASES)}")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    print_settings(args, cases, seed, external)
+    with tempfile.TemporaryDirectory(prefix="bench-faults-") as scratch_name:
+        scratch = Path(scratch_name)
+        broker = None
+        try:
+            if external:
+                bootstrap = external
+            else:
+                broker = LocalKafkaBroker(scratch / "kafka")
+                began = time.monotonic()
+                bootstrap = broker.start(tie_to_parent=True)
+                print(f"broker: {bootstrap} started in {time.monotonic() - began:.1f} s")
+            print("== running (each case's own time)")
+            results = run_cases(args, cases, bootstrap, scratch, seed)
+        finally:
+            if broker is not None:
+                broker.stop()
+    healthy = print_table(results)
+    print_findings(results)
+    if not healthy:
+        print("\nFAILED: an order was lost, or a final run did not end caught up with no lag (see above)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""The fault suite's worker: a real worker of a counting app, run as a subprocess that reports what it does.
+
+Owns the app every fault case runs (`count_order` keeps per customer a count of orders and their
+total in the store "totals"; `build_app` builds it from a `WorkerSpec`) and this file's use as a
+script: `python fault_worker.py '<WorkerSpec as JSON>'` runs one bounded worker and prints one line
+`EVENT <kind> <JSON>` per observable step on stdout: `started`, `state` (each state transition),
+`restore_start` / `batch` / `restore_end` / `restore_suspended` (a restore listener), `commit` (each
+source commit, once Kafka took it), `progress` (every `PROGRESS_EVERY` messages), and at the end
+`report` (the worker's report) or `error` (the error it stopped with; exit code `WORKER_FAILED`).
+Logs go to stderr. Armed by the spec, the worker kills itself with SIGKILL inside its n-th commit
+(see `CommitPhase`): the windows between the commit's steps are too short to hit from outside.
+`fault_harness` launches it and reads the events.
+
+`python fault_worker.py --read '<WorkerSpec as JSON>'` (customers as a JSON list on stdin) reads the
+app's store instead, as the worker's user would, and prints one `EVENT reading <JSON>` line: each
+customer's state by point lookups (what processing reads) and by iterating each partition through
+the engine (what digests and checks read), and any failure met while reading. A separate process,
+so that whatever a damaged store does to the reader (a lock left held, say) ends with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+
+from dagster_stateful.core import App, RestoreListener, State
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.state.keys import message_prefix, split_store_key
+from dagster_stateful.errors import StatefulError
+
+STORE = "totals"
+STATE_KEYS = ("count", "total")
+"""What `count_order` keeps per customer."""
+COMPACT_FAST = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}
+"""Changelog compaction as aggressive as the broker allows: restores see what production sees."""
+PROGRESS_EVERY = 50
+"""The worker prints a progress event every this many messages it processes."""
+WORKER_FAILED = 3
+"""Exit code of a worker that stopped with an error (printed as an `error` event first)."""
+
+
+def count_order(order: dict, state: State) -> dict:
+    """Per customer: how many orders, and their total amount."""
+    state.set("count", state.get("count", 0) + 1)
+    state.set("total", state.get("total", 0) + order["amount"])
+    return order
+
+
+class CommitPhase(StrEnum):
+    """Where inside its n-th commit a worker kills itself (see `processing/commit.py` for the order)."""
+
+    BEFORE_DELIVERY = "before delivery"
+    """Changelog records produced (some may be sent), not acknowledged; nothing committed."""
+    BEFORE_OFFSETS = "delivered, offsets not committed"
+    """Changelog records acknowledged; the source offsets not committed (their messages will double)."""
+    AFTER_OFFSETS = "offsets committed, store not written"
+    """Source offsets committed; the RocksDB batch and the checkpoint not written (the store is behind)."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One run of the counting app, as the subprocess builds it."""
+
+    bootstrap: str
+    source: str
+    name: str
+    state_dir: str
+    partitions: int
+    max_seconds: float = 120.0
+    until_caught_up: bool = True
+    commit_every: int = 200
+    commit_interval: float = 0.5
+    restore_batch_size: int = 100
+    restore_delay: float = 0.0
+    """Extra seconds each restored batch takes (a restore listener's sleep): a window to strike in."""
+    step_delay: float = 0.0
+    """Seconds the step sleeps every `PROGRESS_EVERY` messages (a slow step): a window to strike in."""
+    admin_timeout_seconds: float = 60.0
+    session_timeout_ms: int = 3000
+    on_error: str = "raise"
+    changelog_config: Mapping[str, str] = field(default_factory=lambda: dict(COMPACT_FAST))
+    kill_at_commit: int = 0
+    """Kill the worker inside its n-th commit (0: never), at `kill_phase`."""
+    kill_phase: str = CommitPhase.BEFORE_OFFSETS.value
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        return cls(**json.loads(text))
+
+
+def build_app(spec: WorkerSpec) -> App:
+    """The counting app of `spec` (also used by the test to read its state or clear it)."""
+    kafka = KafkaClients(
+        {"bootstrap.servers": spec.bootstrap, "log_level": 2}, admin_timeout_seconds=spec.admin_timeout_seconds
+    )
+    app = App(
+        name=spec.name,
+        source=spec.source,
+        stores=[STORE],
+        state_dir=spec.state_dir,
+        kafka=kafka,
+        on_error=spec.on_error,
+        commit_interval=spec.commit_interval,
+        commit_every=spec.commit_every,
+        changelog_config=spec.changelog_config,
+        restore_batch_size=spec.restore_batch_size,
+        consumer_config={
+            "session.timeout.ms": spec.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, spec.session_timeout_ms // 6),
+        },
+    )
+    app.dataframe().apply(count_order, stateful=True)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker subprocess itself
+
+
+def _emit(kind: str, data: object = None) -> None:
+    sys.stdout.write(f"EVENT {kind} {json.dumps(data) if data is not None else ''}\n")
+    sys.stdout.flush()
+
+
+class _PrintingRestoreListener(RestoreListener):
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def on_restore_start(self, partition: int, store: str, start_offset: int, end_offset: int) -> None:
+        _emit("restore_start", [partition, store, start_offset, end_offset])
+
+    def on_batch_restored(self, partition: int, store: str, batch_end_offset: int, num_restored: int) -> None:
+        _emit("batch", [partition, store, batch_end_offset, num_restored])
+        if self.delay:
+            time.sleep(self.delay)
+
+    def on_restore_end(self, partition: int, store: str, total_restored: int) -> None:
+        _emit("restore_end", [partition, store, total_restored])
+
+    def on_restore_suspended(self, partition: int, store: str, total_restored: int) -> None:
+        _emit("restore_suspended", [partition, store, total_restored])
+
+
+def _install_commit_faults(spec: WorkerSpec) -> None:
+    """Report every source commit, and kill this process inside the armed one (see `CommitPhase`)."""
+    phase = CommitPhase(spec.kill_phase)
+    commits = [0]
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    class ObservedConsumer(Consumer):
+        def commit(self, *args: Any, **kwargs: Any) -> Any:
+            commits[0] += 1
+            armed = commits[0] == spec.kill_at_commit
+            if armed and phase is CommitPhase.BEFORE_OFFSETS:
+                die()
+            result = super().commit(*args, **kwargs)
+            offsets = kwargs.get("offsets") or (args[0] if args else [])
+            _emit("commit", {str(tp.partition): tp.offset for tp in offsets})
+            if armed and phase is CommitPhase.AFTER_OFFSETS:
+                die()
+            return result
+
+    class ObservedProducer(Producer):
+        def flush(self, *args: Any, **kwargs: Any) -> int:
+            if spec.kill_at_commit and commits[0] + 1 == spec.kill_at_commit and phase is CommitPhase.BEFORE_DELIVERY:
+                die()
+            return super().flush(*args, **kwargs)
+
+    def consumer(self: KafkaClients, config: Mapping[str, Any]) -> Consumer:
+        if "partition.assignment.strategy" in config:  # the worker's group consumer, which commits
+            return ObservedConsumer({**self.settings, **config})
+        return Consumer({**self.settings, **config})
+
+    def producer(self: KafkaClients, config: Mapping[str, Any] | None = None) -> Producer:
+        return ObservedProducer({**self.settings, **(config or {})})
+
+    KafkaClients.consumer = consumer  # type: ignore[method-assign]
+    KafkaClients.producer = producer  # type: ignore[method-assign]
+
+
+def _worker_main(spec: WorkerSpec) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _install_commit_faults(spec)
+    app = build_app(spec)
+    app.add_restore_listener(_PrintingRestoreListener(spec.restore_delay))
+    app.add_state_listener(lambda new, old: _emit("state", str(new)))
+    processed = [0]
+
+    def progress(order: dict) -> None:
+        processed[0] += 1
+        if processed[0] % PROGRESS_EVERY == 0:
+            _emit("progress", processed[0])
+            if spec.step_delay:
+                time.sleep(spec.step_delay)
+
+    app.dataframe().update(progress)
+    _emit("started", os.getpid())
+    try:
+        report = app.run_worker(max_seconds=spec.max_seconds, until_caught_up=spec.until_caught_up)
+    except BaseException as error:
+        logging.getLogger("fault_worker").exception("The worker stopped with an error")
+        classes = tuple(cls.__name__ for cls in type(error).__mro__)
+        _emit("error", {"type": type(error).__name__, "classes": classes, "message": str(error)})
+        return WORKER_FAILED
+    _emit(
+        "report",
+        {
+            "stop_reason": str(report.stop_reason),
+            "processed": report.total_processed,
+            "committed": {str(p): o for p, o in report.committed_offsets.items()},
+            "lag": report.total_lag,
+            "restores": [[r.partition, str(r.kind), r.records_applied, r.completed] for r in report.restores],
+            "stores_recovered": report.stores_recovered,
+            "partitions_lost": report.partitions_lost,
+            "skipped": report.skipped,
+            "dead_lettered": report.dead_lettered,
+            "rebalances": report.rebalances,
+            "seconds": report.seconds,
+        },
+    )
+    return 0
+
+
+def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(spec)
+    looked: dict[str, dict[str, int]] = {}
+    iterated: dict[str, dict[str, int]] = {}
+    unreadable: set[str] = set()
+    problems: list[str] = []
+    for partition in range(spec.partitions):
+        part = app.state.partition(STORE, partition)
+        part.open()
+        if part.recovered_from_corruption:
+            problems.append(f"partition {partition} was found corrupted when opened, and moved aside")
+        try:
+            try:
+                for key, value in part.items():
+                    message_key, state_key = split_store_key(key)
+                    iterated.setdefault(message_key.decode(), {})[state_key.decode()] = json.loads(value)
+            except StatefulError as error:
+                problems.append(f"iterating partition {partition}: {error}")
+            for customer in customers:
+                for name in STATE_KEYS:
+                    try:
+                        raw = part.get(message_prefix(customer.encode()) + name.encode())
+                    except StatefulError as error:
+                        unreadable.add(customer)
+                        problems.append(f"reading {customer} in partition {partition}: {error}")
+                        continue
+                    if raw is not None:
+                        looked.setdefault(customer, {})[name] = json.loads(raw)
+        finally:
+            try:
+                part.close()
+            except Exception as error:  # noqa: BLE001 - reported; this process ends right after
+                problems.append(f"closing partition {partition} raised {type(error).__name__}: {error}")
+    _emit(
+        "reading",
+        {"looked": looked, "iterated": iterated, "unreadable": sorted(unreadable), "problems": problems[:20]},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--read":
+        sys.exit(_read_main(WorkerSpec.from_json(sys.argv[2]), json.load(sys.stdin)))
+    sys.exit(_worker_main(WorkerSpec.from_json(sys.argv[1])))
