@@ -87,7 +87,9 @@ def test_two_workers_killed_in_turn_while_rebalancing_lose_nothing(two_workers):
     for label in "AB":
         run = result.run(f"{label} stopped by SIGTERM")
         assert run.error is None and run.stop_reason == "stop requested (SIGTERM)", explain(result)
-    assert result.counters["rebalances seen by the survivor of the last kill"] >= 3, explain(result)
+    # Each kill was followed by the survivor taking over (the scenario waits for it); how many
+    # rebalances the survivor counts depends on how the group merged the join and the leave.
+    assert result.counters["rebalances seen by the survivor of the last kill"] >= 1, explain(result)
     assert_caught_up(result, "final")
     assert_nothing_lost(result)
 
