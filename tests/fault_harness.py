@@ -400,8 +400,8 @@ class StoreReading:
     counts: dict[str, Tally]
     """Per customer, as point lookups find it (what processing reads), plus customers only iteration found."""
     missed_by_iteration: tuple[str, ...]
-    """Customers whose state point lookups find but a full iteration of the store does not (what the
-    digests and checks read): the iteration stopped early without saying so."""
+    """Customers whose state point lookups find but a full iteration of the store does not return
+    (what the digests and checks read) although it ended without an error: it stopped early silently."""
     unreadable: tuple[str, ...]
     """Customers whose lookup failed (a damaged block)."""
     problems: tuple[str, ...]
@@ -422,7 +422,8 @@ def read_store(spec: WorkerSpec, customers: Iterable[str], user: str | None = No
     assert line is not None, f"reading the store failed (exit {done.returncode}):\n{done.stderr.decode()[-3000:]}"
     found = json.loads(line[len("EVENT reading ") :])
     looked, iterated = found["looked"], found["iterated"]
-    missed = tuple(sorted(c for c, kept in looked.items() if iterated.get(c) != kept))
+    refused = set(found["refused"])  # the iteration raised before reaching them: a loud miss, not a silent one
+    missed = tuple(sorted(c for c, kept in looked.items() if iterated.get(c) != kept and c not in refused))
     merged = {**iterated, **looked}
     counts = {customer: Tally(kept.get("count", 0), kept.get("total", 0)) for customer, kept in merged.items()}
     return StoreReading(counts, missed, tuple(found["unreadable"]), tuple(found["problems"]))

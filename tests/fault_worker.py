@@ -243,6 +243,7 @@ def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
     looked: dict[str, dict[str, int]] = {}
     iterated: dict[str, dict[str, int]] = {}
     unreadable: set[str] = set()
+    refused: set[str] = set()
     problems: list[str] = []
     for partition in range(spec.partitions):
         part = app.state.partition(STORE, partition)
@@ -250,11 +251,13 @@ def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
         if part.recovered_from_corruption:
             problems.append(f"partition {partition} was found corrupted when opened, and moved aside")
         try:
+            iteration_refused = False
             try:
                 for key, value in part.items():
                     message_key, state_key = split_store_key(key)
                     iterated.setdefault(message_key.decode(), {})[state_key.decode()] = json.loads(value)
             except StatefulError as error:
+                iteration_refused = True
                 problems.append(f"iterating partition {partition}: {error}")
             for customer in customers:
                 for name in STATE_KEYS:
@@ -266,6 +269,8 @@ def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
                         continue
                     if raw is not None:
                         looked.setdefault(customer, {})[name] = json.loads(raw)
+                        if iteration_refused:
+                            refused.add(customer)
         finally:
             try:
                 part.close()
@@ -273,7 +278,13 @@ def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
                 problems.append(f"closing partition {partition} raised {type(error).__name__}: {error}")
     _emit(
         "reading",
-        {"looked": looked, "iterated": iterated, "unreadable": sorted(unreadable), "problems": problems[:20]},
+        {
+            "looked": looked,
+            "iterated": iterated,
+            "refused": sorted(refused),
+            "unreadable": sorted(unreadable),
+            "problems": problems[:20],
+        },
     )
     return 0
 

@@ -141,23 +141,11 @@ def test_a_damaged_block_newer_files_shadow_loses_nothing_once_the_store_is_rebu
     assert_nothing_lost(shadowed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine defect: a damaged SST block that processing never reads (newer files shadow its values) is "
-    "not found until RocksDB's compaction reads it, and then never restored: (a) PartitionDatabase.items "
-    "(state/rocksdb.py) iterates with rocksdict's items(), which stops silently at the damaged block (the "
-    "iterator's Corruption status is never checked), so StorePartition.items and partition_digest (the "
-    "replay-digest check) return part of the partition as if it were all; (b) once compaction has met the "
-    "block, RocksDB refuses writes and PartitionDatabase.write reports that Corruption as a plain "
-    "StateStoreError advising 'check free disk space, then run the worker again' (PartitionDatabase.close, "
-    "via StorePartition.close, first raises a bare rocksdict Exception that replaces the worker's error and "
-    "skips releasing the partition lock), so the store is never moved aside and restored and every run fails "
-    "until an operator clears the partition's state by hand",
-)
 def test_a_damaged_block_newer_files_shadow_is_found_and_restored_by_the_engine(shadowed):
     missed = shadowed.counters["customers the store's iteration missed after the damage"]
     assert missed == 0, f"the store's iteration silently missed {missed} customers:\n{explain(shadowed)}"
     assert shadowed.counters["runs that failed after the damage"] == 0, explain(shadowed)
+    assert shadowed.counters["corrupt copies kept"] >= 1, f"the damage was never found:\n{explain(shadowed)}"
 
 
 @pytest.fixture(scope="module")
@@ -169,24 +157,18 @@ def test_a_recreated_changelog_stops_the_worker_with_the_options_and_commits_not
     refused = recreated.run("after the recreation").error
     assert refused is not None and refused.is_a("RecoveryError"), explain(recreated)
     assert "changelog" in refused.message and "Options" in refused.message, refused.message
-    assert "clear" in refused.message and "snapshot" in refused.message, refused.message
+    option_one = refused.message.split("(1)")[1].split("(2)")[0]
+    assert "reprocess" in option_one and "--delete-offsets" in option_one and "clear" in option_one, refused.message
     assert recreated.changed_by_failed_run == [], explain(recreated)
     assert_caught_up(recreated, "reprocessed from the beginning")
     assert_exact(recreated)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine defect: the RecoveryError for a recreated changelog (recovery/changelog.py Restorer.begin) "
-    "offers as option (1) 'clear this partition's local state and let it restore from what the changelog holds "
-    "now', without saying that the recreated changelog holds nothing: following it silently drops every count "
-    "committed before the recreation (the group's offsets stay where they were). The lossless ways (reprocess "
-    "the source from its beginning after deleting or resetting the group's offsets, or write the intact local "
-    "state back to the new changelog) are not named.",
-)
-def test_following_the_recreated_changelog_errors_first_option_loses_nothing(recreated):
-    option_one = recreated.side_routes["option (1): clear the local state"]
-    assert option_one.lost == 0, f"option (1) lost {option_one.lost} orders:\n{explain(recreated)}"
+def test_the_recreated_changelog_errors_lossy_option_says_so_and_does_lose(recreated):
+    message = recreated.run("after the recreation").error.message
+    assert "LOSES" in message.split("(2)")[1], message
+    accepted = recreated.side_routes["option (2): accept the loss"]
+    assert accepted.lost > 0, f"option (2) lost nothing, so its warning is wrong:\n{explain(recreated)}"
 
 
 def test_a_source_offset_cut_by_retention_stops_the_worker_with_the_options_and_commits_nothing(
@@ -217,15 +199,6 @@ def test_a_read_only_state_directory_stops_the_worker_and_loses_nothing(read_onl
     assert_nothing_lost(read_only)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine defect: a read-only state directory stops the worker with a raw error, not a StateStoreError "
-    "naming the path and what to do: before the run, PermissionError from AppActivityLock.hold_shared "
-    "(state/locks.py) opening <app>/.app.lock; while running, PermissionError from write_checkpoint "
-    "(state/checkpoint.py, via StorePartition.commit) masked by a bare rocksdict Exception ('IO error: ... "
-    "Permission denied') that PartitionDatabase.close (state/rocksdb.py) raises while the worker closes, which "
-    "also leaves the remaining partitions unclosed",
-)
 def test_a_read_only_state_directory_stops_the_worker_with_a_clear_state_store_error(read_only):
     error = read_only.run("read-only").error
     assert error is not None and error.is_a("StateStoreError"), explain(read_only)

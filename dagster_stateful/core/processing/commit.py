@@ -7,7 +7,8 @@ Owns `Committer` and `DeliveryTracker`. A commit of a set of partition transacti
    nothing is committed, and the messages will be processed again);
 3. commits the source offsets;
 4. writes each store partition's changes with both offsets in one RocksDB WriteBatch, then its
-   `.checkpoint` file.
+   `.checkpoint` file (a store found damaged here is reported by `StoresDamaged` once every other
+   partition is written: its commit is in the changelog, so it is restored, not lost).
 A delivery failure is sticky for the run: a record Kafka rejected (changelog or output) is lost
 for good, so once one failed, or one was not acknowledged in time, every later commit raises
 `DeliveryError` again and commits nothing; the worker must close without committing
@@ -18,7 +19,7 @@ Exactly-once will wrap steps 1-3 in a Kafka transaction (`_deliver_and_commit_of
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -26,11 +27,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.recovery.changelog import source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
-from dagster_stateful.errors import DeliveryError
+from dagster_stateful.errors import DeliveryError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
-FLUSH_TIMEOUT = 60.0
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+"""The worker producer's `delivery.timeout.ms` unless `producer_config` sets it (Kafka Streams'
+default): how long a record may wait for the brokers, through an outage, before it fails."""
+FLUSH_MARGIN_SECONDS = 5.0
+"""A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
 _RETRIABLE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS,
     KafkaError.ILLEGAL_GENERATION,
@@ -56,6 +61,28 @@ class CommitDeferred(Exception):
     sent carry processed offsets at or past the committed offset, so a restore treats them as
     records of uncommitted messages (see `recovery.uncommitted`).
     """
+
+
+def delivery_timeout_seconds(producer_config: Mapping[str, object]) -> float:
+    """The delivery timeout a producer with this configuration applies (librdkafka's alias
+    `message.timeout.ms` included), in seconds."""
+    for name in ("delivery.timeout.ms", "message.timeout.ms"):
+        if name in producer_config:
+            return float(str(producer_config[name])) / 1000
+    return DEFAULT_DELIVERY_TIMEOUT_MS / 1000
+
+
+class StoresDamaged(Exception):
+    """The source offsets were committed, but writing some partitions' local stores found them
+    damaged (RocksDB reported corruption). Their commits are in the changelog: each damaged store
+    must be moved aside and restored, then its partition processed from the new committed offset."""
+
+    def __init__(self, errors: dict[int, StoreCorruptedError], committed: dict[int, int]) -> None:
+        super().__init__(f"damaged stores in partitions {sorted(errors)}")
+        self.errors = errors
+        """The corruption met, per source partition."""
+        self.committed = committed
+        """The committed offset per partition, as `Committer.commit` returns it."""
 
 
 class DeliveryTracker:
@@ -87,8 +114,12 @@ class Committer:
         tracker: DeliveryTracker,
         source_topic: str,
         changelog_topics: dict[str, str] | None,
+        delivery_timeout_seconds: float = DEFAULT_DELIVERY_TIMEOUT_MS / 1000,
     ) -> None:
+        """delivery_timeout_seconds: the producer's `delivery.timeout.ms`, in seconds (see
+        `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements."""
         self._consumer = consumer
+        self._delivery_timeout = delivery_timeout_seconds
         self._producer = producer
         self._tracker = tracker
         self._source_topic = source_topic
@@ -129,18 +160,28 @@ class Committer:
                 deferred,
             )
             return {}
+        damaged: dict[int, StoreCorruptedError] = {}
         for txn in pending:
-            for store, changes in prepared[txn.partition].items():
-                changelog_offset = (
-                    self._tracker.next_offset(self._changelog_topics[store], txn.partition)
-                    if self._changelog_topics is not None and changes
-                    else None
-                )
-                txn.stores[store].commit(
-                    ((key, value) for key, value, _ in changes), changelog_offset, txn.offset_to_commit
-                )
+            try:
+                self._write_stores(txn, prepared[txn.partition])
+            except StoreCorruptedError as error:
+                damaged[txn.partition] = error
             txn.committed()
-        return {txn.partition: txn.offset_to_commit for txn in pending}
+        committed = {txn.partition: txn.offset_to_commit for txn in pending}
+        if damaged:
+            raise StoresDamaged(damaged, committed)
+        return committed
+
+    def _write_stores(self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
+        for store, changes in changes_by_store.items():
+            changelog_offset = (
+                self._tracker.next_offset(self._changelog_topics[store], txn.partition)
+                if self._changelog_topics is not None and changes
+                else None
+            )
+            txn.stores[store].commit(
+                ((key, value) for key, value, _ in changes), changelog_offset, txn.offset_to_commit
+            )
 
     def _produce_changelog(self, partition: int, changes_by_store: dict[str, list[Change]]) -> None:
         assert self._changelog_topics is not None
@@ -172,21 +213,21 @@ class Committer:
 
     def _fail(self, unacknowledged: int, partitions: list[int]) -> NoReturn:
         errors = self._tracker.errors
-        problems = (
-            [f"did not acknowledge {unacknowledged} records within {FLUSH_TIMEOUT:.0f} s"] if unacknowledged else []
-        )
+        waited = self._delivery_timeout + FLUSH_MARGIN_SECONDS
+        problems = [f"did not acknowledge {unacknowledged} records within {waited:.0f} s"] if unacknowledged else []
         if errors:
             problems.append(f"rejected {len(errors)} records ({'; '.join(errors[:5])})")
         self._failure = DeliveryError(
             f"Kafka {' and '.join(problems)}. Nothing was committed for "
             f"{self._source_topic} partitions {partitions}, nor will be in this run: those messages will be "
             "processed again by the next run. Check the brokers, the topics' min.insync.replicas and "
-            "max.message.bytes."
+            f"max.message.bytes. Records that time out waited delivery.timeout.ms ({self._delivery_timeout:g} s) "
+            "for unreachable brokers: raise it in the app's producer_config to ride out longer outages."
         )
         raise self._failure
 
     def _deliver_and_commit_offsets(self, offsets: list[TopicPartition]) -> None:
-        remaining = self._producer.flush(FLUSH_TIMEOUT)
+        remaining = self._producer.flush(self._delivery_timeout + FLUSH_MARGIN_SECONDS)
         if remaining or self._tracker.errors:
             self._fail(remaining, [tp.partition for tp in offsets])
         try:

@@ -30,7 +30,7 @@ from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.errors import RecoveryError, StateLockedError, StoreCorruptedError
+from dagster_stateful.errors import RecoveryError, StateLockedError, StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ class PartitionAssignments:
         self.restorations = Restorations()
         """Partitions whose stores are still restoring (paused)."""
         self.empty_since: float | None = None
-        """Since when this worker has held no partition, once it joined the group."""
+        """Since when this worker has held no partition, once it joined the group (None after a loss,
+        until the group assigns again)."""
         self.shutting_down = False
         """Set before the worker closes its consumer: the final revocation is not a rebalance."""
         self.dirty = False
@@ -107,8 +108,37 @@ class PartitionAssignments:
         replay one changelog batch, and resume the partitions whose stores are up to date."""
         for restoring in self.restorations.unopened():
             self._try_open(restoring)
-        for restored in self.restorations.step():
+        try:
+            ready = self.restorations.step()
+        except StoreCorruptedError as damage:
+            self._restart_damaged_restore(damage)
+            return
+        for restored in ready:
             self.activate(consumer, restored)
+
+    def _restart_damaged_restore(self, error: StoreCorruptedError) -> None:
+        """A store was found damaged while it restored: move it aside and restore it from scratch."""
+        found = [
+            (restoring, store)
+            for restoring in self.restorations.partitions.values()
+            for store in restoring.stores.values()
+            if str(store.path) == error.path
+        ]
+        if not found:
+            raise error
+        restoring, damaged = found[0]
+        if restoring.pending and restoring.pending[0].started:
+            self.restorations.reports.append(restoring.pending[0].suspend())
+        aside = damaged.quarantine(error)
+        log.warning(
+            "Store %r partition %d was found damaged while restoring (%s); moved it to %s and restoring it fully",
+            damaged.store,
+            damaged.partition,
+            error,
+            aside,
+        )
+        self._report.stores_recovered += 1
+        restoring.pending = self._replays(restoring.stores, restoring.committed)
 
     def recover_corrupted(self, consumer: Consumer, partition: int, error: StoreCorruptedError) -> None:
         """A store was found damaged while processing `partition`: never the message's fault. Drop
@@ -175,8 +205,7 @@ class PartitionAssignments:
             self._report.rebalances += 1
         if not self.dirty:
             self._commit()
-        for partition in revoked:
-            self._close(partition)
+        self._close_partitions(revoked)
         self._note_empty()
         log.info("Revoked %s partitions %s", self.config.source, revoked)
         if self.transactions and not self.restorations and not self.shutting_down:
@@ -193,20 +222,36 @@ class PartitionAssignments:
             )
             self._report.rebalances += 1
             self._report.partitions_lost += len(lost)
-        for partition in lost:
-            self._close(partition)
-        self._note_empty()
+        self._close_partitions(lost)
+        # Holding nothing now says nothing about the group: the idle clock starts again only once
+        # the group has answered this worker's rejoin with an assignment (empty or not).
+        self.empty_since = None
 
     def close_all(self) -> None:
-        for partition in list(self.held):
-            self._close(partition)
+        self._close_partitions(list(self.held))
 
-    def _close(self, partition: int) -> None:
+    def _close_partitions(self, partitions: list[int]) -> None:
+        """Close the partitions' stores, all of them even when some fail; raises the first failure."""
+        failures: list[StateStoreError] = []
+        for partition in partitions:
+            failures.extend(self._close(partition))
+        for failure in failures[1:]:
+            log.error("Closing a store also failed: %s", failure)
+        if failures:
+            raise failures[0]
+
+    def _close(self, partition: int) -> list[StateStoreError]:
+        """Close the partition's stores (each releases its lock even when closing fails); returns the failures."""
         txn = self.transactions.pop(partition, None)
         restoring = self.restorations.suspend(partition)
         stores = txn.stores if txn is not None else restoring.stores if restoring is not None else {}
+        failures = []
         for store in stores.values():
-            store.close()
+            try:
+                store.close()
+            except StateStoreError as error:
+                failures.append(error)
+        return failures
 
     def _note_empty(self) -> None:
         if not self.held and self.empty_since is None:

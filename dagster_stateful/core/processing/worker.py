@@ -22,7 +22,13 @@ from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.bad_input import BadInputHandler
-from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
+from dagster_stateful.core.processing.commit import (
+    DEFAULT_DELIVERY_TIMEOUT_MS,
+    Committer,
+    DeliveryTracker,
+    StoresDamaged,
+    delivery_timeout_seconds,
+)
 from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
 from dagster_stateful.core.processing.lifecycle import RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
@@ -37,6 +43,7 @@ from dagster_stateful.errors import (
     ProcessingError,
     StatefulError,
     StateLockedError,
+    StateStoreError,
     StoreCorruptedError,
 )
 
@@ -107,9 +114,10 @@ class Worker:
             if not self._committer.failed:
                 self._commit()  # everything before the bad message; its own offset stays uncommitted
             raise
-        except DeliveryError:
+        except (DeliveryError, StateStoreError):
             failed = True
-            self._assignments.dirty = True  # Kafka Streams' dirty close: nothing more is committed
+            if hasattr(self, "_assignments"):
+                self._assignments.dirty = True  # Kafka Streams' dirty close: nothing more is committed
             raise
         except BaseException:
             failed = True
@@ -117,7 +125,7 @@ class Worker:
         finally:
             if failed:
                 self.listeners.transition(AppState.ERROR)
-            self._close()
+            self._close(failed)
             activity.release()
             self.stop.restore()
             self._finish_report(started)
@@ -160,21 +168,28 @@ class Worker:
         }
         self._consumer = kafka.consumer(consumer_config)
         self._tracker = DeliveryTracker()
-        self._producer = kafka.producer(
-            {
-                "acks": "all",
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "partitioner": "murmur2_random",
-                "on_delivery": self._tracker,
-                **config.producer_config,
-            }
-        )
+        producer_config = {
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",
+            "delivery.timeout.ms": DEFAULT_DELIVERY_TIMEOUT_MS,
+            "on_delivery": self._tracker,
+            **config.producer_config,
+        }
+        self._producer = kafka.producer(producer_config)
         self._restore_consumer = kafka.consumer(
             {"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG}
         )
         changelogs = config.changelog_topics()
-        self._committer = Committer(self._consumer, self._producer, self._tracker, config.source, changelogs)
+        self._committer = Committer(
+            self._consumer,
+            self._producer,
+            self._tracker,
+            config.source,
+            changelogs,
+            delivery_timeout_seconds(producer_config),
+        )
         self._bad_input = BadInputHandler(config.on_error, self._producer, config.dead_letter_topic)
         restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
@@ -329,7 +344,12 @@ class Worker:
         """Commit every processed partition; never again once a delivery failed (a dirty close)."""
         if self._assignments.dirty:
             return
-        committed = self._committer.commit(self._assignments.transactions.values())
+        try:
+            committed = self._committer.commit(self._assignments.transactions.values())
+        except StoresDamaged as damage:
+            committed = damage.committed
+            for partition, error in damage.errors.items():
+                self._assignments.recover_corrupted(self._consumer, partition, error)
         self.report.committed_offsets.update(committed)
 
     def _pass_markers(self) -> None:
@@ -354,8 +374,10 @@ class Worker:
     def _group_lag(self) -> dict[int, int]:
         return group_lag(self.kafka, self._consumer, self.config, self._assignments.transactions)
 
-    def _close(self) -> None:
-        """Close what was opened, in order; a failure while starting leaves some clients unopened."""
+    def _close(self, failed: bool) -> None:
+        """Close what was opened, in order; a failure while starting leaves some clients unopened.
+        A store that fails to close is reported after every other client closed (only logged when
+        the run already failed, so that the first error is the one raised)."""
         assignments = getattr(self, "_assignments", None)
         if assignments is not None:
             assignments.shutting_down = True
@@ -367,8 +389,12 @@ class Worker:
                     assignments.raise_failure()
             except Exception:
                 log.exception("Closing the consumer of %r failed", self.config.name)
+        close_error: StateStoreError | None = None
         if assignments is not None:
-            assignments.close_all()
+            try:
+                assignments.close_all()
+            except StateStoreError as error:
+                close_error = error
         producer = getattr(self, "_producer", None)
         if producer is not None:
             producer.flush(30)
@@ -376,3 +402,7 @@ class Worker:
             client = getattr(self, name, None)
             if client is not None:
                 client.close()
+        if close_error is not None:
+            if not failed:
+                raise close_error
+            log.error("Closing the stores of %r also failed: %s", self.config.name, close_error)

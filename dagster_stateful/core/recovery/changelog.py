@@ -234,6 +234,21 @@ class ChangelogRestore:
         )
 
 
+def _recreated_changelog_error(store: StorePartition, stored: int, high: int) -> RecoveryError:
+    topic, partition = store.changelog_topic, store.partition
+    return RecoveryError(
+        f"store {store.store!r} partition {partition} at {store.path} has changelog offset {stored}, beyond the end "
+        f"({high}) of {topic}[{partition}]: the changelog was probably deleted and recreated, so it no longer holds "
+        "the state committed before. Nothing was processed or committed. Options: (1) reprocess the source from its "
+        "beginning, which loses nothing while the source still holds every message: stop every worker of the app, "
+        "clear the local state on every machine that has some (App.clear_state() or the clear-state job) and delete "
+        f"the app's consumer group offsets for {store.source_topic} (`kafka-consumer-groups --delete-offsets --group "
+        f"<the app's consumer group> --topic {store.source_topic} --execute`), then run the worker; (2) accept the "
+        "loss: clear only the local state and restore from what the new changelog holds, which LOSES every count "
+        "committed before the changelog was recreated (the group's offsets stay where they are)."
+    )
+
+
 class Restorer:
     """Restores store partitions through one dedicated, assign-only consumer."""
 
@@ -249,13 +264,7 @@ class Restorer:
         low, high = self._kafka.watermarks(topic, [partition])[partition]
         stored = store.changelog_offset
         if stored is not None and stored > high:
-            raise RecoveryError(
-                f"store {store.store!r} partition {partition} at {store.path} has changelog offset {stored}, beyond "
-                f"the end ({high}) of {topic}[{partition}]: the changelog was probably deleted and recreated, so it "
-                "no longer matches the local state. Options: (1) clear this partition's local state "
-                f"(App.clear_state(partitions=[{partition}]) or the clear-state job) and let it restore from what "
-                "the changelog holds now; (2) restore it from a snapshot taken before the changelog was lost."
-            )
+            raise _recreated_changelog_error(store, stored, high)
         if stored is not None and stored < low:
             log.warning(
                 "Store %r partition %d: stored changelog offset %d is below the changelog's low watermark "

@@ -21,7 +21,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, AppActivityLock
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.errors import ConfigurationError, StateLockedError
+from dagster_stateful.errors import ConfigurationError, StateLockedError, StateStoreError
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,14 @@ class StateDirectory:
     def _move_aside(self, path: Path, error: BaseException) -> Path:
         """Move a corrupted partition directory out of the way; returns where it went."""
         aside = path.with_name(f"{path.name}{CORRUPT_MARKER}{int(time.time() * 1000)}")
-        path.rename(aside)
+        try:
+            path.rename(aside)
+        except OSError as failure:
+            raise StateStoreError(
+                f"the state partition at {path} is damaged ({error}) but cannot be moved aside to {aside}: {failure}. "
+                "Make the state directory writable, then run the worker again (or delete the partition's directory "
+                "yourself: it is restored from its changelog)."
+            ) from failure
         log.warning("State partition %s is corrupted (%s); moved it to %s for inspection", path, error, aside)
         self._prune_corrupt_copies(path.parent.name, int(path.name))
         return aside

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from dagster_stateful.errors import StateLockedError
+from dagster_stateful.errors import StateLockedError, StateStoreError
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,7 @@ class PartitionLock:
 
     def acquire(self, timeout: float = 0.0) -> None:
         """Take the lock, retrying with back-off for up to `timeout` seconds (0: one try)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        handle = _open_lock_file(self.path, self.what)
         deadline = time.monotonic() + timeout
         delay = _FIRST_RETRY_SECONDS
         while not _try_lock(handle):
@@ -74,6 +73,17 @@ class PartitionLock:
             self._handle = None
 
 
+def _open_lock_file(path: Path, what: str) -> int:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise StateStoreError(
+            f"cannot open the lock file of {what} at {path}: {error}. Make the state directory writable by the "
+            "worker's user (and check free disk space), then run the worker again; nothing was changed."
+        ) from error
+
+
 def _try_lock(handle: int) -> bool:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -95,13 +105,11 @@ class AppActivityLock:
         self._handle: int | None = None
 
     def hold_shared(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._handle = _open_lock_file(self.path, "the app's state")
         fcntl.flock(self._handle, fcntl.LOCK_SH)
 
     def try_exclusive(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._handle = _open_lock_file(self.path, "the app's state")
         try:
             fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True

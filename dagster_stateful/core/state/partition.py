@@ -90,7 +90,6 @@ class StorePartition:
         """Take the lock (waiting up to `lock_timeout` seconds, the partition's default when None; 0
         fails at once) and open the database. Raises `StateLockedError` when another holder keeps
         the lock, `StateStoreError` when RocksDB cannot open (nothing is moved unless it is corrupted)."""
-        self.path.mkdir(parents=True, exist_ok=True)
         self._lock.acquire(self.lock_timeout if lock_timeout is None else _checked_timeout(lock_timeout))
         try:
             self._db = self._open_database()
@@ -131,8 +130,11 @@ class StorePartition:
         start it empty: it stays open and locked, without local state, ready for a full restore from
         its changelog. Returns where the damaged copy went."""
         if self._db is not None:
-            self._db.close()
-            self._db = None
+            database, self._db = self._db, None
+            try:
+                database.close()
+            except StateStoreError as failure:
+                log.warning("Closing the damaged store %s before moving it aside failed: %s", self.path, failure)
         aside = self._move_aside(error)
         self._db = PartitionDatabase(self.path, self.store, self.partition)
         self._load_offsets()
@@ -175,17 +177,22 @@ class StorePartition:
         self.publish_checkpoint()
 
     def publish_checkpoint(self) -> None:
-        write_checkpoint(
-            self.path,
-            Checkpoint(
-                changelog_topic=self.changelog_topic,
-                partition=self.partition,
-                changelog_offset=self.changelog_offset,
-                source_topic=self.source_topic,
-                source_offset=self.source_offset,
-                updated_at=time.time(),
-            ),
+        checkpoint = Checkpoint(
+            changelog_topic=self.changelog_topic,
+            partition=self.partition,
+            changelog_offset=self.changelog_offset,
+            source_topic=self.source_topic,
+            source_offset=self.source_offset,
+            updated_at=time.time(),
         )
+        try:
+            write_checkpoint(self.path, checkpoint)
+        except OSError as error:
+            raise StateStoreError(
+                f"cannot write the checkpoint file of store {self.store!r} partition {self.partition} in {self.path}: "
+                f"{error}. The data and offsets are committed in RocksDB; make the state directory writable (and "
+                "check free disk space), then run the worker again."
+            ) from error
 
     def read_checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.path)
@@ -195,10 +202,13 @@ class StorePartition:
         return self.db.items()
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        self._lock.release()
+        """Close the database and release the lock (also when closing the database fails)."""
+        database, self._db = self._db, None
+        try:
+            if database is not None:
+                database.close()
+        finally:
+            self._lock.release()
 
     def wipe(self) -> None:
         """Delete the partition's local state (closed first). The next open starts empty."""

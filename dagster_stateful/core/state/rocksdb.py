@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from rocksdict import (
     IngestExternalFileOptions,
@@ -78,13 +77,27 @@ class PartitionDatabase:
         )
 
     def _read_error(self, error: Exception) -> StateStoreError:
-        if any(shortage in str(error) for shortage in _SHORTAGES):
+        if _is_shortage(error):
             return StateStoreError(
                 f"cannot read the RocksDB state {self._where} now: {error}. This is not corruption, so nothing needs "
                 "moving; raise the open-files limit (ulimit -n) or free memory or disk, then run the worker again."
             )
+        return self._corrupted("reading", error)
+
+    def _write_error(self, doing: str, error: Exception) -> StateStoreError:
+        """Corruption RocksDB met (often in a background compaction, which then refuses every write)
+        is a damaged store; anything else (a full disk, a read-only directory) is the machine's."""
+        if _is_corruption_status(error):
+            return self._corrupted(doing, error)
+        return StateStoreError(
+            f"{doing} the RocksDB state {self._where} failed: {error}. This is not corruption, so nothing was moved; "
+            "what was not written is in the changelog and is restored from it. Check free disk space and that the "
+            "directory is writable, then run the worker again."
+        )
+
+    def _corrupted(self, doing: str, error: Exception) -> StoreCorruptedError:
         return StoreCorruptedError(
-            f"reading the RocksDB state {self._where} failed: {error}. The local copy is damaged or unreadable: move "
+            f"{doing} the RocksDB state {self._where} failed: {error}. The local copy is damaged or unreadable: move "
             "it aside and restore it from the changelog (StorePartition.quarantine, or stop the worker and run the "
             "restore job with from_scratch=true); if the disk itself fails, replace it first.",
             str(self.path),
@@ -126,14 +139,23 @@ class PartitionDatabase:
             else:
                 self._db.write(batch, self._fast_writes)
         except Exception as error:
-            raise StateStoreError(
-                f"cannot write to the RocksDB state {self._where}: {error}. Nothing of this write was applied; "
-                "check free disk space, then run the worker again."
-            ) from error
+            raise self._write_error("writing (nothing of this write was applied) to", error) from error
 
     def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        items = self._db.items(from_key=from_key) if from_key is not None else self._db.items()
-        return cast("Iterator[tuple[bytes, bytes]]", items)  # raw mode: keys and values are bytes
+        """Every (key, value) from `from_key` (or the first key) on, in key order. Raises
+        `StoreCorruptedError` when RocksDB stops at a damaged block, rather than ending early."""
+        iterator = self._db.iter()
+        if from_key is None:
+            iterator.seek_to_first()
+        else:
+            iterator.seek(from_key)
+        while iterator.valid():
+            yield iterator.key(), iterator.value()
+            iterator.next()
+        try:
+            iterator.status()
+        except Exception as error:
+            raise self._read_error(error) from error
 
     def estimated_keys(self) -> int:
         return self._db.property_int_value("rocksdb.estimate-num-keys") or 0
@@ -159,14 +181,30 @@ class PartitionDatabase:
     def flush(self) -> None:
         """Write both column families' memtables to SST files: the data first, then the offsets, so a
         crash in between leaves offsets behind their data (replayed again), never ahead of it."""
-        self._db.flush()
-        self._meta.flush()
+        try:
+            self._db.flush()
+            self._meta.flush()
+        except Exception as error:
+            raise self._write_error("flushing", error) from error
 
     def close(self) -> None:
+        """Close the database; its handles are dropped even when RocksDB reports a failure, which is
+        raised afterwards (writes since the last flush are in the write-ahead log or the changelog)."""
         # Open column-family handles keep RocksDB's LOCK after close(): drop them first.
         del self._meta
         del self._meta_handle
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as error:
+            raise self._write_error("closing", error) from error
+
+
+def _is_corruption_status(error: Exception) -> bool:
+    return _CORRUPTION_STATUS in str(error)
+
+
+def _is_shortage(error: Exception) -> bool:
+    return any(shortage in str(error) for shortage in _SHORTAGES)
 
 
 def is_corruption(path: Path, error: Exception) -> bool:

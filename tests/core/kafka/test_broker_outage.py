@@ -1,7 +1,8 @@
 """A broker outage: admin calls wait it out (with backoff, up to `admin_timeout_seconds`) and answer
 right once the broker is back on the same port; past the deadline they raise a retriable
-`KafkaOperationError` saying how long the brokers were unreachable. Runs a broker of its own, which
-it stops and starts again."""
+`KafkaOperationError` saying how long the brokers were unreachable. A commit waits for its records
+up to the producer's `delivery.timeout.ms`; past it, it fails with `DeliveryError` and commits
+nothing. Runs a broker of its own, which it stops and starts again."""
 
 from __future__ import annotations
 
@@ -12,10 +13,21 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka_helpers import create_topic, produce, wait_for
 
+from dagster_stateful.core import AppConfig, JsonSerde
 from dagster_stateful.core.kafka.clients import ATTEMPT_TIMEOUT, KafkaClients
-from dagster_stateful.errors import KafkaOperationError
+from dagster_stateful.core.processing.commit import (
+    FLUSH_MARGIN_SECONDS,
+    Committer,
+    DeliveryTracker,
+    delivery_timeout_seconds,
+)
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.keys import message_prefix
+from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.errors import DeliveryError, KafkaOperationError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
 pytestmark = pytest.mark.integration
@@ -100,4 +112,52 @@ def test_watermarks_wait_out_a_broker_restart_and_give_up_after_the_deadline(tmp
     finally:
         adapter_log.removeHandler(retries)
         adapter_log.setLevel(previous_level)
+        broker.stop()
+
+
+def test_a_commit_during_an_outage_longer_than_the_delivery_timeout_fails_and_commits_nothing(tmp_path):
+    home = tmp_path / "kafka"
+    broker = LocalKafkaBroker(home)
+    bootstrap = broker.start(tie_to_parent=True)
+    config = AppConfig(
+        name="totals", source="orders", stores=("totals",), producer_config={"delivery.timeout.ms": 2000}
+    )
+    create_topic(bootstrap, config.source)
+    create_topic(bootstrap, config.changelog_topic("totals"), config={"cleanup.policy": "compact"})
+    produce(bootstrap, config.source, [(b"a", b"{}")])
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": config.consumer_group, "log_level": 0})
+    consumer.assign([TopicPartition(config.source, 0)])
+    tracker = DeliveryTracker()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "on_delivery": tracker, "log_level": 0})
+    timeout = delivery_timeout_seconds(config.producer_config)
+    committer = Committer(consumer, producer, tracker, config.source, config.changelog_topics(), timeout)
+    store = StateDirectory(tmp_path / "state", config).partition("totals", 0)
+    store.open()
+    restart = same_ports(home)
+    try:
+        txn = PartitionTransaction(0, {"totals": store}, JsonSerde(), committed_offset=None)
+        txn.begin_message(b"a")
+        txn.states["totals"].set("total", 5)
+        txn.accept_message(0)
+        broker.stop()
+
+        began = time.monotonic()
+        with pytest.raises(DeliveryError) as raised:
+            committer.commit([txn])
+        waited = time.monotonic() - began
+
+        assert timeout == 2.0 and waited < timeout + FLUSH_MARGIN_SECONDS + 5, waited
+        assert "delivery.timeout.ms (2 s)" in str(raised.value) and "orders partitions [0]" in str(raised.value)
+        assert store.get(message_prefix(b"a") + b"total") is None and store.source_offset is None
+        broker = LocalKafkaBroker(home, restart)
+        broker.start(tie_to_parent=True)
+        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": config.consumer_group})
+        try:
+            [committed] = reader.committed([TopicPartition(config.source, 0)], timeout=60)
+        finally:
+            reader.close()
+        assert committed.offset < 0, "the source offset was not committed"
+    finally:
+        store.close()
+        consumer.close()
         broker.stop()

@@ -154,3 +154,26 @@ def test_a_partition_quarantines_itself_and_starts_empty_and_locked(tmp_path):
         assert list(reopened.items()) == [(b"restored", b"1")] and reopened.changelog_offset == 1
     finally:
         reopened.close()
+
+
+def test_iterating_over_a_damaged_block_raises_instead_of_ending_early(tmp_path):
+    state = committed_store(tmp_path)
+    damage_data_block(state.partition_path("totals", 0))
+    part = state.partition("totals", 0)
+    part.open()
+    try:
+        returned = []
+        with pytest.raises(StoreCorruptedError) as raised:
+            for key, _ in part.items():
+                returned.append(key)
+
+        assert len(returned) < len(KEYS), "the iteration returned every key although a block is damaged"
+        assert raised.value.path == str(part.path) and "Corruption" in str(raised.value), str(raised.value)
+    finally:
+        part.close()
+    intact = committed_store(tmp_path / "intact").partition("totals", 0)
+    intact.open()
+    try:
+        assert [key for key, _ in intact.items()] == sorted(KEYS)
+    finally:
+        intact.close()
