@@ -26,14 +26,11 @@ come from snapshots (bench_restore.py).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_restore import COMMITTED, open_partition, print_machine, produce_changelog
+from bench_restore import COMMITTED, bench_broker, open_partition, print_machine, produce_changelog
 from confluent_kafka import Message, TopicPartition
 
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
@@ -41,7 +38,6 @@ from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.rocksdb import SortedSstWriter
-from dagster_stateful.local_kafka.broker import LocalKafkaBroker
 
 TOPIC = "bench-restore-state-changelog"
 BATCH = 10_000
@@ -52,20 +48,13 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=3_000_000)
     parser.add_argument("--rounds", type=int, default=2, help="each measurement is repeated; the best is printed")
     arguments = parser.parse_args()
-    arguments.partitions, arguments.spark_master = 1, "(not used)"
-    print_machine(arguments)
-    work = Path(tempfile.mkdtemp(prefix="bench-full-restore-"))
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    try:
-        if not bootstrap:
-            broker = LocalKafkaBroker(work / "kafka")
-            bootstrap = broker.start(tie_to_parent=True)
+    print_machine()
+    print(
+        f"settings: {arguments.keys:,} records, best of {arguments.rounds} rounds, restore consumer "
+        f"{RESTORE_CONSUMER_CONFIG}"
+    )
+    with bench_broker("bench-full-restore-") as (bootstrap, work):
         run(arguments, KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0}), bootstrap, work)
-    finally:
-        if broker is not None:
-            broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work: Path) -> None:

@@ -27,6 +27,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -54,30 +56,37 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--spark-master", default="local[*]")
     arguments = parser.parse_args()
-    print_machine(arguments)
-    work = Path(tempfile.mkdtemp(prefix="bench-restore-"))
+    print_machine()
+    print(
+        f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, spark {arguments.spark_master}, "
+        f"restore batch 10,000 records, restore consumer {RESTORE_CONSUMER_CONFIG}"
+    )
+    with bench_broker("bench-restore-") as (bootstrap, work):
+        run(arguments, bootstrap, work)
+
+
+@contextmanager
+def bench_broker(prefix: str) -> Iterator[tuple[str, Path]]:
+    """A scratch directory and a broker: KAFKA_BOOTSTRAP_SERVERS's, or a local one started there."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     try:
         if not bootstrap:
             broker = LocalKafkaBroker(work / "kafka")
             bootstrap = broker.start(tie_to_parent=True)
-        run(arguments, bootstrap, work)
+        yield bootstrap, work
     finally:
         if broker is not None:
             broker.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def print_machine(arguments: argparse.Namespace) -> None:
+def print_machine() -> None:
     memory = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
     print(
         f"machine: {os.cpu_count()} cores, {memory.split()[1]} kB RAM, {platform.platform()}, "
         f"Python {sys.version.split()[0]}"
-    )
-    print(
-        f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, spark {arguments.spark_master}, "
-        f"restore batch 10,000 records, restore consumer {RESTORE_CONSUMER_CONFIG}"
     )
 
 

@@ -118,15 +118,10 @@ class PartitionAssignments:
 
     def _restart_damaged_restore(self, error: StoreCorruptedError) -> None:
         """A store was found damaged while it restored: move it aside and restore it from scratch."""
-        found = [
-            (restoring, store)
-            for restoring in self.restorations.partitions.values()
-            for store in restoring.stores.values()
-            if str(store.path) == error.path
-        ]
-        if not found:
+        restoring = self.restorations.partitions.get(error.partition) if error.partition is not None else None
+        damaged = _damaged_store(restoring.stores if restoring else {}, error)
+        if restoring is None or damaged is None:
             raise error
-        restoring, damaged = found[0]
         if restoring.pending and restoring.pending[0].started:
             self.restorations.reports.append(restoring.pending[0].suspend())
         aside = damaged.quarantine(error)
@@ -145,7 +140,7 @@ class PartitionAssignments:
         the partition's uncommitted work, move the damaged store aside, restore it from its
         changelog and process the partition again from its committed offset."""
         txn = self.transactions.get(partition)
-        damaged = next((s for s in (txn.stores.values() if txn else ()) if str(s.path) == str(error.path)), None)
+        damaged = _damaged_store(txn.stores if txn else {}, error)
         if txn is None or damaged is None:
             raise error
         del self.transactions[partition]
@@ -413,3 +408,8 @@ class PartitionAssignments:
                 f"--topic {self.config.source}:{partition} --execute`), or reprocess from a source that still holds "
                 "them."
             )
+
+
+def _damaged_store(stores: dict[str, StorePartition], error: StoreCorruptedError) -> StorePartition | None:
+    """The store among `stores` whose directory the corruption error names."""
+    return next((store for store in stores.values() if str(store.path) == error.path), None)

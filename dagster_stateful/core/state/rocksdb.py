@@ -210,7 +210,7 @@ def _is_shortage(error: Exception) -> bool:
 def is_corruption(path: Path, error: Exception) -> bool:
     """Whether a failure to open the database at `path` means its files are damaged (not merely
     unreadable right now, as with too many open files or a full disk)."""
-    return str(error).startswith(_CORRUPTION_STATUS) or _current_names_missing_manifest(path)
+    return _is_corruption_status(error) or _current_names_missing_manifest(path)
 
 
 def _current_names_missing_manifest(path: Path) -> bool:
