@@ -1,4 +1,4 @@
-"""Where a full restore from the changelog spends its time, and whether writing SST files would help.
+"""Where a full restore from the changelog spends its time, and what writing SST files gains.
 
 A full restore (no local state, no snapshot) must read every changelog record. This script
 produces one changelog partition of --keys records in the engine's format (one record per key,
@@ -7,17 +7,16 @@ processed-offset header) and measures, on the same data:
 1. consume only: the restore consumer's `consume()` loop, touching nothing;
 2. consume + fields: the same, reading each record's key, value and headers (the least any
    restore must do: the header says whether the record's message was committed);
-3. engine replay: the engine's restore (`Restorer`: per-batch dedup, one WriteBatch per batch
-   without the WAL, an atomic flush at the end);
-4. SST from the changelog: the alternative design, measured here and not built into the engine:
-   consume every record into one dict (last value per key), sort it, write SST files
-   (`SortedSstWriter`) and ingest them.
+3. replay through WriteBatches: the engine's restore as a partial restore runs it (per-batch
+   dedup, one WriteBatch per batch without the WAL, an atomic flush at the end), forced here by
+   giving the empty store a changelog position of 0;
+4. the engine's full restore: the same reading, the last value per key gathered over chunks of
+   `FULL_RESTORE_CHUNK_RECORDS` keys, each chunk written as sorted SST files and ingested.
 
-Each line prints records/s and seconds; the store the SST path builds is checked by digest
-against the replayed one. The machine and every setting are printed first. What the figures say
-(see bench/README.md): the replay runs at about 80% of what consuming the records alone allows, so
-no write strategy can make a Python full restore from the changelog much faster; bulk restores
-come from snapshots (bench_restore.py).
+Each line prints records/s and seconds, then the SST files each restored store holds (the
+WriteBatch path leaves memtable flushes that RocksDB still has to compact); the two stores are
+checked by digest against each other. The machine and every setting are printed first. See
+bench/README.md for one run's figures.
 
     .venv/bin/python bench/bench_full_restore.py                 # 3M records
     .venv/bin/python bench/bench_full_restore.py --keys 500000   # a quick run
@@ -35,9 +34,8 @@ from confluent_kafka import Message, TopicPartition
 
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, Restorer
 from dagster_stateful.core.recovery.verification import partition_digest
-from dagster_stateful.core.state.rocksdb import SortedSstWriter
 
 TOPIC = "bench-restore-state-changelog"
 BATCH = 10_000
@@ -51,7 +49,7 @@ def main() -> None:
     print_machine()
     print(
         f"settings: {arguments.keys:,} records, best of {arguments.rounds} rounds, restore consumer "
-        f"{RESTORE_CONSUMER_CONFIG}"
+        f"{RESTORE_CONSUMER_CONFIG}, full-restore chunk {FULL_RESTORE_CHUNK_RECORDS:,} keys"
     )
     with bench_broker("bench-full-restore-") as (bootstrap, work):
         run(arguments, KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0}), bootstrap, work)
@@ -65,15 +63,19 @@ def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work
     measurements: list[tuple[str, Callable[[str], None]]] = [
         ("1. consume only", lambda tag: read_all(kafka, tag, end, touch=False)),
         ("2. consume + key, value, headers", lambda tag: read_all(kafka, tag, end, touch=True)),
-        ("3. engine replay (WriteBatch per batch)", lambda tag: replay(kafka, tag, work)),
-        ("4. SST files from the changelog", lambda tag: sst_from_changelog(kafka, tag, work, end)),
+        ("3. replay through WriteBatches", lambda tag: replay(kafka, tag, work, as_partial=True)),
+        ("4. the engine's full restore (SST chunks)", lambda tag: replay(kafka, tag, work, as_partial=False)),
     ]
     for name, measure in measurements:
         best = min(timed(measure, f"{name[0]}-{round_}") for round_ in range(arguments.rounds))
         print(f"{name}: {end / best:,.0f} records/s ({best:.2f} s)")
+    for row in ("3", "4"):
+        files = sorted((work / f"{row}-0").rglob("*.sst"))
+        size = sum(file.stat().st_size for file in files)
+        print(f"row {row}'s store on disk right after the restore: {len(files)} SST files, {size / 2**20:,.0f} MiB")
     replayed, from_sst = (digest_of(work / f"{path}-0") for path in ("3", "4"))
     assert replayed == from_sst, f"the two restores differ: {replayed} != {from_sst}"
-    print("check: the SST-built store has the replayed store's digest")
+    print("check: the SST-built store has the WriteBatch-built store's digest")
 
 
 def digest_of(state_dir: Path) -> str:
@@ -112,36 +114,17 @@ def read_all(kafka: KafkaClients, tag: str, end: int, touch: bool) -> None:
     consume_all(kafka, tag, end, fields)
 
 
-def replay(kafka: KafkaClients, tag: str, work: Path) -> None:
+def replay(kafka: KafkaClients, tag: str, work: Path, as_partial: bool) -> None:
     consumer = kafka.consumer({"group.id": f"bench-{tag}", **RESTORE_CONSUMER_CONFIG})
     store = open_partition(work / tag, TOPIC, 0)
+    if as_partial:
+        store.write_restored((), 0)
     try:
-        Restorer(kafka, consumer, Listeners(), BATCH).restore(store, COMMITTED)
+        report = Restorer(kafka, consumer, Listeners(), BATCH).restore(store, COMMITTED)
+        assert report is not None and report.kind == ("partial" if as_partial else "full"), report
     finally:
         store.close()
         consumer.close()
-
-
-def sst_from_changelog(kafka: KafkaClients, tag: str, work: Path, end: int) -> None:
-    latest: dict[bytes, bytes | None] = {}
-
-    def keep_latest(messages: list[Message]) -> None:
-        for message in messages:
-            message.headers()  # what a restore must read to tell committed records from the others
-            latest[message.key()] = message.value()  # type: ignore[index]
-
-    consume_all(kafka, tag, end, keep_latest)
-    writer = SortedSstWriter(work / f"{tag}-sst", "bulk")
-    for key in sorted(latest):
-        value = latest[key]
-        if value is not None:
-            writer.put(key, value)
-    store = open_partition(work / tag, TOPIC, 0)
-    try:
-        store.db.ingest_files([file.path for file in writer.finish()])
-        store.finish_restore(end, COMMITTED)
-    finally:
-        store.close()
 
 
 if __name__ == "__main__":

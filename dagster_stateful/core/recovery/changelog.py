@@ -7,8 +7,11 @@ interruptible without losing what it restored) and `Restorer` (the assign-only c
 read through; `restore()` runs one to the end). A partition without local state replays the
 whole changelog (full restore); one with state replays only the tail after its stored changelog
 offset (partial restore). Records of uncommitted messages follow the at-least-once rule of
-`uncommitted.UncommittedFilter`, and the recorded position never passes the first of them. Each
-batch is deduplicated by key and written sorted, in one WriteBatch with the changelog position.
+`uncommitted.UncommittedFilter`, and the recorded position never passes the first of them. A
+partial restore deduplicates each batch by key and writes it sorted, in one WriteBatch with the
+changelog position; a full restore gathers the last value per key over many batches (a chunk of
+up to `FULL_RESTORE_CHUNK_RECORDS` keys) and ingests each chunk as sorted SST files, so the
+rebuilt store is written once, already compacted, instead of through the memtable.
 Inconsistencies an operator must decide on (a stored offset beyond the changelog's end) are
 raised with the options.
 """
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_OFFSET_HEADER = "source_offset"
 STALL_TIMEOUT = 60.0
+FULL_RESTORE_CHUNK_RECORDS = 500_000
+"""Keys a full restore holds in memory before it ingests them (about 100 MB at 200 bytes a key)."""
 PROGRESS_LOG_INTERVAL = 10.0
 
 
@@ -63,6 +68,7 @@ class ChangelogRestore:
         start: int,
         end: int,
         batch_size: int,
+        chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
     ) -> None:
         self.store = store
         self.committed_source_offset = committed_source_offset
@@ -74,7 +80,9 @@ class ChangelogRestore:
         self._batch_size = batch_size
         self._topic_partition = TopicPartition(store.changelog_topic, store.partition, start)
         self._batch: dict[bytes, bytes | None] = {}
-        restored = self._restored_here if kind is RestoreKind.FULL else None
+        self._bulk = kind is RestoreKind.FULL
+        self._chunk_records = chunk_records
+        restored = self._restored_here if self._bulk else None
         self.filter = UncommittedFilter(committed_source_offset, restored)
         self._started: float | None = None
         self._last_progress = self._last_log = time.monotonic()
@@ -102,13 +110,18 @@ class ChangelogRestore:
         if not messages:
             self._note_no_records()
             return 0
-        self._batch = {}
+        skipped = self.filter.skipped
         self._deduplicate(messages)
         self.position = record_position(messages[-1])[2] + 1
         self._last_progress = time.monotonic()
-        applied = len(self._batch)
-        self.store.write_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
-        self._batch = {}
+        if self._bulk:
+            applied = len(messages) - (self.filter.skipped - skipped)
+            if len(self._batch) >= self._chunk_records:
+                self._ingest_chunk()
+        else:
+            applied = len(self._batch)
+            self.store.write_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
+            self._batch = {}
         self.report.records_applied += applied
         self._listeners.batch_restored(self.store.partition, self.store.store, self.position, applied)
         self._log_progress()
@@ -117,6 +130,7 @@ class ChangelogRestore:
     def finish(self) -> RestoreReport:
         """Record the restored state durably, with the position the next restore starts from."""
         self._stop_reading()
+        self._ingest_chunk()
         self._complete_report()
         self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
         self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
@@ -141,6 +155,7 @@ class ChangelogRestore:
         self._stop_reading()
         self._complete_report()
         self.report.completed = False
+        self._ingest_chunk()
         self.store.db.flush()
         self._listeners.restore_suspended(self.store.partition, self.store.store, self.report.records_applied)
         log.info(
@@ -153,6 +168,12 @@ class ChangelogRestore:
             self.report.records_applied,
         )
         return self.report
+
+    def _ingest_chunk(self) -> None:
+        """A full restore's gathered keys into the store, as SST files, with the position they reach."""
+        if self._batch:
+            self.store.ingest_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
+            self._batch = {}
 
     def _begin(self) -> None:
         self._started = self._last_progress = self._last_log = time.monotonic()
@@ -252,16 +273,24 @@ def _recreated_changelog_error(store: StorePartition, stored: int, high: int) ->
 class Restorer:
     """Restores store partitions through one dedicated, assign-only consumer."""
 
-    def __init__(self, kafka: KafkaClients, consumer: Consumer, listeners: Listeners, batch_size: int = 10_000) -> None:
+    def __init__(
+        self,
+        kafka: KafkaClients,
+        consumer: Consumer,
+        listeners: Listeners,
+        batch_size: int = 10_000,
+        chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
+    ) -> None:
         self._kafka = kafka
         self._consumer = consumer
         self._listeners = listeners
         self._batch_size = batch_size
+        self._chunk_records = chunk_records
 
     def begin(self, store: StorePartition, committed_source_offset: int | None) -> ChangelogRestore | None:
         """The replay the (open) store partition needs; None when it is up to date (nothing to read)."""
         topic, partition = store.changelog_topic, store.partition
-        low, high = self._kafka.watermarks(topic, [partition])[partition]
+        low, high = self._kafka.watermarks(topic, [partition], committed=True)[partition]
         stored = store.changelog_offset
         if stored is not None and stored > high:
             raise _recreated_changelog_error(store, stored, high)
@@ -283,7 +312,14 @@ class Restorer:
                 store.finish_restore(high, committed_source_offset)
             return None
         return ChangelogRestore(
-            self._consumer, self._listeners, store, committed_source_offset, start, high, self._batch_size
+            self._consumer,
+            self._listeners,
+            store,
+            committed_source_offset,
+            start,
+            high,
+            self._batch_size,
+            self._chunk_records,
         )
 
     def restore(self, store: StorePartition, committed_source_offset: int | None) -> RestoreReport | None:

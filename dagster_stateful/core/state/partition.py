@@ -164,6 +164,18 @@ class StorePartition:
         self.db.write(changes, {CHANGELOG_OFFSET_KEY: encode_offset(changelog_offset)}, durable=False)
         self.changelog_offset = changelog_offset
 
+    def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
+        """A large restore chunk (strictly ascending keys) as SST files, then the changelog position it
+        reaches. Ingested data is durable at once and the position follows it, so a crash in between
+        leaves the position behind its data: the next restore replays that chunk again, to the same result."""
+        scratch = self.path / ".restore-sst"
+        try:
+            self.db.ingest_changes(changes, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        self.db.write((), {CHANGELOG_OFFSET_KEY: encode_offset(changelog_offset)}, durable=False)
+        self.changelog_offset = changelog_offset
+
     def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None:
         """Make the restored data durable, then, only then, the offsets it reaches, then the checkpoint."""
         self.db.flush()

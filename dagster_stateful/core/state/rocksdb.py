@@ -171,12 +171,26 @@ class PartitionDatabase:
         self.ingest_files([file.path for file in files])
         return sum(file.records for file in files)
 
+    def ingest_changes(self, changes: Iterable[tuple[bytes, bytes | None]], scratch_dir: Path) -> None:
+        """Bulk-apply strictly ascending puts (value) and deletes (None) through SST files, which
+        take precedence over everything already in the database."""
+        writer = SortedSstWriter(scratch_dir, "changes")
+        for key, value in changes:
+            if value is None:
+                writer.delete(key)
+            else:
+                writer.put(key, value)
+        self.ingest_files([file.path for file in writer.finish()])
+
     def ingest_files(self, files: list[str]) -> None:
         """Ingest finished SST files (moved, not copied); keys must not overlap between files."""
         if files:
             options = IngestExternalFileOptions()
             options.set_move_files(True)
-            self._db.ingest_external_file(files, options)
+            try:
+                self._db.ingest_external_file(files, options)
+            except Exception as error:
+                raise self._write_error("ingesting SST files into", error) from error
 
     def flush(self) -> None:
         """Write both column families' memtables to SST files: the data first, then the offsets, so a
@@ -228,10 +242,12 @@ class SstFile:
 
 
 class SortedSstWriter:
-    """Writes strictly ascending (key, value) pairs into SST files of at most `records_per_file` records.
+    """Writes strictly ascending keys (puts, and deletes that shadow older data once ingested) into
+    SST files of at most `records_per_file` records.
 
     Files are named `<prefix>-<n>.sst` in `directory` and come back from `finish()` in key order,
-    ready for `PartitionDatabase.ingest_files`. Used by local bulk loads and by Spark tasks alike.
+    ready for `PartitionDatabase.ingest_files`. Used by local bulk loads, full restores from the
+    changelog and Spark tasks alike.
     """
 
     def __init__(self, directory: str | Path, prefix: str, records_per_file: int = DEFAULT_RECORDS_PER_SST) -> None:
@@ -244,12 +260,19 @@ class SortedSstWriter:
         self._files: list[SstFile] = []
 
     def put(self, key: bytes, value: bytes) -> None:
+        self._file()[key] = value
+        self._current += 1
+
+    def delete(self, key: bytes) -> None:
+        del self._file()[key]
+        self._current += 1
+
+    def _file(self) -> SstFileWriter:
         if self._writer is None or self._current >= self._records_per_file:
             self._close_file()
             self._writer = SstFileWriter(options=Options(raw_mode=True))
             self._writer.open(str(self._directory / f"{self._prefix}-{len(self._files):05d}.sst"))
-        self._writer[key] = value
-        self._current += 1
+        return self._writer
 
     def finish(self) -> list[SstFile]:
         """Close the last file; returns every file written, in key order."""
