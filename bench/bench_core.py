@@ -25,6 +25,7 @@ Run it from the repository root:
 
     .venv/bin/python bench/bench_core.py                       # 1M messages, 10k keys, 1M-key restore
     .venv/bin/python bench/bench_core.py --messages 200000 --restore-keys 0 --profile
+    .venv/bin/python bench/bench_core.py --messages 500000 --restore-keys 0 --output --guarantee exactly-once
 
 --profile runs each measured run_worker under cProfile and prints the top entries (by cumulative
 time) of the engine's own functions; the throughput figures of a profiled run are not comparable.
@@ -201,8 +202,14 @@ def make_app(bootstrap: str, name: str, source: str, state_dir: Path, args: argp
         commit_interval=args.commit_interval,
         commit_every=args.commit_every,
         restore_batch_size=args.restore_batch_size,
+        processing_guarantee=args.guarantee,
     )
-    app.dataframe().apply(add_to_total, stateful=True)
+    frame = app.dataframe()
+    frame.apply(add_to_total, stateful=True)
+    if args.output:
+        output = f"{name}-out"
+        create_topic(bootstrap, output, args.partitions)
+        app.to_topic(frame, output)
     return app
 
 
@@ -431,6 +438,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--commit-interval", type=float, default=5.0, help="App commit_interval (s)")
     parser.add_argument("--commit-every", type=int, default=50_000, help="App commit_every (messages)")
     parser.add_argument("--restore-batch-size", type=int, default=10_000, help="App restore_batch_size")
+    parser.add_argument(
+        "--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once", help="processing_guarantee"
+    )
+    parser.add_argument("--output", action="store_true", help="send each running total to an output topic")
     parser.add_argument("--broker-heap", default="1g", help="heap of the local broker (when one is started)")
     parser.add_argument("--profile", action="store_true", help="run the measured run_worker calls under cProfile")
     parser.add_argument("--skip-processing", action="store_true", help="only run the restore phase")
@@ -454,6 +465,7 @@ def main() -> None:
     print(f"commit_interval:     {args.commit_interval} s")
     print(f"commit_every:        {args.commit_every:,} messages")
     print(f"restore batch size:  {args.restore_batch_size:,}")
+    print(f"guarantee:           {args.guarantee}; output topic: {'yes' if args.output else 'no'}")
     print(f"state serde / value: json / json (orjson); store: one ({STORE!r}), state key 'total' per message key")
     print(f"input producer:      {PRODUCER_SETTINGS}")
     print(f"kafka:               {external or f'local broker started for this run (heap {args.broker_heap})'}")

@@ -1,22 +1,27 @@
 """Fault-injection benchmark: the cases of tests/faults/ repeated at scale, with a table of what they found.
 
 Runs the seven cases of the issue "Correct under every failure" (tests/fault_scenarios.py: real
-worker subprocesses against a real broker) --repetitions times each and prints, per case:
+worker subprocesses against a real broker), and two under exactly-once (1e: case 1's SIGKILL storm
+with an output topic; 8e: a zombie worker frozen with SIGSTOP, fenced by its successor, resumed),
+--repetitions times each and prints, per case:
 
-    case | faults injected | messages | lost | doubled | recovery seconds
+    case | faults injected | messages | lost | doubled | outputs missing / doubled | recovery seconds
 
 - faults injected: kills that landed, broker outages, damaged stores, recreated changelogs,
   retention cuts, read-only directories;
 - messages: source messages the final state was checked against (read back from Kafka);
 - lost / doubled: over customers, sum of max(0, expected - counted) and max(0, counted - expected)
   of the per-customer order count in the store ("lost" must be 0; "doubled" is what at-least-once
-  allows after a crash);
+  allows after a crash, and must be 0 under exactly-once);
+- outputs missing / doubled (exactly-once cases): orders absent from, or repeated in, the output
+  topic as a read_committed reader sees it (both must be 0);
 - recovery seconds: from the restart after the (last) fault until the worker stopped caught up
   (process start, group join, restores and the messages left); median and max over repetitions.
 
 Below the table it prints, per case, where the kills landed, the errors workers stopped with,
 anything a failed run committed anyway, and other ways out that were tried. The script exits 1
-when any order was lost or a final run did not end caught up with no lag.
+when any order was lost, an exactly-once case was not exact, or a final run did not end caught up
+with no lag.
 
 A single-node broker is started in a temporary directory (unless KAFKA_BOOTSTRAP_SERVERS is set);
 case 3 always starts a broker of its own, since it stops and restarts it. Case 7 runs its workers as
@@ -46,6 +51,7 @@ sys.path.insert(0, str(TESTS))  # the harness and the cases live with the tests
 
 from fault_harness import FaultResult, RestartableBroker  # noqa: E402
 from fault_scenarios import (  # noqa: E402
+    EXACTLY_ONCE,
     Lab,
     ReadOnlyMoment,
     alternating_kills,
@@ -56,11 +62,12 @@ from fault_scenarios import (  # noqa: E402
     retention_cut,
     shadowed_corruption,
     sigkill_storm,
+    zombie_fenced,
 )
 
 from dagster_stateful.local_kafka.broker import LocalKafkaBroker  # noqa: E402
 
-CASES = ("1", "2", "3", "4", "5", "6", "7")
+CASES = ("1", "2", "3", "4", "5", "6", "7", "1e", "8e")
 
 
 def parse_args() -> argparse.Namespace:
@@ -155,6 +162,10 @@ def _run_case(case: str, args: argparse.Namespace, lab: Lab, small: int, work: P
         ),
         "5": lambda: recreated_changelog(lab, small, args.customers, args.partitions),
         "6": lambda: retention_cut(lab, small, args.customers, args.partitions, args.cut),
+        "1e": lambda: sigkill_storm(
+            lab, args.orders, args.customers, args.partitions, args.kills, guarantee=EXACTLY_ONCE
+        ),
+        "8e": lambda: zombie_fenced(lab, small, args.customers, args.partitions),
     }
     return [runners[case]()]
 
@@ -166,21 +177,37 @@ def final_run_ok(result: FaultResult) -> bool:
 
 
 def print_table(results: dict[str, list[FaultResult]]) -> bool:
-    header = ("case", "faults injected", "messages", "lost", "doubled", "recovery s (median / max)", "final run")
+    header = (
+        "case",
+        "faults injected",
+        "messages",
+        "lost",
+        "doubled",
+        "outputs missing / doubled",
+        "recovery s (median / max)",
+        "final run",
+    )
     rows = []
     healthy = True
     for case, found in results.items():
         recoveries = [r.recovery_seconds for r in found]
         ok = all(final_run_ok(r) for r in found)
-        lost = sum(r.lost for r in found)
+        lost, doubled = sum(r.lost for r in found), sum(r.doubled for r in found)
         healthy = healthy and ok and lost == 0 and not any(r.totals_short for r in found)
+        outputs = "-"
+        if case.endswith("e"):
+            missing = sum(r.counters.get("outputs missing", 0) for r in found)
+            repeated = sum(r.counters.get("outputs doubled", 0) for r in found)
+            outputs = f"{missing} / {repeated}"
+            healthy = healthy and doubled == 0 and missing == 0 and repeated == 0
         rows.append(
             (
                 case,
                 str(sum(r.faults for r in found)),
                 f"{sum(r.messages for r in found):,}",
                 str(lost),
-                str(sum(r.doubled for r in found)),
+                str(doubled),
+                outputs,
                 f"{statistics.median(recoveries):.1f} / {max(recoveries):.1f}",
                 "caught up, lag 0" if ok else "NOT CAUGHT UP",
             )

@@ -187,7 +187,7 @@ def snapshot_assets(app: App):
             # Committed offsets first, then the ends: changelog records are delivered before their source
             # offsets are committed, and the snapshot stops at the first record of an uncommitted message.
             committed = bound.kafka.committed_offsets(app.consumer_group, app.source, partitions)
-            ends = {p: high for p, (_, high) in bound.kafka.watermarks(topic, partitions).items()}
+            ends = {p: high for p, (_, high) in bound.kafka.watermarks(topic, partitions, committed=True).items()}
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
             manifest = build_snapshot(
                 pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, committed, snapshot_store, config.keep

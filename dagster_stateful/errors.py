@@ -60,6 +60,11 @@ class DeliveryError(StatefulError):
     """Kafka did not acknowledge records the commit depends on; nothing was committed."""
 
 
+class ProducerFencedError(DeliveryError):
+    """Exactly-once: another producer with this worker's transactional id started; this one is a
+    zombie and must stop without committing."""
+
+
 class StateLockedError(StatefulError):
     """A state partition (or the app's state) is held by another worker or process."""
 

@@ -19,6 +19,7 @@ from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
 
 def worker_metadata(report: WorkerReport) -> dict[str, Any]:
     return {
+        "processing_guarantee": report.processing_guarantee,
         "stop_reason": report.stop_reason.value,
         "messages_processed": report.total_processed,
         "messages_per_partition": MetadataValue.json({str(p): n for p, n in sorted(report.messages_processed.items())}),
@@ -30,6 +31,7 @@ def worker_metadata(report: WorkerReport) -> dict[str, Any]:
         "stores_recovered": report.stores_recovered,
         "skipped_messages": report.skipped,
         "dead_lettered_messages": report.dead_lettered,
+        "transactions_aborted": report.transactions_aborted,
         "duration_seconds": round(report.seconds, 3),
         **restore_metadata(report.restores),
     }

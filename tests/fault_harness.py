@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -42,7 +43,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fault_worker import STORE, CommitPhase, WorkerSpec, build_app
-from kafka_helpers import read_messages, wait_for
+from kafka_helpers import read_committed, read_messages, wait_for
 
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
@@ -111,6 +112,14 @@ def tally(values: Iterable[bytes | None]) -> dict[str, Tally]:
         counts[customer] = counts.get(customer, 0) + 1
         totals[customer] = totals.get(customer, 0) + order["amount"]
     return {customer: Tally(counts[customer], totals[customer]) for customer in counts}
+
+
+def outputs_checked(bootstrap: str, source: str, output: str) -> tuple[int, int]:
+    """(missing, extra) outputs: every order of `source` must appear exactly once in `output`, as a
+    `read_committed` reader sees it (records of aborted transactions never do)."""
+    wanted = Counter(orjson.loads(m.value() or b"null")["id"] for m in source_messages(bootstrap, source))
+    seen = Counter(orjson.loads(m.value() or b"null")["id"] for m in read_committed(bootstrap, output, timeout=60))
+    return sum((wanted - seen).values()), sum((seen - wanted).values())
 
 
 def source_messages(bootstrap: str, topic: str) -> list[Message]:
@@ -242,6 +251,13 @@ class WorkerProcess:
         """SIGKILL, as a crash or the OOM killer would."""
         if self.alive:
             os.kill(self.process.pid, signal.SIGKILL)
+
+    def pause(self) -> None:
+        """SIGSTOP: the worker freezes mid-work, as in a long GC pause or a stalled VM (a zombie to be)."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
 
     def terminate(self) -> None:
         """SIGTERM: the worker stops cleanly (final commit, close)."""

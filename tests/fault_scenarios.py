@@ -51,6 +51,7 @@ from fault_harness import (
     expected_from_source,
     inject,
     make_orders,
+    outputs_checked,
     produce_orders,
     progress_of,
     read_counts,
@@ -63,7 +64,7 @@ from fault_harness import (
     watermarks,
     with_kill_point,
 )
-from fault_worker import COMPACT_FAST, STORE, WorkerSpec, build_app
+from fault_worker import COMPACT_FAST, PROGRESS_EVERY, STORE, WorkerSpec, build_app
 from kafka_helpers import wait_for
 
 UNPRIVILEGED_USER = "nobody"
@@ -122,6 +123,8 @@ def judge(result: FaultResult, spec: WorkerSpec, user: str | None = None) -> Fau
 
 MIN_SHARE = 100
 """Fewest messages a mid-batch kill waits for."""
+EXACTLY_ONCE = "exactly-once"
+AT_LEAST_ONCE = "at-least-once"
 KILL_SESSION_TIMEOUT_MS = 1500
 """A killed worker's partitions are handed on once its session expires: short, for many kills."""
 
@@ -134,15 +137,35 @@ def kill_schedule(kills: int, rng: random.Random) -> list[KillPoint]:
 
 
 def sigkill_storm(
-    lab: Lab, orders: int = 20_000, customers: int = 600, partitions: int = 3, kills: int = 20, wipe_share: float = 0.25
+    lab: Lab,
+    orders: int = 20_000,
+    customers: int = 600,
+    partitions: int = 3,
+    kills: int = 20,
+    wipe_share: float = 0.25,
+    guarantee: str = AT_LEAST_ONCE,
 ) -> FaultResult:
     """SIGKILL one worker `kills` times at random points; before every mid-restore kill (and a
     `wipe_share` of the others) its local state is deleted first, so full restores from the
-    compacted changelog happen. Orders run out before the kills do? More arrive, as in production."""
-    result = FaultResult("1 SIGKILL at random points")
+    compacted changelog happen. Orders run out before the kills do? More arrive, as in production.
+    Under exactly-once the counted orders also go to an output topic, checked order by order
+    (counters "outputs missing" and "outputs doubled")."""
+    exactly_once = guarantee == EXACTLY_ONCE
+    result = FaultResult("1 SIGKILL at random points" + (" (exactly-once)" if exactly_once else ""))
     source = lab.orders_topic(partitions, orders, customers)
     produced = orders
-    spec = lab.spec(source, partitions, step_delay=0.01, restore_delay=0.03, session_timeout_ms=KILL_SESSION_TIMEOUT_MS)
+    output = lab.unique("counted") if exactly_once else ""
+    if output:
+        create_topic(lab.bootstrap, output, partitions)
+    spec = lab.spec(
+        source,
+        partitions,
+        step_delay=0.01,
+        restore_delay=0.03,
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=guarantee,
+        output=output,
+    )
     app = build_app(spec)
     schedule = kill_schedule(kills, lab.rng)
     share = max(MIN_SHARE, orders // (kills + 2))
@@ -171,6 +194,48 @@ def sigkill_storm(
     finish_with(result, spec, lab)
     changelog = app.changelog_topic(STORE)
     result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
+    if output:
+        missing, extra = outputs_checked(lab.bootstrap, source, output)
+        result.counters.update({"outputs missing": missing, "outputs doubled": extra})
+    return result
+
+
+def zombie_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, partitions: int = 2) -> FaultResult:
+    """Exactly-once: worker A (static member "w1") is frozen with SIGSTOP mid-work, an open
+    transaction in hand; worker B, started with the same group_instance_id (so the same
+    transactional id) on another state directory, fences it and processes everything. Then A is
+    resumed: it must stop with an error and none of its writes may ever appear."""
+    result = FaultResult("8 zombie worker fenced (exactly-once)")
+    source = lab.orders_topic(partitions, orders, customers)
+    output = lab.unique("counted")
+    create_topic(lab.bootstrap, output, partitions)
+    base = lab.spec(
+        source,
+        partitions,
+        step_delay=0.05,
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=EXACTLY_ONCE,
+        output=output,
+        group_instance_id="w1",
+    )
+    zombie = replace(base, state_dir=f"{base.state_dir}-A")
+    with WorkerProcess(zombie, lab.log("zombie")) as worker_a:
+        worker_a.wait_for(lambda _: worker_a.processed() >= 4 * PROGRESS_EVERY, 120, "the zombie to process")
+        worker_a.pause()
+        result.faults += 1
+        result.counters["processed by A before its pause"] = worker_a.processed()
+        successor = run_worker(replace(base, state_dir=f"{base.state_dir}-B"), lab.log("successor"))
+        settled = summarize("successor", successor, base)
+        worker_a.resume()
+        zombie_outcome = worker_a.finish(120)
+    result.runs += [summarize("zombie", zombie_outcome), settled]  # the successor's run settled the case
+    result.recovery_seconds = successor.seconds
+    result.counters["zombie exit code"] = zombie_outcome.exit_code
+    if zombie_outcome.error is not None:
+        result.notes.append(f"the zombie stopped with {zombie_outcome.error.type}: {zombie_outcome.error.message}")
+    judge(result, replace(base, state_dir=f"{base.state_dir}-B"))
+    missing, extra = outputs_checked(lab.bootstrap, source, output)
+    result.counters.update({"outputs missing": missing, "outputs doubled": extra})
     return result
 
 

@@ -58,7 +58,9 @@ def count_order(order: dict, state: State) -> dict:
 
 
 class CommitPhase(StrEnum):
-    """Where inside its n-th commit a worker kills itself (see `processing/commit.py` for the order)."""
+    """Where inside its n-th commit a worker kills itself (see `processing/commit.py` for the order).
+    Under exactly-once: before `send_offsets_to_transaction`, before `commit_transaction`, and
+    after it (the RocksDB batch not written)."""
 
     BEFORE_DELIVERY = "before delivery"
     """Changelog records produced (some may be sent), not acknowledged; nothing committed."""
@@ -93,6 +95,11 @@ class WorkerSpec:
     kill_at_commit: int = 0
     """Kill the worker inside its n-th commit (0: never), at `kill_phase`."""
     kill_phase: str = CommitPhase.BEFORE_OFFSETS.value
+    processing_guarantee: str = "at-least-once"
+    output: str = ""
+    """The topic the counted orders go to ("": none)."""
+    group_instance_id: str = ""
+    """Static group membership ("": none); under exactly-once it also names the transactional id."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -118,12 +125,17 @@ def build_app(spec: WorkerSpec) -> App:
         commit_every=spec.commit_every,
         changelog_config=spec.changelog_config,
         restore_batch_size=spec.restore_batch_size,
+        processing_guarantee=spec.processing_guarantee,
+        group_instance_id=spec.group_instance_id or None,
         consumer_config={
             "session.timeout.ms": spec.session_timeout_ms,
             "heartbeat.interval.ms": max(100, spec.session_timeout_ms // 6),
         },
     )
-    app.dataframe().apply(count_order, stateful=True)
+    frame = app.dataframe()
+    frame.apply(count_order, stateful=True)
+    if spec.output:
+        app.to_topic(frame, spec.output)
     return app
 
 
@@ -159,6 +171,7 @@ def _install_commit_faults(spec: WorkerSpec) -> None:
     """Report every source commit, and kill this process inside the armed one (see `CommitPhase`)."""
     phase = CommitPhase(spec.kill_phase)
     commits = [0]
+    offsets: list[Any] = []
 
     def die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -176,11 +189,29 @@ def _install_commit_faults(spec: WorkerSpec) -> None:
                 die()
             return result
 
+    def next_commit_armed_at(armed_phase: CommitPhase) -> bool:
+        return bool(spec.kill_at_commit) and commits[0] + 1 == spec.kill_at_commit and phase is armed_phase
+
     class ObservedProducer(Producer):
         def flush(self, *args: Any, **kwargs: Any) -> int:
-            if spec.kill_at_commit and commits[0] + 1 == spec.kill_at_commit and phase is CommitPhase.BEFORE_DELIVERY:
+            if next_commit_armed_at(CommitPhase.BEFORE_DELIVERY):
                 die()
             return super().flush(*args, **kwargs)
+
+        def send_offsets_to_transaction(self, *args: Any, **kwargs: Any) -> None:
+            if next_commit_armed_at(CommitPhase.BEFORE_DELIVERY):
+                die()
+            offsets[:] = list(args[0] if args else kwargs["positions"])
+            super().send_offsets_to_transaction(*args, **kwargs)
+
+        def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
+            if next_commit_armed_at(CommitPhase.BEFORE_OFFSETS):
+                die()
+            super().commit_transaction(*args, **kwargs)
+            commits[0] += 1
+            _emit("commit", {str(tp.partition): tp.offset for tp in offsets})
+            if commits[0] == spec.kill_at_commit and phase is CommitPhase.AFTER_OFFSETS:
+                die()
 
     def consumer(self: KafkaClients, config: Mapping[str, Any]) -> Consumer:
         if "partition.assignment.strategy" in config:  # the worker's group consumer, which commits

@@ -90,7 +90,44 @@ def read_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
                 assert offset is not None and partition is not None, "a consumed record has an offset and a partition"
                 if offset >= ends[partition] - 1:
                     pending.discard(partition)
+            # A transaction's commit marker can hold the last offset: no record is ever returned for it.
+            for position in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if position.offset >= ends[position.partition]:
+                    pending.discard(position.partition)
         return messages
+    finally:
+        consumer.close()
+
+
+def read_committed(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
+    """Every message of `topic` a `read_committed` reader sees (aborted transactions' records left
+    out), read until each partition's position reaches its high watermark: every transaction on
+    the topic must have ended, committed or aborted, or this fails after `timeout`."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"committed-reader-{topic}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        messages: list = []
+        deadline = time.monotonic() + timeout
+        while True:
+            positions = consumer.position([TopicPartition(topic, p) for p in partitions])
+            if all(ends[tp.partition] == 0 or tp.offset >= ends[tp.partition] for tp in positions):
+                return messages
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not read {topic} to its end {ends} within {timeout} s: at {positions}")
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error():
+                    raise KafkaException(message.error())
+                messages.append(message)
     finally:
         consumer.close()
 

@@ -35,7 +35,10 @@ class ProcessingGuarantee(StrEnum):
     EXACTLY_ONCE = "exactly-once"
 
 
-SUPPORTED_GUARANTEES = (ProcessingGuarantee.AT_LEAST_ONCE,)
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+"""Exactly-once: the producer's `transaction.timeout.ms` unless `producer_config` sets it. The broker
+aborts a transaction left open longer (a crashed worker's), which until then holds back
+`read_committed` readers of its partitions; a commit interval must be well below it."""
 
 
 class MissingOffsets(StrEnum):
@@ -93,10 +96,6 @@ class AppConfig:
             self._set(serde_field, resolve_serde(getattr(self, serde_field)))
         self._set("on_error", choice(ErrorPolicy, self.on_error, "on_error"))
         guarantee = choice(ProcessingGuarantee, self.processing_guarantee, "processing_guarantee")
-        if guarantee not in SUPPORTED_GUARANTEES:
-            raise ConfigurationError(
-                f"processing_guarantee {guarantee.value!r} is not supported yet; use 'at-least-once'"
-            )
         self._set("processing_guarantee", guarantee)
         self._set("missing_offsets", choice(MissingOffsets, self.missing_offsets, "missing_offsets"))
         if self.commit_interval <= 0 or self.commit_every <= 0:
@@ -106,6 +105,38 @@ class AppConfig:
         self._set("changelog_config", {"cleanup.policy": "compact", **self.changelog_config})
         self._set("consumer_config", dict(self.consumer_config))
         self._set("producer_config", dict(self.producer_config))
+        if self.exactly_once:
+            self._check_transactions()
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+
+    @property
+    def transaction_timeout_ms(self) -> int:
+        return int(self.producer_config.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
+
+    def _check_transactions(self) -> None:
+        if "transactional.id" in self.producer_config:
+            raise ConfigurationError(
+                "producer_config must not set transactional.id: under exactly-once each worker derives its own "
+                "(from group_instance_id, or its host and state directory), so that a restarted worker fences its "
+                "zombie"
+            )
+        delivery = self.producer_config.get("delivery.timeout.ms", self.producer_config.get("message.timeout.ms"))
+        if delivery is not None and int(delivery) > self.transaction_timeout_ms:
+            raise ConfigurationError(
+                f"producer_config sets delivery.timeout.ms {delivery}, above transaction.timeout.ms "
+                f"{self.transaction_timeout_ms}: under exactly-once a record may not wait longer than its transaction "
+                "may stay open; lower it or raise transaction.timeout.ms"
+            )
+        if self.commit_interval * 1000 * 2 > self.transaction_timeout_ms:
+            raise ConfigurationError(
+                f"commit_interval {self.commit_interval:g} s is too long for transaction.timeout.ms "
+                f"{self.transaction_timeout_ms} ms: a transaction stays open for a commit interval, so keep the "
+                "interval at most half the timeout (lower commit_interval or raise transaction.timeout.ms in "
+                "producer_config, up to the broker's transaction.max.timeout.ms)"
+            )
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

@@ -136,6 +136,7 @@ def _kafka_records(
         .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in partitions}}))
         .option("failOnDataLoss", "false")  # compaction leaves gaps in the offsets
         .option("includeHeaders", str(include_headers).lower())
+        .option("kafka.isolation.level", "read_committed")  # aborted transactions of exactly-once apps
         .load()
     )
 

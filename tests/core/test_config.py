@@ -28,7 +28,14 @@ def test_settings_are_resolved_and_frozen():
         ({"stores": ["x", "x"]}, "distinct store names"),
         ({"stores": []}, "distinct store names"),
         ({"on_error": "ignore"}, "on_error='ignore' is not one of 'raise', 'skip', 'dead-letter'"),
-        ({"processing_guarantee": "exactly-once"}, "not supported yet"),
+        (
+            {"processing_guarantee": "exactly-once", "commit_interval": 40},
+            "commit_interval 40 s is too long for transaction.timeout.ms 60000 ms",
+        ),
+        (
+            {"processing_guarantee": "exactly-once", "producer_config": {"transactional.id": "mine"}},
+            "producer_config must not set transactional.id",
+        ),
         ({"processing_guarantee": "at-most-once"}, "processing_guarantee='at-most-once'"),
         ({"value_serde": "avro"}, "unknown serializer 'avro'"),
         ({"commit_interval": 0}, "commit_interval and commit_every must be positive"),

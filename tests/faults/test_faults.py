@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fault_harness import FaultResult, KillPoint, RestartableBroker
 from fault_scenarios import (
+    EXACTLY_ONCE,
     Lab,
     ReadOnlyMoment,
     alternating_kills,
@@ -27,7 +28,9 @@ from fault_scenarios import (
     retention_cut,
     shadowed_corruption,
     sigkill_storm,
+    zombie_fenced,
 )
+from fault_worker import WORKER_FAILED
 
 # Case 3 runs a broker of its own; every other case uses the session's (`kafka_bootstrap`).
 pytestmark = pytest.mark.integration
@@ -73,6 +76,31 @@ def test_sigkill_at_random_points_twenty_times_in_a_row_loses_nothing(kafka_boot
     assert result.counters["changelog records compacted away"] > 0, f"compaction never ran:\n{explain(result)}"
     assert_caught_up(result, "final")
     assert_nothing_lost(result)
+
+
+def test_exactly_once_sigkill_at_random_points_twenty_times_is_exact_and_each_output_appears_once(
+    kafka_bootstrap, tmp_path
+):
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    result = sigkill_storm(lab, orders=6_000, customers=300, partitions=3, kills=20, guarantee=EXACTLY_ONCE)
+
+    assert result.faults == 20, explain(result)
+    landed = " ".join(result.points)
+    assert KillPoint.COMMIT_AFTER_OFFSETS.value in landed, f"no kill between commit and store write:\n{explain(result)}"
+    assert result.counters["full restores begun"] >= 4, explain(result)
+    assert_caught_up(result, "final")
+    assert (result.lost, result.doubled) == (0, 0), f"exactly-once state is exact:\n{explain(result)}"
+    assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
+
+
+def test_a_zombie_worker_is_fenced_and_none_of_its_writes_appear(kafka_bootstrap, tmp_path):
+    result = zombie_fenced(Lab(kafka_bootstrap, tmp_path, SEED))
+
+    assert result.counters["zombie exit code"] == WORKER_FAILED, f"the zombie stops with an error:\n{explain(result)}"
+    assert any("fenced" in note.lower() for note in result.notes), explain(result)
+    assert result.run("successor").lag == 0, explain(result)
+    assert (result.lost, result.doubled) == (0, 0), explain(result)
+    assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,8 @@ class RestoreReport:
 @dataclass
 class WorkerReport:
     app: str
+    processing_guarantee: str = "at-least-once"
+    """The guarantee this run gave: "at-least-once" or "exactly-once"."""
     stop_reason: StopReason = StopReason.NOT_STOPPED
     messages_processed: dict[int, int] = field(default_factory=dict)
     committed_offsets: dict[int, int] = field(default_factory=dict)
@@ -68,6 +70,8 @@ class WorkerReport:
     """Partitions the group took away without a revocation (this worker was evicted or cut off)."""
     skipped: int = 0
     dead_lettered: int = 0
+    transactions_aborted: int = 0
+    """Exactly-once: transactions Kafka aborted; each one's messages were processed again."""
     lag: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
 

@@ -3,6 +3,6 @@
 `dataframe` (the steps: apply, update, filter), `worker` (the consume-process-commit loop),
 `lifecycle` (run limits and the stop signal), `rebalance` (what happens when partitions are
 assigned, revoked or lost), `restoring` (partitions restored between polls), `progress` (lag and
-transaction markers), `commit` (the commit order that makes a crash lose nothing) and
-`bad_input` (the error policy).
+transaction markers), `commit` (the commit order that makes a crash lose nothing),
+`transactions` (Kafka transactions, for exactly-once) and `bad_input` (the error policy).
 """

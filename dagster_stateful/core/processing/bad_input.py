@@ -4,15 +4,17 @@ Owns `BadInputHandler`: under "raise" the worker stops with a `ProcessingError` 
 partition and offset (nothing past that offset is committed); under "skip" the message is counted
 and logged; under "dead-letter" its raw key, value and headers go to `<app>-dead-letter` with
 headers describing the failure, and processing goes on (a full producer queue is waited out,
-serving delivery reports, as for outputs).
+serving delivery reports, as for outputs), produced through the commit path (`produce`), so under
+exactly-once they belong to the transaction of the commit that passes the message.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message
 
 from dagster_stateful.core.config import ErrorPolicy
 from dagster_stateful.core.kafka.records import Headers, position
@@ -24,9 +26,15 @@ ERROR_HEADER_PREFIX = "x-dagster-stateful-"
 
 
 class BadInputHandler:
-    def __init__(self, policy: ErrorPolicy, producer: Producer, dead_letter_topic: str) -> None:
+    def __init__(
+        self,
+        policy: ErrorPolicy,
+        produce: Callable[[str, bytes | None, bytes | None, Headers], None],
+        dead_letter_topic: str,
+    ) -> None:
+        """produce: (topic, key, value, headers) -> None, the commit path's `Committer.produce`."""
         self.policy = policy
-        self._producer = producer
+        self._produce = produce
         self._topic = dead_letter_topic
         self.skipped = 0
         self.dead_lettered = 0
@@ -64,12 +72,4 @@ class BadInputHandler:
             (f"{ERROR_HEADER_PREFIX}source-partition", str(partition).encode()),
             (f"{ERROR_HEADER_PREFIX}source-offset", str(offset).encode()),
         ]
-        self._produce(message.key(), message.value(), headers)
-
-    def _produce(self, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        while True:
-            try:
-                self._producer.produce(self._topic, key=key, value=value, headers=headers)
-                return
-            except BufferError:
-                self._producer.poll(0.1)
+        self._produce(self._topic, message.key(), message.value(), headers)

@@ -9,11 +9,19 @@ Owns `Committer` and `DeliveryTracker`. A commit of a set of partition transacti
 4. writes each store partition's changes with both offsets in one RocksDB WriteBatch, then its
    `.checkpoint` file (a store found damaged here is reported by `StoresDamaged` once every other
    partition is written: its commit is in the changelog, so it is restored, not lost).
-A delivery failure is sticky for the run: a record Kafka rejected (changelog or output) is lost
-for good, so once one failed, or one was not acknowledged in time, every later commit raises
-`DeliveryError` again and commits nothing; the worker must close without committing
+Every record of the run (outputs and dead letters while processing, changelog records at commit)
+is produced through `Committer.produce`.
+
+At-least-once: a delivery failure is sticky for the run: a record Kafka rejected (changelog or
+output) is lost for good, so once one failed, or one was not acknowledged in time, every later
+commit raises `DeliveryError` again and commits nothing; the worker must close without committing
 (`Committer.failed`) and the next run processes those messages again.
-Exactly-once will wrap steps 1-3 in a Kafka transaction (`_deliver_and_commit_offsets`).
+
+Exactly-once (Kafka Streams' exactly_once_v2): steps 1-3 are one Kafka transaction
+(`transactions.KafkaTransactions`), opened by the first record after a commit; the source offsets
+join it with the consumer's group metadata and it commits atomically. A transaction Kafka aborts
+raises `TransactionAborted` (nothing was written; the caller rewinds), a fenced producer raises
+`ProducerFencedError`. RocksDB is written only after the transaction committed.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from dagster_stateful.core.kafka.records import position
+from dagster_stateful.core.kafka.records import Headers, position
+from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
 from dagster_stateful.core.recovery.changelog import source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
 from dagster_stateful.errors import DeliveryError, StoreCorruptedError
@@ -115,10 +124,13 @@ class Committer:
         source_topic: str,
         changelog_topics: dict[str, str] | None,
         delivery_timeout_seconds: float = DEFAULT_DELIVERY_TIMEOUT_MS / 1000,
+        transactions: KafkaTransactions | None = None,
     ) -> None:
         """delivery_timeout_seconds: the producer's `delivery.timeout.ms`, in seconds (see
-        `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements."""
+        `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements.
+        transactions: the producer's transactions, under exactly-once (None: at-least-once)."""
         self._consumer = consumer
+        self.transactions = transactions
         self._delivery_timeout = delivery_timeout_seconds
         self._producer = producer
         self._tracker = tracker
@@ -129,8 +141,9 @@ class Committer:
 
     @property
     def failed(self) -> bool:
-        """True once a record was rejected or not acknowledged: nothing may be committed any more."""
-        return self._failure is not None or bool(self._tracker.errors)
+        """True once a record was rejected or not acknowledged: nothing may be committed any more
+        (at-least-once; under exactly-once the transaction holding such a record aborts instead)."""
+        return self._failure is not None or (self.transactions is None and bool(self._tracker.errors))
 
     @property
     def failure(self) -> DeliveryError | None:
@@ -191,11 +204,26 @@ class Committer:
                 self._produce(topic, key, value, partition, source_offset)
 
     def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int, source_offset: int) -> None:
+        self.produce(topic, key, value, source_offset_header(source_offset), partition)
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Produce one record that the next commit depends on (inside the open transaction under
+        exactly-once); a full producer queue is waited out, serving delivery reports."""
+        if self.transactions is not None:
+            self.transactions.begin()
         while True:
             try:
-                self._producer.produce(
-                    topic, key=key, value=value, partition=partition, headers=source_offset_header(source_offset)
-                )
+                if partition is None:
+                    self._producer.produce(topic, key=key, value=value, headers=headers)
+                else:
+                    self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
                 return
             except BufferError:
                 self._producer.poll(0.1)
@@ -208,7 +236,7 @@ class Committer:
                 f"partitions {partitions}: close without committing and run again; the uncommitted messages will "
                 f"be processed again. The first failure: {self._failure}"
             ) from self._failure
-        if self._tracker.errors:
+        if self._tracker.errors and self.transactions is None:  # a transaction aborts at its commit instead
             self._fail(0, partitions)
 
     def _fail(self, unacknowledged: int, partitions: list[int]) -> NoReturn:
@@ -227,6 +255,13 @@ class Committer:
         raise self._failure
 
     def _deliver_and_commit_offsets(self, offsets: list[TopicPartition]) -> None:
+        if self.transactions is not None:
+            try:
+                self.transactions.commit(offsets)
+            except TransactionAborted:
+                self._tracker.errors.clear()  # the aborted transaction's records are gone with it
+                raise
+            return
         remaining = self._producer.flush(self._delivery_timeout + FLUSH_MARGIN_SECONDS)
         if remaining or self._tracker.errors:
             self._fail(remaining, [tp.partition for tp in offsets])

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from dagster_stateful.core.config import AppConfig, MissingOffsets
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -47,13 +47,17 @@ class PartitionAssignments:
         listeners: Listeners,
         restorer: Restorer | None,
         report: WorkerReport,
-        commit: Callable[[], None],
+        commit: Callable[[], object],
         offset_reader: Consumer,
         cooperative: bool = True,
         snapshots: Callable[[str], SnapshotStore] | None = None,
+        drop_in_flight: Callable[[], None] | None = None,
     ) -> None:
         """snapshots: the snapshots of a store, when there are any: a restore loads the latest one when
-        the planner says that is faster than replaying the changelog."""
+        the planner says that is faster than replaying the changelog. drop_in_flight: called when
+        partitions are lost, once they are closed (exactly-once: abort the open transaction, which
+        holds their records, and rewind the partitions kept)."""
+        self._drop_in_flight = drop_in_flight
         self.config = config
         self._kafka = kafka
         self._state = state
@@ -166,6 +170,18 @@ class PartitionAssignments:
         restoring.rewind_to = start
         self.restorations.add(restoring)
 
+    def rewind(self, consumer: Consumer) -> None:
+        """Drop every partition's uncommitted work and process it again from its committed offset."""
+        for partition, txn in self.transactions.items():
+            txn.roll_back()
+            start = OFFSET_BEGINNING if txn.committed_offset is None else txn.committed_offset
+            consumer.seek(TopicPartition(self.config.source, partition, start))
+        log.warning(
+            "Dropped the uncommitted work of %s partitions %s; processing them again from their committed offsets",
+            self.config.source,
+            sorted(self.transactions),
+        )
+
     def activate(self, consumer: Consumer, restored: RestoringPartition) -> None:
         """A partition's stores are restored: process it from its starting offset."""
         self.transactions[restored.partition] = PartitionTransaction(
@@ -217,7 +233,11 @@ class PartitionAssignments:
             )
             self._report.rebalances += 1
             self._report.partitions_lost += len(lost)
-        self._close_partitions(lost)
+        try:
+            self._close_partitions(lost)
+        finally:
+            if lost and self._drop_in_flight is not None:
+                self._drop_in_flight()
         # Holding nothing now says nothing about the group: the idle clock starts again only once
         # the group has answered this worker's rejoin with an assignment (empty or not).
         self.empty_since = None
@@ -363,7 +383,7 @@ class PartitionAssignments:
     def _load_snapshot_if_faster(self, store: StorePartition) -> None:
         assert self._snapshots is not None
         partition = store.partition
-        low, high = self._kafka.watermarks(store.changelog_topic, [partition])[partition]
+        low, high = self._kafka.watermarks(store.changelog_topic, [partition], committed=True)[partition]
         loaded = load_snapshot_if_faster(store, self._snapshots(store.store), low, high)
         if loaded is not None:
             self.restorations.reports.append(loaded)

@@ -5,7 +5,10 @@ assignment, optional static membership), processing each message through the ste
 app's error policy, committing every `commit_interval` seconds or `commit_every` messages, and
 stopping when caught up (every assigned partition at its high watermark), after `max_messages`,
 after `max_seconds`, or on SIGTERM, always with a final commit and a clean close. Partition
-assignment and revocation are handled by `rebalance.PartitionAssignments`.
+assignment and revocation are handled by `rebalance.PartitionAssignments`. Under exactly-once the
+producer is transactional (`transactions.KafkaTransactions`, one transactional id per worker), the
+consumer reads `read_committed`, and an aborted transaction rewinds every partition to its
+committed offset; runs pinned to partitions are refused (the group cannot fence them).
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, Stre
 from dagster_stateful.core.processing.lifecycle import RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
+from dagster_stateful.core.processing.transactions import (
+    KafkaTransactions,
+    TransactionAborted,
+    refuse_pinned_exactly_once,
+    transactional_config,
+)
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
@@ -83,7 +92,7 @@ class Worker:
         self.partitions = partitions
         self.snapshot_root = snapshot_root
         self.stop = StopSignal()
-        self.report = WorkerReport(config.name)
+        self.report = WorkerReport(config.name, processing_guarantee=config.processing_guarantee.value)
         self._dataframe = dataframe
         self._stateful = dataframe.is_stateful
 
@@ -93,6 +102,7 @@ class Worker:
         activity = self.state.activity_lock()
         failed = False
         try:
+            refuse_pinned_exactly_once(self.config, self.partitions)
             activity.hold_shared()
             self.stop.install()
             self._open_clients()
@@ -164,6 +174,7 @@ class Worker:
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
             **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
+            **({"isolation.level": "read_committed"} if config.exactly_once else {}),
             **config.consumer_config,
         }
         self._consumer = kafka.consumer(consumer_config)
@@ -175,9 +186,14 @@ class Worker:
             "partitioner": "murmur2_random",
             "delivery.timeout.ms": DEFAULT_DELIVERY_TIMEOUT_MS,
             "on_delivery": self._tracker,
+            **transactional_config(self.config, self.state.worker_client_id),
             **config.producer_config,
         }
         self._producer = kafka.producer(producer_config)
+        transactions = None
+        if config.exactly_once:
+            transactions = KafkaTransactions(self._producer, self._consumer, config.transaction_timeout_ms / 1000)
+            transactions.initialize()
         self._restore_consumer = kafka.consumer(
             {"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG}
         )
@@ -189,8 +205,9 @@ class Worker:
             config.source,
             changelogs,
             delivery_timeout_seconds(producer_config),
+            transactions,
         )
-        self._bad_input = BadInputHandler(config.on_error, self._producer, config.dead_letter_topic)
+        self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
         restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
@@ -205,6 +222,7 @@ class Worker:
             self._offset_reader,
             cooperative="cooperative" in strategy,
             snapshots=self._snapshot_store if self.snapshot_root else None,
+            drop_in_flight=self._abort_in_flight if config.exactly_once else None,
         )
 
     def _snapshot_store(self, store: str) -> SnapshotStore:
@@ -265,8 +283,10 @@ class Worker:
                 if limits.max_messages is not None and processed >= limits.max_messages:
                     return StopReason.MAX_MESSAGES
                 if since_commit >= config.commit_every:
-                    self._commit()
+                    committed = self._commit()
                     since_commit, last_commit = 0, time.monotonic()
+                    if not committed:
+                        break  # the rest of this batch comes again from the rewound offsets
             if time.monotonic() - last_commit >= config.commit_interval:
                 self._pass_markers()
                 self._commit()
@@ -333,24 +353,35 @@ class Worker:
 
     def _produce_output(self, key: bytes | None, value: bytes) -> None:
         assert self.config.output is not None, "emits_output implies an output topic"
-        while True:
-            try:
-                self._producer.produce(self.config.output, key=key, value=value)
-                return
-            except BufferError:
-                self._producer.poll(0.1)
+        self._committer.produce(self.config.output, key, value)
 
-    def _commit(self) -> None:
-        """Commit every processed partition; never again once a delivery failed (a dirty close)."""
+    def _commit(self) -> bool:
+        """Commit every processed partition; never again once a delivery failed (a dirty close).
+        Returns False when Kafka aborted the transaction and every partition was rewound."""
         if self._assignments.dirty:
-            return
+            return True
         try:
             committed = self._committer.commit(self._assignments.transactions.values())
         except StoresDamaged as damage:
             committed = damage.committed
             for partition, error in damage.errors.items():
                 self._assignments.recover_corrupted(self._consumer, partition, error)
+        except TransactionAborted:
+            self._rewind()
+            return False
         self.report.committed_offsets.update(committed)
+        return True
+
+    def _abort_in_flight(self) -> None:
+        """Partitions were lost: abort the transaction holding their records, rewind the others."""
+        transactions = self._committer.transactions
+        if transactions is not None and transactions.open:
+            transactions.abort()
+            self._rewind()
+
+    def _rewind(self) -> None:
+        self.report.transactions_aborted += 1
+        self._assignments.rewind(self._consumer)
 
     def _pass_markers(self) -> None:
         pass_markers(self._consumer, self.config.source, self._assignments.transactions)
@@ -397,7 +428,12 @@ class Worker:
                 close_error = error
         producer = getattr(self, "_producer", None)
         if producer is not None:
-            producer.flush(30)
+            committer = getattr(self, "_committer", None)
+            if committer is not None and committer.transactions is not None:
+                # Every committed record was flushed by its commit; a fenced producer must not flush.
+                committer.transactions.abort_quietly()
+            else:
+                producer.flush(30)
         for name in ("_restore_consumer", "_offset_reader"):
             client = getattr(self, name, None)
             if client is not None:

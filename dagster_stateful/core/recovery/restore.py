@@ -97,7 +97,7 @@ def _restore_store(
     snapshots: SnapshotStore | None,
     request: RestoreRequest,
 ) -> list[PartitionRestore]:
-    marks = kafka.watermarks(state.config.changelog_topic(store), partitions)
+    marks = kafka.watermarks(state.config.changelog_topic(store), partitions, committed=True)
     manifest = snapshots.latest() if snapshots else None
     opened: dict[int, StorePartition] = {}
     results = []

@@ -150,6 +150,13 @@ class PartitionTransaction:
             data, offset = cache[key]
             yield key, data, offset
 
+    def roll_back(self) -> None:
+        """Drop every uncommitted change: the partition is processed again from `committed_offset`."""
+        for cache in self._caches.values():
+            cache.clear()
+        self.discard_message()
+        self.next_offset = self.committed_offset
+
     def committed(self) -> None:
         """Everything up to `next_offset` is durable: start a new transaction."""
         for cache in self._caches.values():

@@ -7,11 +7,12 @@ not raise `BufferError` out of the worker.
 
 from __future__ import annotations
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.core.config import ErrorPolicy
 from dagster_stateful.core.processing.bad_input import ERROR_HEADER_PREFIX, BadInputHandler
+from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
 
 BAD_MESSAGES = 40
 
@@ -24,12 +25,15 @@ def test_dead_lettering_many_messages_through_a_tiny_producer_queue(kafka_bootst
     bad = read_messages(kafka_bootstrap, source)
     # One message fits in the queue, and it lingers there: the second produce finds the queue full.
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "queue.buffering.max.messages": 1, "linger.ms": 50})
-    handler = BadInputHandler(ErrorPolicy.DEAD_LETTER, producer, dead_letters)
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": unique_name("group")})
+    committer = Committer(consumer, producer, DeliveryTracker(), source, None)
+    handler = BadInputHandler(ErrorPolicy.DEAD_LETTER, committer.produce, dead_letters)
 
     for message in bad:
         handler.handle(message, "deserializing the key or value", ValueError("invalid JSON"))
 
     assert producer.flush(30) == 0
+    consumer.close()
     assert handler.dead_lettered == BAD_MESSAGES
     letters = read_messages(kafka_bootstrap, dead_letters)
     assert [(letter.key(), letter.value()) for letter in letters] == [(m.key(), m.value()) for m in bad]

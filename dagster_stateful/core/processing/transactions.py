@@ -1,0 +1,155 @@
+"""Kafka transactions for exactly-once processing: one producer's transaction lifecycle.
+
+Owns `KafkaTransactions`: `init_transactions` when the worker starts (which fences any older
+producer with the same transactional id and aborts what it left open), `begin()` before the first
+record of a commit interval (outputs, dead letters and changelog records all go into the open
+transaction), and `commit(offsets)`, which adds the source offsets with the consumer's group
+metadata (so the group coordinator fences a zombie whose generation is gone) and commits. Kafka's
+verdicts are classified as Kafka Streams does: retriable errors are retried within the timeout; an
+abortable error aborts the transaction and raises `TransactionAborted` (the caller drops its
+uncommitted work and processes again from the committed offsets); a fatal one (another producer
+with this transactional id fenced this one) raises `ProducerFencedError`, after which this worker
+must stop without committing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.errors import ConfigurationError, DeliveryError, ProducerFencedError
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class TransactionAborted(Exception):
+    """The open transaction was aborted (a rebalance fenced its offsets, a record failed): nothing of
+    it is visible, so the caller drops its uncommitted work and processes again from the committed
+    offsets."""
+
+
+def transactional_config(config: AppConfig, worker_client_id: str) -> dict[str, object]:
+    """The producer settings exactly-once adds: the worker's transactional id (its static member id,
+    or its host and state directory, so that a restarted worker fences its zombie) and the
+    transaction timeout, which also bounds the delivery timeout. Empty under at-least-once."""
+    if not config.exactly_once:
+        return {}
+    identity = config.group_instance_id or hashlib.sha256(worker_client_id.encode()).hexdigest()[:16]
+    return {
+        "transactional.id": f"{config.name}-eos-{identity}",
+        "transaction.timeout.ms": config.transaction_timeout_ms,
+        # A record may not wait longer than its transaction may stay open.
+        "delivery.timeout.ms": config.transaction_timeout_ms,
+    }
+
+
+def refuse_pinned_exactly_once(config: AppConfig, partitions: list[int] | None) -> None:
+    """A run pinned to partitions commits outside the group, which cannot fence it: refused under exactly-once."""
+    if config.exactly_once and partitions is not None:
+        raise ConfigurationError(
+            f"app {config.name!r} runs exactly-once, which a run pinned to partitions {partitions} cannot give: only "
+            "the consumer group fences a zombie worker's transactions. Run the worker without partitions (it joins "
+            "the group and takes its share), or restore chosen partitions with the restore job, which commits nothing."
+        )
+
+
+class KafkaTransactions:
+    """The transactions of one transactional producer (its config names the transactional id)."""
+
+    def __init__(self, producer: Producer, consumer: Consumer, timeout_seconds: float) -> None:
+        self._producer = producer
+        self._consumer = consumer
+        self._timeout = timeout_seconds
+        self.open = False
+        self.aborted = 0
+        """Transactions aborted in this run (each one's messages were processed again)."""
+
+    def initialize(self) -> None:
+        """Register the transactional id with the broker, fencing older producers with the same id."""
+        self._call("initializing transactions", lambda timeout: self._producer.init_transactions(timeout))
+
+    def begin(self) -> None:
+        """Open a transaction unless one is open; records produced from here on belong to it."""
+        if not self.open:
+            try:
+                self._producer.begin_transaction()
+            except KafkaException as error:
+                self._raise_classified("beginning a transaction", _kafka_error(error), error)
+            self.open = True
+
+    def commit(self, offsets: list[TopicPartition]) -> None:
+        """Add the source offsets to the open transaction and commit it (every produced record with it)."""
+        self.begin()
+        metadata = self._consumer.consumer_group_metadata()
+        self._call(
+            "sending the source offsets to the transaction",
+            lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
+        )
+        self._call("committing the transaction", lambda timeout: self._producer.commit_transaction(timeout))
+        self.open = False
+
+    def abort(self) -> None:
+        """Abort the open transaction (nothing of it becomes visible to `read_committed` readers)."""
+        if not self.open:
+            return
+        try:
+            self._producer.abort_transaction(self._timeout)
+        except KafkaException as error:
+            kafka_error = _kafka_error(error)
+            if kafka_error is not None and kafka_error.fatal():
+                raise ProducerFencedError(_fenced_message("aborting the transaction", kafka_error)) from error
+            raise
+        finally:
+            self.open = False
+        self.aborted += 1
+
+    def abort_quietly(self) -> None:
+        """Abort the open transaction of a run that stops without its final commit; a failure is only
+        logged (the broker aborts the transaction after its timeout, or when the worker restarts)."""
+        try:
+            self.abort()
+        except (KafkaException, DeliveryError) as error:
+            log.warning("Aborting the open transaction failed (%s); the broker aborts it", error)
+
+    def _call(self, doing: str, call: Callable[[float], _T]) -> _T:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                return call(max(1.0, deadline - time.monotonic()))
+            except KafkaException as error:
+                kafka_error = _kafka_error(error)
+                if kafka_error is not None and kafka_error.retriable() and time.monotonic() < deadline:
+                    log.info("%s failed (%s); retrying", doing.capitalize(), kafka_error.str())
+                    continue
+                self._raise_classified(doing, kafka_error, error)
+
+    def _raise_classified(self, doing: str, kafka_error: KafkaError | None, error: KafkaException) -> NoReturn:
+        if kafka_error is not None and kafka_error.fatal():
+            self.open = False
+            raise ProducerFencedError(_fenced_message(doing, kafka_error)) from error
+        if kafka_error is not None and kafka_error.txn_requires_abort():
+            log.warning("%s failed (%s): aborting the transaction", doing.capitalize(), kafka_error.str())
+            self.abort()
+            raise TransactionAborted(f"{doing} failed: {kafka_error.str()}") from error
+        raise error
+
+
+def _kafka_error(error: KafkaException) -> KafkaError | None:
+    return error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+
+
+def _fenced_message(doing: str, error: KafkaError) -> str:
+    return (
+        f"{doing} failed fatally ({error.str()}): another worker with the same transactional id started, so this "
+        "one is a zombie and was fenced. Nothing more is committed by it; its open transaction is aborted by the "
+        "broker and the other worker processes those messages. If no other worker should be running, check that "
+        "each worker has its own state directory or group_instance_id."
+    )
