@@ -195,7 +195,7 @@ def print_table(results: dict[str, list[FaultResult]]) -> bool:
         lost, doubled = sum(r.lost for r in found), sum(r.doubled for r in found)
         healthy = healthy and ok and lost == 0 and not any(r.totals_short for r in found)
         outputs = "-"
-        if case.endswith("e"):
+        if "exactly-once" in case:
             missing = sum(r.counters.get("outputs missing", 0) for r in found)
             repeated = sum(r.counters.get("outputs doubled", 0) for r in found)
             outputs = f"{missing} / {repeated}"

@@ -1,4 +1,5 @@
-"""The seven fault cases of "Correct under every failure", each run end to end against a real broker.
+"""The fault cases of "Correct under every failure" and "Exactly-once processing", each run end to end
+against a real broker.
 
 Owns one function per case; each builds its topics, runs real worker subprocesses through the
 fault, and returns a `FaultResult` whose lost / doubled figures compare the final store with the
@@ -7,6 +8,7 @@ bench/bench_faults.py runs them at scale and prints the table. The cases:
 
 1. `sigkill_storm`: SIGKILL at random points (mid-batch, inside the commit, mid-restore), many
    times in a row, with the local state deleted before some restarts; compaction aggressive.
+   Under exactly-once (case 1e) the counted orders also go to an output topic, checked order by order.
 2. `alternating_kills`: two workers of one app (separate state directories) killed in turn while
    orders keep coming: rebalances while processing.
 3. `broker_outage`: the broker stopped and started on the same ports while two apps' workers run
@@ -16,6 +18,8 @@ bench/bench_faults.py runs them at scale and prints the table. The cases:
 5. `recreated_changelog`: the changelog deleted and created again empty.
 6. `retention_cut`: the source's records deleted past the group's committed offset.
 7. `read_only_state`: the state directory made read-only (the worker runs as an unprivileged user).
+8. `zombie_fenced` (exactly-once): a worker frozen with SIGSTOP, its successor with the same
+   `group_instance_id` fences it, and once resumed it must stop with none of its writes visible.
 """
 
 from __future__ import annotations
