@@ -13,19 +13,22 @@ from pathlib import Path
 import orjson
 import pytest
 from core_helpers import FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic, totals_in_store
-from kafka_helpers import create_topic, read_committed, read_messages
+from kafka_helpers import create_topic, produce, read_committed, read_messages
 
 from dagster_stateful.core import App, State
 from dagster_stateful.errors import ConfigurationError
 
 ORDERS = 600
 CUSTOMERS = 40
+NOT_JSON = b"not json"
 
 
 def running_sums(bootstrap: str, source: str) -> dict[str, list[int]]:
     """Per customer, the total after each of its orders, recomputed from the source topic."""
     sums: dict[str, list[int]] = {}
     for message in sorted(read_messages(bootstrap, source), key=lambda m: (m.partition(), m.offset())):
+        if message.value() == NOT_JSON:
+            continue
         order = orjson.loads(message.value())
         previous = sums.setdefault(order["customer"], [])
         previous.append((previous[-1] if previous else 0) + order["amount"])
@@ -42,6 +45,7 @@ def outputs_per_customer(bootstrap: str, output: str) -> dict[str, list[int]]:
 
 def exactly_once_app(bootstrap: str, source: str, output: str, state_dir: Path, name: str, step) -> App:
     app = App(
+        on_error="dead-letter",
         name=name,
         source=source,
         output=output,
@@ -63,7 +67,9 @@ def test_an_aborted_transaction_rolls_the_cache_back_and_each_output_appears_onc
     kafka_bootstrap, unique_name, tmp_path
 ):
     orders = make_orders(ORDERS, CUSTOMERS)
-    source = orders_topic(kafka_bootstrap, unique_name("orders"), 2, orders)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 2, orders[:100])
+    produce(kafka_bootstrap, source, [(b"c1", NOT_JSON)])  # a dead letter, produced through the transactions
+    produce(kafka_bootstrap, source, orders[100:])
     output = unique_name("totals-out")
     # The broker refuses records over 2,000 bytes here: the one oversized output aborts its transaction.
     create_topic(kafka_bootstrap, output, 2, {"max.message.bytes": "2000"})
@@ -84,6 +90,9 @@ def test_an_aborted_transaction_rolls_the_cache_back_and_each_output_appears_onc
     assert report.total_processed > ORDERS, "the aborted transaction's messages were processed again"
     assert totals_in_store(app, 2) == expected_totals(orders), "the aborted work left nothing in the state"
     assert outputs_per_customer(kafka_bootstrap, output) == running_sums(kafka_bootstrap, source)
+    dead_letters = read_committed(kafka_bootstrap, app.config.dead_letter_topic)
+    assert [letter.value() for letter in dead_letters] == [NOT_JSON], "the dead letter appears once"
+    assert report.dead_lettered >= 1
 
 
 def test_a_run_pinned_to_partitions_is_refused_under_exactly_once(kafka_bootstrap, unique_name, tmp_path):
