@@ -1,8 +1,10 @@
 """Fault-injection benchmark: the cases of tests/faults/ repeated at scale, with a table of what they found.
 
 Runs the seven cases of the issue "Correct under every failure" (tests/fault_scenarios.py: real
-worker subprocesses against a real broker), and two under exactly-once (1e: case 1's SIGKILL storm
-with an output topic; 8e: a zombie worker frozen with SIGSTOP, fenced by its successor, resumed),
+worker subprocesses against a real broker), and three under exactly-once (1e: case 1's SIGKILL
+storm with an output topic; 8e: a zombie worker frozen with SIGSTOP, fenced by its successor with
+the same group_instance_id, resumed; 9e: a worker frozen until the group evicts it, fenced by the
+group's generation once resumed),
 --repetitions times each and prints, per case:
 
     case | faults injected | messages | lost | doubled | outputs missing / doubled | recovery seconds
@@ -57,6 +59,7 @@ from fault_scenarios import (  # noqa: E402
     alternating_kills,
     broker_outage,
     corrupted_store,
+    evicted_member_fenced,
     read_only_state,
     recreated_changelog,
     retention_cut,
@@ -67,7 +70,7 @@ from fault_scenarios import (  # noqa: E402
 
 from dagster_stateful.local_kafka.broker import LocalKafkaBroker  # noqa: E402
 
-CASES = ("1", "2", "3", "4", "5", "6", "7", "1e", "8e")
+CASES = ("1", "2", "3", "4", "5", "6", "7", "1e", "8e", "9e")
 
 
 def parse_args() -> argparse.Namespace:
@@ -166,6 +169,7 @@ def _run_case(case: str, args: argparse.Namespace, lab: Lab, small: int, work: P
             lab, args.orders, args.customers, args.partitions, args.kills, guarantee=EXACTLY_ONCE
         ),
         "8e": lambda: zombie_fenced(lab, small, args.customers, args.partitions),
+        "9e": lambda: evicted_member_fenced(lab, small, args.customers, args.partitions),
     }
     return [runners[case]()]
 

@@ -20,6 +20,8 @@ bench/bench_faults.py runs them at scale and prints the table. The cases:
 7. `read_only_state`: the state directory made read-only (the worker runs as an unprivileged user).
 8. `zombie_fenced` (exactly-once): a worker frozen with SIGSTOP, its successor with the same
    `group_instance_id` fences it, and once resumed it must stop with none of its writes visible.
+9. `evicted_member_fenced` (exactly-once): a worker frozen until the group evicts it; the group's
+   generation fences its transaction once it resumes.
 """
 
 from __future__ import annotations
@@ -201,6 +203,41 @@ def sigkill_storm(
     if output:
         missing, extra = outputs_checked(lab.bootstrap, source, output)
         result.counters.update({"outputs missing": missing, "outputs doubled": extra})
+    return result
+
+
+def evicted_member_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, partitions: int = 2) -> FaultResult:
+    """Exactly-once, dynamic membership: worker A is frozen with SIGSTOP mid-work until the group
+    evicts it (session timeout); worker B (its own state directory and transactional id) takes every
+    partition and processes everything. Then A is resumed with its open transaction: the group's
+    generation must fence it (its offsets refused, its transaction aborted). A fresh worker C then
+    restores every store from the changelogs alone, so the judged state is exactly what the
+    transactions committed."""
+    result = FaultResult("9 evicted member fenced by the group (exactly-once)")
+    source = lab.orders_topic(partitions, orders, customers)
+    output = lab.unique("counted")
+    create_topic(lab.bootstrap, output, partitions)
+    base = lab.spec(
+        source,
+        partitions,
+        step_delay=0.05,
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=EXACTLY_ONCE,
+        output=output,
+    )
+    with WorkerProcess(replace(base, state_dir=f"{base.state_dir}-A"), lab.log("evicted")) as worker_a:
+        worker_a.wait_for(lambda _: worker_a.processed() >= 4 * PROGRESS_EVERY, 120, "worker A to process")
+        worker_a.pause()
+        result.faults += 1
+        successor = run_worker(replace(base, state_dir=f"{base.state_dir}-B"), lab.log("successor"))
+        result.runs.append(summarize("successor", successor, base))
+        worker_a.resume()
+        evicted = worker_a.finish(120)
+    result.runs.append(summarize("evicted", evicted))
+    result.counters["evicted worker's transactions aborted"] = (evicted.report or {}).get("aborted", -1)
+    finish_with(result, replace(base, state_dir=f"{base.state_dir}-C"), lab, "restored from the changelogs")
+    missing, extra = outputs_checked(lab.bootstrap, source, output)
+    result.counters.update({"outputs missing": missing, "outputs doubled": extra})
     return result
 
 

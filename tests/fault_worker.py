@@ -261,6 +261,7 @@ def _worker_main(spec: WorkerSpec) -> int:
             "partitions_lost": report.partitions_lost,
             "skipped": report.skipped,
             "dead_lettered": report.dead_lettered,
+            "aborted": report.transactions_aborted,
             "rebalances": report.rebalances,
             "seconds": report.seconds,
         },

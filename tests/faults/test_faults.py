@@ -23,6 +23,7 @@ from fault_scenarios import (
     alternating_kills,
     broker_outage,
     corrupted_store,
+    evicted_member_fenced,
     read_only_state,
     recreated_changelog,
     retention_cut,
@@ -100,6 +101,17 @@ def test_a_zombie_worker_is_fenced_and_none_of_its_writes_appear(kafka_bootstrap
     assert any("fenced" in note.lower() for note in result.notes), explain(result)
     assert result.run("successor").lag == 0, explain(result)
     assert (result.lost, result.doubled) == (0, 0), explain(result)
+    assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
+
+
+def test_a_member_the_group_evicted_is_fenced_by_its_generation_and_nothing_doubles(kafka_bootstrap, tmp_path):
+    result = evicted_member_fenced(Lab(kafka_bootstrap, tmp_path, SEED))
+
+    assert result.run("successor").stop_reason == "caught_up", explain(result)
+    assert result.run("evicted").stop_reason == "caught_up", f"the evicted worker rejoined:\n{explain(result)}"
+    assert result.counters["evicted worker's transactions aborted"] >= 1, f"its commit was refused:\n{explain(result)}"
+    assert_caught_up(result, "restored from the changelogs")
+    assert (result.lost, result.doubled) == (0, 0), f"the changelogs hold the committed work:\n{explain(result)}"
     assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
 
 

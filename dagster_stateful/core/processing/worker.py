@@ -142,9 +142,10 @@ class Worker:
             if not failed:
                 self.listeners.transition(AppState.NOT_RUNNING)
         log.info(
-            "Worker of %r stopped (%s): %d messages, lag left %d, %d rebalances, %.1f s",
+            "Worker of %r stopped (%s, %s): %d messages, lag left %d, %d rebalances, %.1f s",
             config.name,
             self.report.stop_reason,
+            config.processing_guarantee.value,
             self.report.total_processed,
             self.report.total_lag,
             self.report.rebalances,
