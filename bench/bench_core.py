@@ -44,18 +44,17 @@ import pstats
 import random
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import orjson
+from bench_restore import bench_broker
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dagster_stateful.core import App, AppState, RestoreListener, State, WorkerReport
 from dagster_stateful.core.state.keys import split_store_key
-from dagster_stateful.local_kafka.broker import LocalKafkaBroker
 
 STORE = "totals"
 SAMPLE_SIZE = 1000
@@ -472,29 +471,13 @@ def main() -> None:
     print(f"profile:             {args.profile}")
     print(f"engine revision:     {engine_revision()}")
 
-    with tempfile.TemporaryDirectory(prefix="bench-core-") as scratch:
-        scratch_dir = Path(scratch)
-        broker = None
-        try:
-            if external:
-                bootstrap = external
-            else:
-                from dagster_stateful.local_kafka.broker import BrokerSettings
-
-                broker = LocalKafkaBroker(scratch_dir / "kafka", BrokerSettings(heap=args.broker_heap))
-                began = time.monotonic()
-                bootstrap = broker.start(tie_to_parent=True)
-                print(f"broker: {bootstrap} started in {time.monotonic() - began:.1f} s")
-            run_id = uuid.uuid4().hex[:8]
-            state_dir = scratch_dir / "state"
-            if not args.skip_processing:
-                processing_phase(bootstrap, state_dir, run_id, args)
-            if args.restore_keys:
-                restore_phase(bootstrap, state_dir, run_id, args)
-        finally:
-            if broker is not None:
-                broker.stop()
-                print("broker: stopped")
+    with bench_broker("bench-core-", args.broker_heap) as (bootstrap, scratch_dir):
+        run_id = uuid.uuid4().hex[:8]
+        state_dir = scratch_dir / "state"
+        if not args.skip_processing:
+            processing_phase(bootstrap, state_dir, run_id, args)
+        if args.restore_keys:
+            restore_phase(bootstrap, state_dir, run_id, args)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
 APP, STORE = "bench-restore", "state"
 COMMITTED = 1 << 40  # every record's processed offset is below it: nothing is skipped
@@ -66,15 +66,18 @@ def main() -> None:
 
 
 @contextmanager
-def bench_broker(prefix: str) -> Iterator[tuple[str, Path]]:
-    """A scratch directory and a broker: KAFKA_BOOTSTRAP_SERVERS's, or a local one started there."""
+def bench_broker(prefix: str, heap: str | None = None) -> Iterator[tuple[str, Path]]:
+    """A scratch directory and a broker: KAFKA_BOOTSTRAP_SERVERS's, or a local one started there
+    (with `heap`, else the default heap)."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     try:
         if not bootstrap:
-            broker = LocalKafkaBroker(work / "kafka")
+            broker = LocalKafkaBroker(work / "kafka", BrokerSettings(heap=heap) if heap else None)
+            began = time.monotonic()
             bootstrap = broker.start(tie_to_parent=True)
+            print(f"broker: {bootstrap} started in {time.monotonic() - began:.1f} s")
         yield bootstrap, work
     finally:
         if broker is not None:

@@ -1,0 +1,342 @@
+"""Kafka Streams on bench_core.py's processing workload, under at_least_once and exactly_once_v2.
+
+What it measures: the throughput (messages/s) of a Kafka Streams app doing what bench_core.py's
+processing phase does with --output: --messages JSON orders {"customer": "c<k>", "amount": <int>}
+keyed by customer over --keys keys in a source topic of --partitions partitions; a running total
+per key is kept in a persistent (RocksDB) store with a changelog, and the totals are sent as
+{"customer": ..., "total": ...} to an output topic of --partitions partitions (every update, or
+the latest per key and commit with Kafka Streams' record cache: see Settings). It runs once
+per --guarantees entry (processing.guarantee) and prints the overhead of exactly_once_v2 over
+at_least_once, to set beside the engine's own exactly-once overhead (bench_core.py --output
+--guarantee exactly-once / at-least-once).
+
+How: the Java app is bench/kafka_streams/RunningTotals.java (groupByKey().aggregate() into the
+store "totals", toStream().to(output)). Its jars (org.apache.kafka:kafka-streams at the broker's
+Kafka version, with its runtime dependencies, plus slf4j-nop to silence logging) are fetched once
+from Maven Central into the project's jar cache (dagster_stateful.local_kafka.maven); the source is
+compiled with javac into a temporary directory. The orders are produced once (bench_core's
+produce_orders: the same messages, the same producer settings); each run has its own application
+id (so it reads the source from the start in a group of its own, with its own changelog) and its
+own output topic. The app's clock starts right before KafkaStreams.start() (group join and
+partition assignment included, as in run_worker's wall) and stops when the aggregator has been
+applied to all --messages records; messages/s = messages / those seconds. JVM start-up is not
+included. The seconds until close() returned (final flush of the caches and, under
+exactly_once_v2, the commit of the open transaction) are printed too, with the messages/s they
+give, and the messages/s from the RUNNING state on (start-up excluded, like bench_core's "inside
+the processing loop only" figure). Afterwards the output topic is read (read_committed) and the
+last total of every key is checked against the expected one; a mismatch fails the script. Before
+the measured runs, one unmeasured exactly_once_v2 run on 1,000 messages of another topic makes a
+fresh broker create __consumer_offsets and __transaction_state, which would otherwise slow
+whichever run came first.
+
+Settings: commit.interval.ms = --commit-interval (5 s, as bench_core's commit_interval; Kafka
+Streams' own default is 30 s under at_least_once and 100 ms under exactly_once_v2);
+num.stream.threads = --threads (1: one worker, as bench_core); statestore.cache.max.bytes is Kafka
+Streams' default (10 MiB) unless --cache-bytes is given. With the default cache the store, its
+changelog and the output topic get the latest total of each key once per commit (or when the cache
+fills) instead of every update, which is how Kafka Streams runs by default; --cache-bytes 0 writes
+every update through, as bench_core's engine sends every running total. Everything else is Kafka
+Streams' default (e.g. the producer's linger.ms, the consumer's max.poll.records).
+
+A real single-node broker is started in a temporary directory with
+dagster_stateful.local_kafka.broker.LocalKafkaBroker (and stopped at the end) unless
+KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used. Needs Java 17+ (java and javac)
+and, the first time, Maven (mvn) reaching Maven Central.
+
+Run it from the repository root:
+
+    .venv/bin/python bench/bench_kafka_streams.py                         # 1M messages, both guarantees
+    .venv/bin/python bench/bench_kafka_streams.py --messages 100000
+    .venv/bin/python bench/bench_kafka_streams.py --cache-bytes 0 --runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from bench_core import PRODUCER_SETTINGS, amount, create_topic, engine_revision, load, print_machine, produce_orders
+from bench_restore import bench_broker
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from dagster_stateful.local_kafka.broker import KAFKA_VERSION, find_java
+from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
+
+JAVA_SOURCE = Path(__file__).resolve().parent / "kafka_streams" / "RunningTotals.java"
+JAVA_MAIN = "RunningTotals"
+SLF4J_VERSION = "1.7.36"  # slf4j-api's version in kafka-clients' POM; the binding must match it
+WARM_UP_MESSAGES = 1_000
+GUARANTEES = ("at_least_once", "exactly_once_v2")
+RESULT_LINE = re.compile(r"^RESULT (\S+) (\d+) ([\d.]+) ([\d.]+) (-?[\d.]+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    guarantee: str
+    messages: int
+    seconds: float
+    """From just before KafkaStreams.start() until the aggregator had seen every message."""
+    seconds_closed: float
+    """From just before KafkaStreams.start() until close() returned."""
+    seconds_running: float
+    """From just before KafkaStreams.start() until the RUNNING state (-1 if never seen)."""
+    wall: float
+    """Of the whole java process, JVM start-up included."""
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+    @property
+    def rate_after_running(self) -> float | None:
+        """Messages per second from the RUNNING state on (start-up excluded), if RUNNING was seen."""
+        if self.seconds_running < 0 or self.seconds <= self.seconds_running:
+            return None
+        return self.messages / (self.seconds - self.seconds_running)
+
+    @property
+    def rate_closed(self) -> float:
+        return self.messages / self.seconds_closed
+
+
+def streams_bundle(kafka_version: str = KAFKA_VERSION) -> JarBundle:
+    return JarBundle(
+        name=f"kafka-streams-bench-{kafka_version}",
+        artifacts=[f"org.apache.kafka:kafka-streams:{kafka_version}", f"org.slf4j:slf4j-nop:{SLF4J_VERSION}"],
+    )
+
+
+def compile_app(jars: list[Path], classes: Path) -> str:
+    """Compile RunningTotals.java into `classes`; returns the class path to run it with."""
+    java = Path(find_java())
+    javac = java.with_name("javac") if java.with_name("javac").exists() else shutil.which("javac")
+    if javac is None:
+        raise SystemExit(f"javac was not found next to {java} nor on PATH; a JDK (17+) is needed")
+    jar_path = os.pathsep.join(str(jar) for jar in jars)
+    classes.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [str(javac), "-cp", jar_path, "-d", str(classes), str(JAVA_SOURCE)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"FAILED: javac {JAVA_SOURCE} (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+    return os.pathsep.join([str(classes), jar_path])
+
+
+def run_app(
+    class_path: str, bootstrap: str, source: str, output: str, guarantee: str, state_dir: Path, args: argparse.Namespace
+) -> RunResult:
+    command = [
+        find_java(),
+        f"-Xmx{args.java_heap}",
+        "-cp",
+        class_path,
+        JAVA_MAIN,
+        bootstrap,
+        source,
+        output,
+        f"{output}-app",
+        guarantee,
+        str(round(args.commit_interval * 1000)),
+        str(args.messages),
+        str(state_dir),
+        str(args.threads),
+    ]
+    if args.cache_bytes is not None:
+        command.append(str(args.cache_bytes))
+    began = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=45 * 60)
+    wall = time.monotonic() - began
+    match = RESULT_LINE.search(result.stdout)
+    if result.returncode != 0 or match is None:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-30:])
+        raise SystemExit(f"FAILED: the Kafka Streams app ({guarantee}) exited {result.returncode}:\n{tail}")
+    if result.stderr.strip():
+        print(result.stderr.strip())
+    return RunResult(
+        guarantee=match.group(1),
+        messages=int(match.group(2)),
+        seconds=float(match.group(3)),
+        seconds_closed=float(match.group(4)),
+        seconds_running=float(match.group(5)),
+        wall=wall,
+    )
+
+
+def warm_up(class_path: str, bootstrap: str, run_id: str, scratch_dir: Path, args: argparse.Namespace) -> None:
+    """Run the app once, unmeasured, under exactly_once_v2 on a small topic of its own.
+
+    A fresh broker creates __consumer_offsets and __transaction_state when they are first used; this
+    keeps that (a few seconds) out of whichever measured run would come first.
+    """
+    began = time.monotonic()
+    source = f"bench-ks-warm-up-{run_id}"
+    create_topic(bootstrap, source, args.partitions)
+    produce_orders(bootstrap, source, WARM_UP_MESSAGES, lambda i: f"c{i % args.keys}")
+    output = f"{source}-out"
+    create_topic(bootstrap, output, args.partitions)
+    settings = argparse.Namespace(**{**vars(args), "messages": WARM_UP_MESSAGES})
+    run_app(class_path, bootstrap, source, output, GUARANTEES[1], scratch_dir / "state" / output, settings)
+    seconds = time.monotonic() - began
+    print(f"warm-up: {WARM_UP_MESSAGES:,} messages under {GUARANTEES[1]}, not measured ({seconds:.1f} s)")
+
+
+def last_totals(bootstrap: str, topic: str, partitions: int) -> tuple[dict[bytes, int], int]:
+    """The last total per key in `topic` (read_committed, from the start to the end); and the record count."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-check-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    totals: dict[bytes, int] = {}
+    records = 0
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        at_end: set[int] = set()
+        deadline = time.monotonic() + 300
+        while len(at_end) < partitions:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"FAILED: reading {topic} did not reach the end of every partition in 300 s")
+            for message in consumer.consume(10_000, timeout=1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(message.partition() or 0)
+                        continue
+                    raise SystemExit(f"FAILED: reading {topic}: {error}")
+                key, value = message.key(), message.value()
+                if key is None or value is None:
+                    raise SystemExit(f"FAILED: a record of {topic} has no key or value")
+                totals[key] = orjson.loads(value)["total"]
+                records += 1
+    finally:
+        consumer.close()
+    return totals, records
+
+
+def check_totals(bootstrap: str, output: str, args: argparse.Namespace) -> None:
+    expected = [0] * args.keys
+    for i in range(args.messages):
+        expected[i % args.keys] += amount(i)
+    totals, records = last_totals(bootstrap, output, args.partitions)
+    wrong = [(k, expected[k], totals.get(f"c{k}".encode())) for k in range(args.keys)]
+    wrong = [entry for entry in wrong if entry[1] != entry[2]]
+    if wrong or len(totals) != args.keys:
+        raise SystemExit(
+            f"FAILED: output {output}: last totals wrong for {len(wrong)} of {args.keys} keys "
+            f"({len(totals)} keys seen); first (key, expected, got): {wrong[:5]}"
+        )
+    print(f"check: the last total of all {args.keys:,} keys in {output} is right ({records:,} output records)")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages in the source topic")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct keys")
+    parser.add_argument("--partitions", type=int, default=6, help="partitions of the source and output topics")
+    parser.add_argument("--commit-interval", type=float, default=5.0, help="commit.interval.ms, in seconds")
+    parser.add_argument(
+        "--guarantees", nargs="+", choices=GUARANTEES, default=list(GUARANTEES), help="processing.guarantee values"
+    )
+    parser.add_argument("--runs", type=int, default=1, help="runs of each guarantee (interleaved)")
+    parser.add_argument("--threads", type=int, default=1, help="num.stream.threads")
+    parser.add_argument(
+        "--cache-bytes", type=int, default=None, help="statestore.cache.max.bytes (default: Kafka Streams' 10 MiB)"
+    )
+    parser.add_argument("--java-heap", default="1g", help="heap (-Xmx) of the Kafka Streams JVM")
+    parser.add_argument("--broker-heap", default="1g", help="heap of the local broker (when one is started)")
+    args = parser.parse_args()
+    if min(args.messages, args.keys, args.partitions, args.runs, args.threads) <= 0 or args.commit_interval <= 0:
+        parser.error("--messages, --keys, --partitions, --runs, --threads and --commit-interval must be positive")
+    if args.cache_bytes is not None and args.cache_bytes < 0:
+        parser.error("--cache-bytes must be >= 0")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    cache = "Kafka Streams' default (10 MiB)" if args.cache_bytes is None else f"{args.cache_bytes:,} bytes"
+    print_machine()
+    print("== settings")
+    print(f"messages:            {args.messages:,}")
+    print(f"keys:                {args.keys:,}")
+    print(f"partitions:          {args.partitions} (source and output)")
+    print(f"commit.interval.ms:  {round(args.commit_interval * 1000)}")
+    print(f"guarantees:          {', '.join(args.guarantees)} ({args.runs} run(s) each)")
+    print(f"num.stream.threads:  {args.threads}")
+    print(f"statestore cache:    {cache}")
+    print("store:               persistent RocksDB 'totals' (String -> Long) with its changelog; output JSON")
+    print(f"kafka streams:       {KAFKA_VERSION}; JVM heap {args.java_heap}")
+    print(f"input producer:      {PRODUCER_SETTINGS}")
+    print(f"kafka:               {external or f'local broker started for this run (heap {args.broker_heap})'}")
+    print(f"engine revision:     {engine_revision()}")
+
+    began = time.monotonic()
+    jars = bundle_jars(streams_bundle())
+    print(f"jars: {len(jars)} in {jars[0].parent} ({time.monotonic() - began:.1f} s)")
+
+    results: dict[str, list[RunResult]] = {guarantee: [] for guarantee in args.guarantees}
+    with bench_broker("bench-kafka-streams-", args.broker_heap) as (bootstrap, scratch_dir):
+        class_path = compile_app(jars, scratch_dir / "classes")
+        run_id = uuid.uuid4().hex[:8]
+        source = f"bench-ks-orders-{run_id}"
+        create_topic(bootstrap, source, args.partitions)
+        customers = [f"c{k}" for k in range(args.keys)]
+        seconds = produce_orders(bootstrap, source, args.messages, lambda i: customers[i % args.keys])
+        print(
+            f"produce: {args.messages:,} messages in {seconds:.1f} s "
+            f"({args.messages / seconds:,.0f} msg/s; not measured)"
+        )
+        warm_up(class_path, bootstrap, run_id, scratch_dir, args)
+        for run in range(args.runs):
+            for guarantee in args.guarantees:
+                print(f"\n== {guarantee}, run {run + 1}")
+                output = f"bench-ks-{guarantee.replace('_', '-')}-{run}-{run_id}"
+                create_topic(bootstrap, output, args.partitions)
+                result = run_app(class_path, bootstrap, source, output, guarantee, scratch_dir / "state" / output, args)
+                results[guarantee].append(result)
+                print(
+                    f"processed: {result.messages:,} messages in {result.seconds:.2f} s "
+                    f"(RUNNING after {result.seconds_running:.2f} s; closed after {result.seconds_closed:.2f} s; "
+                    f"java process {result.wall:.1f} s; load avg {load()})"
+                )
+                print(
+                    f"KAFKA STREAMS {guarantee}: {result.rate:,.0f} messages/s "
+                    f"(until closed: {result.rate_closed:,.0f} messages/s)"
+                )
+                if result.rate_after_running is not None:
+                    print(f"(from RUNNING on, start-up excluded: {result.rate_after_running:,.0f} messages/s)")
+                check_totals(bootstrap, output, args)
+
+    print("\n== summary (messages/s; mean over runs)")
+    means = {g: statistics.mean(r.rate for r in runs) for g, runs in results.items()}
+    means_closed = {g: statistics.mean(r.rate_closed for r in runs) for g, runs in results.items()}
+    for guarantee in args.guarantees:
+        rates = ", ".join(f"{r.rate:,.0f}" for r in results[guarantee])
+        print(
+            f"{guarantee:<16} {means[guarantee]:>10,.0f}  (until closed: {means_closed[guarantee]:,.0f}; runs: {rates})"
+        )
+    if set(GUARANTEES) <= set(args.guarantees):
+        alo, eos = GUARANTEES
+        overhead = 1 - means[eos] / means[alo]
+        overhead_closed = 1 - means_closed[eos] / means_closed[alo]
+        print(f"EXACTLY_ONCE_V2 OVERHEAD: {overhead:.1%} (until closed: {overhead_closed:.1%})")
+
+
+if __name__ == "__main__":
+    main()
