@@ -201,9 +201,30 @@ def sigkill_storm(
     changelog = app.changelog_topic(STORE)
     result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
     if output:
-        missing, extra = outputs_checked(lab.bootstrap, source, output)
-        result.counters.update({"outputs missing": missing, "outputs doubled": extra})
+        count_outputs(result, spec)
     return result
+
+
+def exactly_once_spec(lab: Lab, orders: int, customers: int, partitions: int, **settings: Any) -> WorkerSpec:
+    """The spec of an exactly-once case: its source filled with orders, an output topic, slow steps."""
+    source = lab.orders_topic(partitions, orders, customers)
+    output = lab.unique("counted")
+    create_topic(lab.bootstrap, output, partitions)
+    return lab.spec(
+        source,
+        partitions,
+        step_delay=0.05,
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=EXACTLY_ONCE,
+        output=output,
+        **settings,
+    )
+
+
+def count_outputs(result: FaultResult, spec: WorkerSpec) -> None:
+    """Record the orders missing from, and repeated in, the case's output topic."""
+    missing, extra = outputs_checked(spec.bootstrap, spec.source, spec.output)
+    result.counters.update({"outputs missing": missing, "outputs doubled": extra})
 
 
 def evicted_member_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, partitions: int = 2) -> FaultResult:
@@ -214,17 +235,7 @@ def evicted_member_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, p
     restores every store from the changelogs alone, so the judged state is exactly what the
     transactions committed."""
     result = FaultResult("9 evicted member fenced by the group (exactly-once)")
-    source = lab.orders_topic(partitions, orders, customers)
-    output = lab.unique("counted")
-    create_topic(lab.bootstrap, output, partitions)
-    base = lab.spec(
-        source,
-        partitions,
-        step_delay=0.05,
-        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
-        processing_guarantee=EXACTLY_ONCE,
-        output=output,
-    )
+    base = exactly_once_spec(lab, orders, customers, partitions)
     with WorkerProcess(replace(base, state_dir=f"{base.state_dir}-A"), lab.log("evicted")) as worker_a:
         worker_a.wait_for(lambda _: worker_a.processed() >= 4 * PROGRESS_EVERY, 120, "worker A to process")
         worker_a.pause()
@@ -236,8 +247,7 @@ def evicted_member_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, p
     result.runs.append(summarize("evicted", evicted))
     result.counters["evicted worker's transactions aborted"] = (evicted.report or {}).get("aborted", -1)
     finish_with(result, replace(base, state_dir=f"{base.state_dir}-C"), lab, "restored from the changelogs")
-    missing, extra = outputs_checked(lab.bootstrap, source, output)
-    result.counters.update({"outputs missing": missing, "outputs doubled": extra})
+    count_outputs(result, base)
     return result
 
 
@@ -247,18 +257,7 @@ def zombie_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, partition
     transactional id) on another state directory, fences it and processes everything. Then A is
     resumed: it must stop with an error and none of its writes may ever appear."""
     result = FaultResult("8 zombie worker fenced (exactly-once)")
-    source = lab.orders_topic(partitions, orders, customers)
-    output = lab.unique("counted")
-    create_topic(lab.bootstrap, output, partitions)
-    base = lab.spec(
-        source,
-        partitions,
-        step_delay=0.05,
-        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
-        processing_guarantee=EXACTLY_ONCE,
-        output=output,
-        group_instance_id="w1",
-    )
+    base = exactly_once_spec(lab, orders, customers, partitions, group_instance_id="w1")
     zombie = replace(base, state_dir=f"{base.state_dir}-A")
     with WorkerProcess(zombie, lab.log("zombie")) as worker_a:
         worker_a.wait_for(lambda _: worker_a.processed() >= 4 * PROGRESS_EVERY, 120, "the zombie to process")
@@ -275,8 +274,7 @@ def zombie_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, partition
     if zombie_outcome.error is not None:
         result.notes.append(f"the zombie stopped with {zombie_outcome.error.type}: {zombie_outcome.error.message}")
     judge(result, replace(base, state_dir=f"{base.state_dir}-B"))
-    missing, extra = outputs_checked(lab.bootstrap, source, output)
-    result.counters.update({"outputs missing": missing, "outputs doubled": extra})
+    count_outputs(result, base)
     return result
 
 
