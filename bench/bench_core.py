@@ -35,6 +35,7 @@ time) of the engine's own functions; the throughput figures of a profiled run ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import logging
@@ -239,6 +240,7 @@ def run_measured(app: App, profile: bool, label: str) -> tuple[WorkerReport, flo
     profiler = cProfile.Profile() if profile else None
     clock = StateClock()
     app.add_state_listener(clock)
+    reset_peak_rss()
     began = time.monotonic()
     if profiler is not None:
         profiler.enable()
@@ -255,9 +257,32 @@ def run_measured(app: App, profile: bool, label: str) -> tuple[WorkerReport, flo
         if state in clock.entered
     }
     print(f"({label}: load avg at the end {load()})")
+    print(
+        f"memory: peak RSS of this process during the run {peak_rss_mib()}; record caches at most "
+        f"{report.cache_bytes_peak / 2**20:.1f} MiB (cache_max_bytes {app.config.cache_max_bytes / 2**20:.0f} MiB, "
+        f"{report.cache_commits} early commit(s))"
+    )
     if profiler is not None:
         print_profile(profiler, label)
     return report, wall, marks
+
+
+def reset_peak_rss() -> None:
+    """Start the kernel's peak-RSS count (VmHWM) afresh, so it covers the measured run only (Linux)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mib() -> str:
+    """VmHWM of this process (since `reset_peak_rss`), or "n/a" where /proc does not say."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return "n/a"
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return f"{int(line.split()[1]) / 1024:,.0f} MiB"
+    return "n/a"
 
 
 def describe_marks(marks: dict[str, float], wall: float) -> str:

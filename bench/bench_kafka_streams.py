@@ -10,24 +10,22 @@ per --guarantees entry (processing.guarantee) and prints the overhead of exactly
 at_least_once, to set beside the engine's own exactly-once overhead (bench_core.py --output
 --guarantee exactly-once / at-least-once).
 
-How: the Java app is bench/kafka_streams/RunningTotals.java (groupByKey().aggregate() into the
-store "totals", toStream().to(output)). Its jars (org.apache.kafka:kafka-streams at the broker's
-Kafka version, with its runtime dependencies, plus slf4j-nop to silence logging) are fetched once
-from Maven Central into the project's jar cache (dagster_stateful.local_kafka.maven); the source is
-compiled with javac into a temporary directory. The orders are produced once (bench_core's
-produce_orders: the same messages, the same producer settings); each run has its own application
-id (so it reads the source from the start in a group of its own, with its own changelog) and its
-own output topic. The app's clock starts right before KafkaStreams.start() (group join and
-partition assignment included, as in run_worker's wall) and stops when the aggregator has been
-applied to all --messages records; messages/s = messages / those seconds. JVM start-up is not
-included. The seconds until close() returned (final flush of the caches and, under
-exactly_once_v2, the commit of the open transaction) are printed too, with the messages/s they
-give, and the messages/s from the RUNNING state on (start-up excluded, like bench_core's "inside
-the processing loop only" figure). Afterwards the output topic is read (read_committed) and the
-last total of every key is checked against the expected one; a mismatch fails the script. Before
-the measured runs, one unmeasured exactly_once_v2 run on 1,000 messages of another topic makes a
-fresh broker create __consumer_offsets and __transaction_state, which would otherwise slow
-whichever run came first.
+How: the Java app is bench/kafka-streams (a Maven project: RunningTotals.java,
+groupByKey().aggregate() into the store "totals", toStream().to(output)), built with Maven against
+org.apache.kafka:kafka-streams at the broker's Kafka version from Maven Central (plus slf4j-nop to
+silence logging). The orders are produced once (bench_core's produce_orders: the same messages, the
+same producer settings); each run has its own application id (so it reads the source from the start
+in a group of its own, with its own changelog) and its own output topic. The app's clock starts
+right before KafkaStreams.start() (group join and partition assignment included, as in run_worker's
+wall) and stops when the aggregator has been applied to all --messages records; messages/s =
+messages / those seconds. JVM start-up is not included. The seconds until close() returned (final
+flush of the caches and, under exactly_once_v2, the commit of the open transaction) are printed too,
+with the messages/s they give, and the messages/s from the RUNNING state on (start-up excluded, like
+bench_core's "inside the processing loop only" figure). Afterwards the output topic is read
+(read_committed) and the last total of every key is checked against the expected one; a mismatch
+fails the script. Before the measured runs, one unmeasured exactly_once_v2 run on 1,000 messages of
+another topic makes a fresh broker create __consumer_offsets and __transaction_state, which would
+otherwise slow whichever run came first.
 
 Settings: commit.interval.ms = --commit-interval (5 s, as bench_core's commit_interval; Kafka
 Streams' own default is 30 s under at_least_once and 100 ms under exactly_once_v2);
@@ -40,8 +38,8 @@ Streams' default (e.g. the producer's linger.ms, the consumer's max.poll.records
 
 A real single-node broker is started in a temporary directory with
 dagster_stateful.local_kafka.broker.LocalKafkaBroker (and stopped at the end) unless
-KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used. Needs Java 17+ (java and javac)
-and, the first time, Maven (mvn) reaching Maven Central.
+KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used. Needs Java 17+ and Maven (mvn),
+which reaches Maven Central the first time.
 
 Run it from the repository root:
 
@@ -69,11 +67,9 @@ from bench_restore import bench_broker
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from dagster_stateful.local_kafka.broker import KAFKA_VERSION, find_java
-from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
 
-JAVA_SOURCE = Path(__file__).resolve().parent / "kafka_streams" / "RunningTotals.java"
+JAVA_PROJECT = Path(__file__).resolve().parent / "kafka-streams"
 JAVA_MAIN = "RunningTotals"
-SLF4J_VERSION = "1.7.36"  # slf4j-api's version in kafka-clients' POM; the binding must match it
 WARM_UP_MESSAGES = 1_000
 GUARANTEES = ("at_least_once", "exactly_once_v2")
 RESULT_LINE = re.compile(r"^RESULT (\S+) (\d+) ([\d.]+) ([\d.]+) (-?[\d.]+)$", re.MULTILINE)
@@ -108,27 +104,30 @@ class RunResult:
         return self.messages / self.seconds_closed
 
 
-def streams_bundle(kafka_version: str = KAFKA_VERSION) -> JarBundle:
-    return JarBundle(
-        name=f"kafka-streams-bench-{kafka_version}",
-        artifacts=[f"org.apache.kafka:kafka-streams:{kafka_version}", f"org.slf4j:slf4j-nop:{SLF4J_VERSION}"],
-    )
-
-
-def compile_app(jars: list[Path], classes: Path) -> str:
-    """Compile RunningTotals.java into `classes`; returns the class path to run it with."""
-    java = Path(find_java())
-    javac = java.with_name("javac") if java.with_name("javac").exists() else shutil.which("javac")
-    if javac is None:
-        raise SystemExit(f"javac was not found next to {java} nor on PATH; a JDK (17+) is needed")
-    jar_path = os.pathsep.join(str(jar) for jar in jars)
-    classes.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        [str(javac), "-cp", jar_path, "-d", str(classes), str(JAVA_SOURCE)], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"FAILED: javac {JAVA_SOURCE} (exit {result.returncode}):\n{result.stdout}{result.stderr}")
-    return os.pathsep.join([str(classes), jar_path])
+def build_app(kafka_version: str = KAFKA_VERSION) -> str:
+    """Build bench/kafka-streams with Maven (Kafka Streams at `kafka_version` from Maven Central, cached
+    in ~/.m2 after the first build); returns the class path to run RunningTotals with."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SystemExit("Maven (mvn) was not found on PATH; it builds bench/kafka-streams (apt-get install maven)")
+    classpath_file = JAVA_PROJECT / "target" / "classpath.txt"
+    command = [
+        mvn,
+        "-B",
+        "-q",
+        "-f",
+        str(JAVA_PROJECT / "pom.xml"),
+        f"-Dkafka.version={kafka_version}",
+        "package",
+        "dependency:build-classpath",
+        "-Dmdep.includeScope=runtime",
+        f"-Dmdep.outputFile={classpath_file}",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not classpath_file.exists():
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-30:])
+        raise SystemExit(f"FAILED: building {JAVA_PROJECT} with Maven (exit {result.returncode}):\n{tail}")
+    return os.pathsep.join([str(JAVA_PROJECT / "target" / "classes"), classpath_file.read_text().strip()])
 
 
 def run_app(
@@ -287,12 +286,11 @@ def main() -> None:
     print(f"engine revision:     {engine_revision()}")
 
     began = time.monotonic()
-    jars = bundle_jars(streams_bundle())
-    print(f"jars: {len(jars)} in {jars[0].parent} ({time.monotonic() - began:.1f} s)")
+    class_path = build_app()
+    print(f"built {JAVA_PROJECT} with Maven ({time.monotonic() - began:.1f} s)")
 
     results: dict[str, list[RunResult]] = {guarantee: [] for guarantee in args.guarantees}
     with bench_broker("bench-kafka-streams-", args.broker_heap) as (bootstrap, scratch_dir):
-        class_path = compile_app(jars, scratch_dir / "classes")
         run_id = uuid.uuid4().hex[:8]
         source = f"bench-ks-orders-{run_id}"
         create_topic(bootstrap, source, args.partitions)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import orjson
 from kafka_helpers import create_topic, produce
@@ -27,7 +28,10 @@ def add_to_total(order: dict, state: State) -> dict:
     return {"customer": order["customer"], "total": total}
 
 
-def totals_app(bootstrap: str, source: str, state_dir: Path, name: str, **settings) -> App:
+def totals_app(
+    bootstrap: str, source: str, state_dir: Path, name: str, step: Callable[..., Any] = add_to_total, **settings
+) -> App:
+    """An app keeping a total per customer in store "totals" (with `step`, a stateful apply)."""
     app = App(
         name=name,
         source=source,
@@ -37,7 +41,7 @@ def totals_app(bootstrap: str, source: str, state_dir: Path, name: str, **settin
         consumer_config={**FAST_GROUP, **settings.pop("consumer_config", {})},
         **{**FAST_COMMITS, **settings},
     )
-    app.dataframe().apply(add_to_total, stateful=True)
+    app.dataframe().apply(step, stateful=True)
     return app
 
 

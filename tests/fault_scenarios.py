@@ -237,7 +237,8 @@ def evicted_member_fenced(lab: Lab, orders: int = 3_000, customers: int = 200, p
     result = FaultResult("9 evicted member fenced by the group (exactly-once)")
     base = exactly_once_spec(lab, orders, customers, partitions)
     with WorkerProcess(replace(base, state_dir=f"{base.state_dir}-A"), lab.log("evicted")) as worker_a:
-        worker_a.wait_for(lambda _: worker_a.processed() >= 4 * PROGRESS_EVERY, 120, "worker A to process")
+        # 250 messages: inside the step's sleep between two commits (every 200), so a transaction is open
+        worker_a.wait_for(lambda _: worker_a.processed() >= 5 * PROGRESS_EVERY, 120, "worker A to process")
         worker_a.pause()
         result.faults += 1
         successor = run_worker(replace(base, state_dir=f"{base.state_dir}-B"), lab.log("successor"))

@@ -17,7 +17,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster_stateful.core.config import AppConfig, ErrorPolicy, MissingOffsets, ProcessingGuarantee, choice
+from dagster_stateful.core.config import (
+    DEFAULT_CACHE_MAX_BYTES,
+    AppConfig,
+    ErrorPolicy,
+    MissingOffsets,
+    ProcessingGuarantee,
+    choice,
+)
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.errors import kafka_errors
 from dagster_stateful.core.kafka.provisioning import (
@@ -62,6 +69,7 @@ class App:
         on_error: ErrorPolicy | str = ErrorPolicy.RAISE,
         commit_interval: float = 5.0,
         commit_every: int = 50_000,
+        cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
         use_changelog_topics: bool = True,
         changelog_replication_factor: int = -1,
         changelog_config: Mapping[str, str] | None = None,
@@ -80,6 +88,9 @@ class App:
         on_error: what to do with a message that cannot be deserialized or whose step raises:
             "raise" (stop; nothing past it is committed), "skip" or "dead-letter" (`<name>-dead-letter`).
         commit_interval / commit_every: commit after this many seconds or messages, whichever first.
+        cache_max_bytes: bound of the worker's record caches (the latest value of keys read or
+            written lately; Kafka Streams' statestore.cache.max.bytes). Uncommitted writes past it
+            make the worker commit early.
         changelog_config: topic configs for the changelogs (min.insync.replicas, segment.bytes,
             segment.ms, min.cleanable.dirty.ratio, max.compaction.lag.ms, ...).
         group_instance_id: static membership: a restarted worker with the same id gets its partitions
@@ -100,6 +111,7 @@ class App:
             on_error=choice(ErrorPolicy, on_error, "on_error"),
             commit_interval=commit_interval,
             commit_every=commit_every,
+            cache_max_bytes=cache_max_bytes,
             use_changelog_topics=use_changelog_topics,
             changelog_replication_factor=changelog_replication_factor,
             changelog_config=changelog_config or {},

@@ -41,6 +41,10 @@ aborts a transaction left open longer (a crashed worker's), which until then hol
 `read_committed` readers of its partitions; a commit interval must be well below it."""
 
 
+DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
+"""Bytes a worker's record caches may hold unless the app sets `cache_max_bytes`."""
+
+
 class MissingOffsets(StrEnum):
     """What a worker does when the group has no committed offset for a partition that has local state
     (bounded workers leave the group empty between runs, so `offsets.retention.minutes` can expire
@@ -73,6 +77,12 @@ class AppConfig:
     on_error: ErrorPolicy = ErrorPolicy.RAISE
     commit_interval: float = 5.0
     commit_every: int = 50_000
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    """Bound of the worker's record caches, all store partitions together (Kafka Streams'
+    `statestore.cache.max.bytes`): the latest value of the keys read or written lately, counted as
+    key, value and 100 bytes of overhead per entry. Past it the worker evicts clean entries (oldest
+    first), and commits early when uncommitted writes alone exceed it. 0 keeps no
+    read cache and commits after every consumed batch that wrote state."""
     use_changelog_topics: bool = True
     changelog_replication_factor: int = -1
     changelog_config: Mapping[str, str] = field(default_factory=dict)
@@ -100,6 +110,8 @@ class AppConfig:
         self._set("missing_offsets", choice(MissingOffsets, self.missing_offsets, "missing_offsets"))
         if self.commit_interval <= 0 or self.commit_every <= 0:
             raise ConfigurationError("commit_interval and commit_every must be positive")
+        if self.cache_max_bytes < 0:
+            raise ConfigurationError(f"cache_max_bytes must be 0 or more, got {self.cache_max_bytes}")
         if self.restore_batch_size <= 0:
             raise ConfigurationError("restore_batch_size must be positive")
         self._set("changelog_config", {"cleanup.policy": "compact", **self.changelog_config})

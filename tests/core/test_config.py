@@ -40,6 +40,7 @@ def test_settings_are_resolved_and_frozen():
         ({"value_serde": "avro"}, "unknown serializer 'avro'"),
         ({"commit_interval": 0}, "commit_interval and commit_every must be positive"),
         ({"restore_batch_size": 0}, "restore_batch_size must be positive"),
+        ({"cache_max_bytes": -1}, "cache_max_bytes must be 0 or more, got -1"),
     ],
 )
 def test_bad_settings_raise_a_configuration_error_naming_them(settings, message):

@@ -72,6 +72,10 @@ class WorkerReport:
     dead_lettered: int = 0
     transactions_aborted: int = 0
     """Exactly-once: transactions Kafka aborted; each one's messages were processed again."""
+    cache_bytes_peak: int = 0
+    """The most bytes the record caches held, checked after each consumed batch (see `cache_max_bytes`)."""
+    cache_commits: int = 0
+    """Commits made early because uncommitted state changes filled the record cache (`cache_max_bytes`)."""
     lag: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
 

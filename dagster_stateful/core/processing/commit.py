@@ -158,7 +158,7 @@ class Committer:
         self._refuse_after_failure([txn.partition for txn in pending])
         if not pending:
             return {}
-        prepared = {txn.partition: {store: list(txn.changes(store)) for store in txn.stores} for txn in pending}
+        prepared = {txn.partition: {store: txn.changes(store) for store in txn.stores} for txn in pending}
         if self._changelog_topics is not None:
             for txn in pending:
                 self._produce_changelog(txn.partition, prepared[txn.partition])

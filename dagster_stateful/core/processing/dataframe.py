@@ -46,7 +46,14 @@ class StreamingDataFrame:
 
     def __init__(self, store_names: list[str]) -> None:
         self._store_names = store_names
-        self.steps: list[Step] = []
+        self._steps: tuple[Step, ...] = ()
+        self._chain: tuple[tuple[str, Callable[..., Any], str | None, str], ...] = ()
+        """The steps as plain tuples, for `run` (one attribute lookup per message, not four per step)."""
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The steps, in order (add them with `apply`, `update` and `filter`)."""
+        return self._steps
 
     @property
     def is_stateful(self) -> bool:
@@ -69,7 +76,9 @@ class StreamingDataFrame:
             raise TypeError(f"{kind} needs a callable, got {function!r}")
         if store is not None:
             stateful = True
-        self.steps.append(Step(kind, function, self._resolve_store(store) if stateful else None))
+        step = Step(kind, function, self._resolve_store(store) if stateful else None)
+        self._steps += (step,)
+        self._chain += ((step.kind, step.function, step.store, step.name),)
         return self
 
     def _resolve_store(self, store: str | None) -> str:
@@ -85,15 +94,15 @@ class StreamingDataFrame:
 
     def run(self, value: Any, states: Mapping[str, State]) -> Any:
         """The value after every step, or DROPPED when a filter dropped it."""
-        for step in self.steps:
+        for kind, function, store, name in self._chain:
             try:
-                result = step.function(value) if step.store is None else step.function(value, states[step.store])
+                result = function(value) if store is None else function(value, states[store])
             except StateStoreError:
                 raise
             except Exception as error:
-                raise StepFailed(step.name, error) from error
-            if step.kind == "apply":
+                raise StepFailed(name, error) from error
+            if kind == "apply":
                 value = result
-            elif step.kind == "filter" and not result:
+            elif kind == "filter" and not result:
                 return DROPPED
         return value

@@ -44,6 +44,7 @@ from dagster_stateful.core.processing.transactions import (
 )
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.state.cache import bound_caches
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import (
@@ -95,6 +96,11 @@ class Worker:
         self.report = WorkerReport(config.name, processing_guarantee=config.processing_guarantee.value)
         self._dataframe = dataframe
         self._stateful = dataframe.is_stateful
+        self._output = config.output if config.emits_output else None
+        self._key_loads = config.key_serde.loads
+        self._value_loads = config.value_serde.loads
+        self._counts = self.report.messages_processed
+        """Messages processed per source partition (the report's own dict)."""
 
     def run(self) -> WorkerReport:
         config = self.config
@@ -225,6 +231,7 @@ class Worker:
             snapshots=self._snapshot_store if self.snapshot_root else None,
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
         )
+        self._transactions = self._assignments.transactions
 
     def _snapshot_store(self, store: str) -> SnapshotStore:
         assert self.snapshot_root is not None
@@ -263,8 +270,8 @@ class Worker:
                 self._pass_markers()
                 return StopReason.MAX_SECONDS
             restoring = bool(self._assignments.restorations)
-            if restoring:
-                self._restore_step()
+            if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
+                self._assignments.advance(self._consumer)
             messages = self._consumer.consume(CONSUME_BATCH, timeout=0.0 if restoring else 0.2)
             self._assignments.raise_failure()
             for message in messages:
@@ -288,7 +295,7 @@ class Worker:
                     since_commit, last_commit = 0, time.monotonic()
                     if not committed:
                         break  # the rest of this batch comes again from the rewound offsets
-            if time.monotonic() - last_commit >= config.commit_interval:
+            if time.monotonic() - last_commit >= config.commit_interval or self._caches_overflow():
                 self._pass_markers()
                 self._commit()
                 since_commit, last_commit = 0, time.monotonic()
@@ -298,26 +305,31 @@ class Worker:
                     return StopReason.CAUGHT_UP if self._assignments.transactions else StopReason.NO_PARTITIONS
                 next_check = time.monotonic() + CAUGHT_UP_CHECK_INTERVAL
 
-    def _restore_step(self) -> None:
-        """Open new partitions' stores, one changelog batch of the restores in progress; resumes the
-        partitions that are up to date."""
-        self._assignments.advance(self._consumer)
+    def _caches_overflow(self) -> bool:
+        """Evict what the record caches hold past `cache_max_bytes`; True when only a commit can help."""
+        caches = [cache for txn in self._transactions.values() for cache in txn.caches.values()]
+        held, overflow = bound_caches(caches, self.config.cache_max_bytes)
+        self.report.cache_bytes_peak = max(self.report.cache_bytes_peak, held)
+        self.report.cache_commits += overflow
+        return overflow
 
     def _process(self, message: Message) -> bool:
         """Process one message; False when its partition is no longer ours."""
-        _, partition, offset = position(message)
-        txn = self._assignments.transactions.get(partition)
+        partition, offset = message.partition(), message.offset()
+        if partition is None or offset is None:
+            position(message)  # raises: Kafka handed over a record without a position
+            return False
+        txn = self._transactions.get(partition)
         if txn is None:
             restoring = self._assignments.restorations.partitions.get(partition)
             if restoring is not None:
                 restoring.note_arrival(offset)  # processed once its restore is done
             return False
-        config = self.config
         raw_key, raw_value = message.key(), message.value()
         try:
             if raw_key is not None:
-                config.key_serde.loads(raw_key)
-            value = config.value_serde.loads(raw_value) if raw_value is not None else None
+                self._key_loads(raw_key)
+            value = self._value_loads(raw_value) if raw_value is not None else None
         except Exception as error:  # noqa: BLE001 - any codec failure is bad input
             return self._reject(message, txn, "deserializing the key or value", error)
         if self._stateful:
@@ -328,15 +340,16 @@ class Worker:
                     "stateful step",
                     ValueError("stateful steps need a message key; this message has none"),
                 )
-            txn.begin_message(raw_key)
+            txn.begin_message(raw_key, offset)
         try:
             result = self._dataframe.run(value, txn.states)
         except StepFailed as failure:
             return self._reject(message, txn, f"step {failure.step!r}", failure.error)
         txn.accept_message(offset)
-        if config.emits_output and result is not DROPPED:
-            self._produce_output(raw_key, config.output_serde.dumps(result))
-        self._count(partition)
+        if self._output is not None and result is not DROPPED:
+            self._committer.produce(self._output, raw_key, self.config.output_serde.dumps(result))
+        counts = self._counts
+        counts[partition] = counts.get(partition, 0) + 1
         return True
 
     def _reject(self, message: Message, txn: PartitionTransaction, stage: str, error: BaseException) -> bool:
@@ -345,16 +358,8 @@ class Worker:
         self._bad_input.handle(message, stage, error)
         _, partition, offset = position(message)
         txn.pass_message(offset)
-        self._count(partition)
+        self._counts[partition] = self._counts.get(partition, 0) + 1
         return True
-
-    def _count(self, partition: int) -> None:
-        counts = self.report.messages_processed
-        counts[partition] = counts.get(partition, 0) + 1
-
-    def _produce_output(self, key: bytes | None, value: bytes) -> None:
-        assert self.config.output is not None, "emits_output implies an output topic"
-        self._committer.produce(self.config.output, key, value)
 
     def _commit(self) -> bool:
         """Commit every processed partition; never again once a delivery failed (a dirty close).

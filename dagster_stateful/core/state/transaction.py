@@ -1,106 +1,108 @@
-"""State as a step sees it, and the write cache of one partition between two commits.
+"""State as a step sees it, and the uncommitted work of one partition between two commits.
 
 Owns `State` (get / set / delete / exists, scoped to the current message key) and
-`PartitionTransaction`: per store, the last value written to each key since the last commit
-(repeated writes to a key cost one changelog record and one RocksDB put), plus the writes of the
-message being processed, which are staged apart and merged only when the message succeeds, so a
-step that fails half-way leaves no trace. Values are serialized by `State.set`, inside the step, so
-a value the serializer refuses fails that message under the app's error policy instead of every
-commit; the cache keeps bytes, and `State.get` returns a freshly deserialized object, so mutating
-it in place changes nothing until it is `set`.
+`PartitionTransaction`: per store, a record cache (`cache.StoreCache`) holding the last value
+written to each key since the last commit (repeated writes to a key cost one changelog record and
+one RocksDB put) and the values read or committed lately. The writes of the message being processed
+are journaled and undone if it fails, so a step that fails half-way leaves no trace. Values are
+serialized by `State.set`, inside the step, so a value the serializer refuses fails that message
+under the app's error policy instead of every commit; the cache keeps bytes, and `State.get`
+returns a freshly deserialized object, so mutating it in place changes nothing until it is `set`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
+from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import encode_state_key, message_prefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
 from dagster_stateful.errors import StateSerializationError, StateStoreError
 
-Change = tuple[bytes, bytes | None, int]
-"""A key's change since the last commit: (store key, serialized value or None for a delete, source offset)."""
+__all__ = ["Change", "PartitionTransaction", "State"]
 
-_MISSING = object()
+_MISSING: Any = object()
 
 
 class State:
     """Key-value state of one store for the current message key only."""
 
-    __slots__ = ("_cache", "_partition", "_prefix", "_serde", "_staged")
+    __slots__ = ("_cache", "_loads", "_offset", "_partition", "_prefix", "_serde", "_values")
 
-    def __init__(
-        self,
-        partition: StorePartition,
-        cache: dict[bytes, tuple[bytes | None, int]],
-        staged: dict[bytes, bytes | None],
-        serde: Serde,
-    ) -> None:
+    def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
         self._partition = partition
         self._cache = cache
-        self._staged = staged
+        self._values = cache.values
         self._serde = serde
+        self._loads = serde.loads
         self._prefix = b""
+        self._offset = -1
 
-    def _bind(self, prefix: bytes) -> None:
+    def _bind(self, prefix: bytes, offset: int) -> None:
         self._prefix = prefix
+        self._offset = offset
 
     def get(self, key: str | bytes, default: Any = None) -> Any:
         """A new object on every call: change it, then `set` it, for the change to count."""
-        store_key = self._prefix + encode_state_key(key)
-        data: bytes | None
-        if store_key in self._staged:
-            data = self._staged[store_key]
-        else:
-            entry = self._cache.get(store_key)
-            data = self._partition.get(store_key) if entry is None else entry[0]
-        return default if data is None else self._serde.loads(data)
+        store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
+        data = self._values.get(store_key, _MISSING)
+        if data is _MISSING:
+            data = self._partition.get(store_key)
+            self._cache.remember(store_key, data)
+        return default if data is None else self._loads(data)
 
     def set(self, key: str | bytes, value: Any) -> None:
         """Raises `StateSerializationError` (a failure of the step) when the serializer refuses `value`."""
         if value is None:
             raise ValueError("state values cannot be None; use state.delete(key)")
-        self._staged[self._prefix + encode_state_key(key)] = self._dumps(key, value)
+        store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
+        try:
+            data = self._serde.dumps(value)
+        except Exception as error:
+            raise self._refused(key, value, error) from error
+        self._cache.put(store_key, data if data.__class__ is bytes else self._as_bytes(key, data), self._offset)
 
     def delete(self, key: str | bytes) -> None:
-        self._staged[self._prefix + encode_state_key(key)] = None
+        self._cache.put(self._prefix + encode_state_key(key), None, self._offset)
 
     def exists(self, key: str | bytes) -> bool:
         return self.get(key, _MISSING) is not _MISSING
 
-    def _dumps(self, key: str | bytes, value: Any) -> bytes:
-        serde_name = getattr(self._serde, "name", type(self._serde).__name__)
-        try:
-            data = self._serde.dumps(value)
-        except Exception as error:
-            raise StateSerializationError(
-                f"cannot store a {type(value).__name__} under state key {key!r} of store {self._partition.store!r}: "
-                f"the {serde_name!r} state serializer refused it ({type(error).__name__}: {error}). Store values it "
-                "can encode (for JSON: dict, list, str, int, float, bool), or give the app a state_serde that can."
-            ) from error
-        if isinstance(data, (bytearray, memoryview)):
+    def _serde_name(self) -> str:
+        return getattr(self._serde, "name", type(self._serde).__name__)
+
+    def _refused(self, key: str | bytes, value: Any, error: Exception) -> StateSerializationError:
+        return StateSerializationError(
+            f"cannot store a {type(value).__name__} under state key {key!r} of store {self._partition.store!r}: "
+            f"the {self._serde_name()!r} state serializer refused it ({type(error).__name__}: {error}). Store values "
+            "it can encode (for JSON: dict, list, str, int, float, bool), or give the app a state_serde that can."
+        )
+
+    def _as_bytes(self, key: str | bytes, data: object) -> bytes:
+        if isinstance(data, (bytes, bytearray, memoryview)):
             return bytes(data)
-        if not isinstance(data, bytes):
-            raise StateSerializationError(
-                f"the {serde_name!r} state serializer returned {type(data).__name__}, not bytes, for state key "
-                f"{key!r} of store {self._partition.store!r}; its dumps() must return bytes."
-            )
-        return data
+        raise StateSerializationError(
+            f"the {self._serde_name()!r} state serializer returned {type(data).__name__}, not bytes, for state key "
+            f"{key!r} of store {self._partition.store!r}; its dumps() must return bytes."
+        )
 
 
 class PartitionTransaction:
-    """Uncommitted work on one source partition: state changes per store and the next offset."""
+    """Uncommitted work on one source partition: state changes per store and the next offset.
+
+    Per message: `begin_message`, the steps, then `accept_message` (its writes stay) or
+    `discard_message` / `pass_message` (they are undone)."""
 
     def __init__(
         self, partition: int, stores: dict[str, StorePartition], serde: Serde, committed_offset: int | None
     ) -> None:
         self.partition = partition
         self.stores = stores
-        self._caches: dict[str, dict[bytes, tuple[bytes | None, int]]] = {name: {} for name in stores}
-        self._staged: dict[str, dict[bytes, bytes | None]] = {name: {} for name in stores}
-        self.states = {name: State(stores[name], self._caches[name], self._staged[name], serde) for name in stores}
+        self.caches = {name: StoreCache() for name in stores}
+        self.states = {name: State(stores[name], self.caches[name], serde) for name in stores}
+        self._state_list = list(self.states.values())
+        self._cache_list = list(self.caches.values())
         self.next_offset: int | None = committed_offset
         """Offset of the next message to process on the source partition."""
         self.committed_offset = committed_offset
@@ -117,25 +119,30 @@ class PartitionTransaction:
             raise StateStoreError(f"partition {self.partition} has processed nothing: there is no offset to commit")
         return self.next_offset
 
-    def begin_message(self, message_key: bytes) -> None:
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes held by this partition's record caches (see `cache.StoreCache`)."""
+        return sum(cache.bytes for cache in self.caches.values())
+
+    def begin_message(self, message_key: bytes, offset: int) -> None:
+        """The message at source `offset`, keyed `message_key`, is about to go through the steps."""
         prefix = message_prefix(message_key)
-        for state in self.states.values():
-            state._bind(prefix)
+        for state in self._state_list:
+            state._bind(prefix, offset)
 
     def accept_message(self, offset: int) -> None:
-        """The message succeeded: its staged writes join the cache, tagged with its offset."""
-        for name, staged in self._staged.items():
-            if staged:
-                cache = self._caches[name]
-                for key, value in staged.items():
-                    cache[key] = (value, offset)
-                staged.clear()
+        """The message at `offset` succeeded: its writes stay in the cache, tagged with its offset."""
+        for cache in self._cache_list:
+            if cache.journal:
+                cache.accept()
         self.next_offset = offset + 1
         self.processed += 1
 
     def discard_message(self) -> None:
-        for staged in self._staged.values():
-            staged.clear()
+        """Undo the current message's writes."""
+        for cache in self._cache_list:
+            if cache.journal:
+                cache.undo()
 
     def pass_message(self, offset: int) -> None:
         """A message that was skipped or dead-lettered: it moves the offset but changes no state."""
@@ -143,22 +150,19 @@ class PartitionTransaction:
         self.next_offset = offset + 1
         self.processed += 1
 
-    def changes(self, store: str) -> Iterator[Change]:
-        """(key, serialized value or None for a delete, source offset), sorted by key."""
-        cache = self._caches[store]
-        for key in sorted(cache):
-            data, offset = cache[key]
-            yield key, data, offset
+    def changes(self, store: str) -> list[Change]:
+        """(key, serialized value or None for a delete, source offset), each changed key once."""
+        return self.caches[store].changes()
 
     def roll_back(self) -> None:
         """Drop every uncommitted change: the partition is processed again from `committed_offset`."""
-        for cache in self._caches.values():
-            cache.clear()
+        for cache in self.caches.values():
+            cache.drop_dirty()
         self.discard_message()
         self.next_offset = self.committed_offset
 
     def committed(self) -> None:
-        """Everything up to `next_offset` is durable: start a new transaction."""
-        for cache in self._caches.values():
-            cache.clear()
+        """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
+        for cache in self.caches.values():
+            cache.mark_clean()
         self.committed_offset = self.next_offset

@@ -136,7 +136,7 @@ def test_a_commit_during_an_outage_longer_than_the_delivery_timeout_fails_and_co
     restart = same_ports(home)
     try:
         txn = PartitionTransaction(0, {"totals": store}, JsonSerde(), committed_offset=None)
-        txn.begin_message(b"a")
+        txn.begin_message(b"a", 0)
         txn.states["totals"].set("total", 5)
         txn.accept_message(0)
         broker.stop()

@@ -81,7 +81,7 @@ def setup(kafka_bootstrap: str, unique_name, tmp_path: Path) -> Iterator[CommitS
 
 def process(txn: PartitionTransaction, offset: int, total: object) -> None:
     """What the worker does for a message of key 'a' whose step sets its total."""
-    txn.begin_message(b"a")
+    txn.begin_message(b"a", offset)
     txn.states["totals"].set("total", total)
     txn.accept_message(offset)
 

@@ -31,7 +31,7 @@ def test_a_corrupted_store_read_in_a_step_propagates_unwrapped(tmp_path):
         txn = PartitionTransaction(0, {"totals": part}, JsonSerde(), committed_offset=len(STATE_KEYS))
         sdf = StreamingDataFrame(["totals"]).update(read_every_key, stateful=True)
 
-        txn.begin_message(MESSAGE_KEY)
+        txn.begin_message(MESSAGE_KEY, len(STATE_KEYS))
         with pytest.raises(StoreCorruptedError) as raised:
             sdf.run({"amount": 1}, txn.states)
 

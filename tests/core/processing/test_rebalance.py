@@ -19,10 +19,7 @@ def slow_total(order: dict, state: State) -> dict:
 
 
 def slow_app(bootstrap, source, state_dir, name):
-    app = totals_app(bootstrap, source, state_dir, name)
-    app.dataframe().steps.clear()
-    app.dataframe().update(slow_total, stateful=True)
-    return app
+    return totals_app(bootstrap, source, state_dir, name, step=slow_total)
 
 
 def test_two_workers_split_partitions_and_survive_join_and_leave(kafka_bootstrap, unique_name, tmp_path):

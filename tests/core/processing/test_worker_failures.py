@@ -52,9 +52,7 @@ def test_after_a_refused_send_the_worker_closes_without_committing(kafka_bootstr
     output = unique_name("totals-out")
     create_topic(kafka_bootstrap, output, partitions=1, config={"max.message.bytes": "1024"})
     name = unique_name("totals")
-    app = totals_app(kafka_bootstrap, source, tmp_path, name, output=output)
-    app.dataframe().steps.clear()
-    app.dataframe().apply(big_for_c3, stateful=True)
+    app = totals_app(kafka_bootstrap, source, tmp_path, name, step=big_for_c3, output=output)
     app.to_topic(app.dataframe())
 
     with pytest.raises(DeliveryError):

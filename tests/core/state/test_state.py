@@ -22,14 +22,14 @@ def transaction(tmp_path):
 
 def test_a_message_key_never_sees_another_keys_state(transaction):
     state = transaction.states["totals"]
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 0)
     state.set("total", 10)
     transaction.accept_message(0)
-    transaction.begin_message(b"B")
+    transaction.begin_message(b"B", 1)
     assert state.get("total") is None and not state.exists("total")
     state.set("total", 1)
     transaction.accept_message(1)
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 2)
     assert state.get("total") == 10
 
 
@@ -42,10 +42,10 @@ def test_prefixes_cannot_collide():
 def test_repeated_writes_cost_one_change_and_failed_messages_leave_no_trace(transaction):
     state = transaction.states["totals"]
     for offset in range(5):
-        transaction.begin_message(b"A")
+        transaction.begin_message(b"A", offset)
         state.set("total", state.get("total", 0) + 1)
         transaction.accept_message(offset)
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 5)
     state.set("total", 999)
     state.delete("other")
     transaction.discard_message()
@@ -57,14 +57,14 @@ def test_repeated_writes_cost_one_change_and_failed_messages_leave_no_trace(tran
 
 def test_deletes_are_tombstones_and_commits_reach_rocksdb(transaction):
     state = transaction.states["totals"]
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 0)
     state.set("x", {"n": 1})
     state.set("y", [1, 2])
     transaction.accept_message(0)
     store = transaction.stores["totals"]
     store.commit(((k, v) for k, v, _ in transaction.changes("totals")), changelog_offset=2, source_offset=1)
     transaction.committed()
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 1)
     state.delete("x")
     transaction.accept_message(1)
 
@@ -74,7 +74,7 @@ def test_deletes_are_tombstones_and_commits_reach_rocksdb(transaction):
 
 
 def test_none_is_not_a_state_value(transaction):
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 0)
     with pytest.raises(ValueError, match="delete"):
         transaction.states["totals"].set("x", None)
 
@@ -107,10 +107,10 @@ def test_serializers_reject_bad_input_clearly():
 
 def test_a_value_the_serializer_refuses_fails_in_set_and_leaves_no_trace(transaction):
     state = transaction.states["totals"]
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 0)
     state.set("total", 1)
     transaction.accept_message(0)
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 1)
     state.set("total", 2)
 
     with pytest.raises(StateSerializationError) as raised:
@@ -124,18 +124,18 @@ def test_a_value_the_serializer_refuses_fails_in_set_and_leaves_no_trace(transac
 
 def test_get_returns_a_new_object_so_in_place_changes_count_only_when_set(transaction):
     state = transaction.states["totals"]
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 0)
     state.set("record", {"n": 1})
     transaction.accept_message(0)
 
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 1)
     record = state.get("record")
     record["n"] = 999  # mutated, then the message fails
     transaction.discard_message()
     assert state.get("record") == {"n": 1}
     assert state.get("record") is not state.get("record")
 
-    transaction.begin_message(b"A")
+    transaction.begin_message(b"A", 1)
     record = state.get("record")
     record["n"] += 1
     state.set("record", record)

@@ -1,9 +1,8 @@
 // Kafka Streams' side of bench/bench_kafka_streams.py: a running total of the JSON "amount" per key.
 //
-// Compile and run (the jars are kafka-streams and its runtime dependencies, plus slf4j-nop):
+// Build with Maven (../../../../pom.xml: kafka-streams and slf4j-nop), then run:
 //
-//     javac -cp "<jars>" -d <classes> RunningTotals.java
-//     java -cp "<classes>:<jars>" RunningTotals <bootstrap> <source> <output> <application id> \
+//     java -cp "target/classes:<dependency class path>" RunningTotals <bootstrap> <source> <output> <application id> \
 //         <processing guarantee> <commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]]
 //
 // Topology: stream(source) -> groupByKey -> aggregate(running total, persistent RocksDB store "totals"
