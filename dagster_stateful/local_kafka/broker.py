@@ -93,6 +93,15 @@ class BrokerSettings:
     """Extra or overriding `server.properties` entries."""
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (a base64url UUID) that does not start with "-", which the storage
+    tool's command line would read as an option (Kafka's own Uuid.randomUuid avoids it the same way)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class LocalKafkaBroker:
     """One broker living in `home`. Usable as a context manager (start on enter, stop on exit)."""
 
@@ -205,7 +214,7 @@ class LocalKafkaBroker:
     def _format_storage(self, java: str, classpath: str) -> None:
         if (self.home / "data" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = new_cluster_id()
         command = [
             java,
             "-Xmx256m",
