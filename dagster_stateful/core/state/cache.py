@@ -95,11 +95,6 @@ class StoreCache:
             self.bytes -= entry_bytes(key, values.pop(key))
         self.dirty.clear()
 
-    @property
-    def dirty_bytes(self) -> int:
-        values = self.values
-        return sum(entry_bytes(key, values[key]) for key in self.dirty)
-
     def evict_clean(self, excess: int) -> int:
         """Drop clean entries in the order they entered the cache, until `excess` bytes are freed or none is
         left; returns the bytes freed."""
