@@ -1,14 +1,15 @@
 """The bounded worker: consume, process, commit, and stop when the run's limits say so.
 
 Owns the worker's loop and lifetime: subscribing with the app's consumer group (cooperative-sticky
-assignment, optional static membership), processing each message through the steps with the
-app's error policy, committing every `commit_interval` seconds or `commit_every` messages, and
-stopping when caught up (every assigned partition at its high watermark), after `max_messages`,
-after `max_seconds`, or on SIGTERM, always with a final commit and a clean close. Partition
-assignment and revocation are handled by `rebalance.PartitionAssignments`. Under exactly-once the
-producer is transactional (`transactions.KafkaTransactions`, one transactional id per worker), the
-consumer reads `read_committed`, and an aborted transaction rewinds every partition to its
-committed offset; runs pinned to partitions are refused (the group cannot fence them).
+assignment, optional static membership), processing each consumed batch through the steps
+(`batch.BatchProcessor`, with the app's error policy), committing every `commit_interval` seconds
+or `commit_every` messages, and stopping when caught up (every assigned partition at its high
+watermark), after `max_messages`, after `max_seconds`, or on SIGTERM, always with a final commit
+and a clean close. Partition assignment and revocation are handled by
+`rebalance.PartitionAssignments`. Under exactly-once the producer is transactional
+(`transactions.KafkaTransactions`, one transactional id per worker), the consumer reads
+`read_committed`, and an aborted transaction rewinds every partition to its committed offset; runs
+pinned to partitions are refused (the group cannot fence them).
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.provisioning import provision
-from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.bad_input import BadInputHandler
+from dagster_stateful.core.processing.batch import BatchProcessor
 from dagster_stateful.core.processing.commit import (
     DEFAULT_DELIVERY_TIMEOUT_MS,
     Committer,
@@ -32,7 +33,7 @@ from dagster_stateful.core.processing.commit import (
     StoresDamaged,
     delivery_timeout_seconds,
 )
-from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.lifecycle import RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
@@ -46,7 +47,6 @@ from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import (
     ConfigurationError,
     DeliveryError,
@@ -95,12 +95,6 @@ class Worker:
         self.stop = StopSignal()
         self.report = WorkerReport(config.name, processing_guarantee=config.processing_guarantee.value)
         self._dataframe = dataframe
-        self._stateful = dataframe.is_stateful
-        self._output = config.output if config.emits_output else None
-        self._key_loads = config.key_serde.loads
-        self._value_loads = config.value_serde.loads
-        self._counts = self.report.messages_processed
-        """Messages processed per source partition (the report's own dict)."""
 
     def run(self) -> WorkerReport:
         config = self.config
@@ -232,6 +226,16 @@ class Worker:
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
         )
         self._transactions = self._assignments.transactions
+        self._batches = BatchProcessor(
+            config,
+            self._dataframe,
+            self._transactions,
+            self._assignments.restorations,
+            self._bad_input,
+            self._committer.produce,
+            self.report.messages_processed,
+            self._recover_damaged,
+        )
 
     def _snapshot_store(self, store: str) -> SnapshotStore:
         assert self.snapshot_root is not None
@@ -274,20 +278,14 @@ class Worker:
                 self._assignments.advance(self._consumer)
             messages = self._consumer.consume(CONSUME_BATCH, timeout=0.0 if restoring else 0.2)
             self._assignments.raise_failure()
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(error)
-                try:
-                    accepted = self._process(message)
-                except StoreCorruptedError as damage:
-                    self._assignments.recover_corrupted(self._consumer, position(message)[1], damage)
-                    continue
-                if accepted:
-                    processed += 1
-                    since_commit += 1
+            index = 0
+            while index < len(messages):
+                budget = config.commit_every - since_commit
+                if limits.max_messages is not None:
+                    budget = min(budget, limits.max_messages - processed)
+                index, done = self._batches.process(messages, index, budget)
+                processed += done
+                since_commit += done
                 if limits.max_messages is not None and processed >= limits.max_messages:
                     return StopReason.MAX_MESSAGES
                 if since_commit >= config.commit_every:
@@ -313,53 +311,8 @@ class Worker:
         self.report.cache_commits += overflow
         return overflow
 
-    def _process(self, message: Message) -> bool:
-        """Process one message; False when its partition is no longer ours."""
-        partition, offset = message.partition(), message.offset()
-        if partition is None or offset is None:
-            position(message)  # raises: Kafka handed over a record without a position
-            return False
-        txn = self._transactions.get(partition)
-        if txn is None:
-            restoring = self._assignments.restorations.partitions.get(partition)
-            if restoring is not None:
-                restoring.note_arrival(offset)  # processed once its restore is done
-            return False
-        raw_key, raw_value = message.key(), message.value()
-        try:
-            if raw_key is not None:
-                self._key_loads(raw_key)
-            value = self._value_loads(raw_value) if raw_value is not None else None
-        except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-            return self._reject(message, txn, "deserializing the key or value", error)
-        if self._stateful:
-            if raw_key is None:
-                return self._reject(
-                    message,
-                    txn,
-                    "stateful step",
-                    ValueError("stateful steps need a message key; this message has none"),
-                )
-            txn.begin_message(raw_key, offset)
-        try:
-            result = self._dataframe.run(value, txn.states)
-        except StepFailed as failure:
-            return self._reject(message, txn, f"step {failure.step!r}", failure.error)
-        txn.accept_message(offset)
-        if self._output is not None and result is not DROPPED:
-            self._committer.produce(self._output, raw_key, self.config.output_serde.dumps(result))
-        counts = self._counts
-        counts[partition] = counts.get(partition, 0) + 1
-        return True
-
-    def _reject(self, message: Message, txn: PartitionTransaction, stage: str, error: BaseException) -> bool:
-        """Apply the error policy (raises under "raise"); the message then moves the offset only."""
-        txn.discard_message()
-        self._bad_input.handle(message, stage, error)
-        _, partition, offset = position(message)
-        txn.pass_message(offset)
-        self._counts[partition] = self._counts.get(partition, 0) + 1
-        return True
+    def _recover_damaged(self, partition: int, damage: StoreCorruptedError) -> None:
+        self._assignments.recover_corrupted(self._consumer, partition, damage)
 
     def _commit(self) -> bool:
         """Commit every processed partition; never again once a delivery failed (a dirty close).

@@ -40,7 +40,8 @@ class StoreCache:
         self.dirty: dict[bytes, int] = {}
         """Store keys written since the last commit, with the source offset of their latest write."""
         self.journal: list[tuple[bytes, Any, int]] = []
-        """The current message's writes: (key, previous value or _ABSENT, previous dirty offset or -1)."""
+        """The current message's writes: (key, previous value or _ABSENT, previous dirty offset or -1).
+        The list is cleared in place, never replaced: transactions hold on to it."""
         self.bytes = 0
 
     def remember(self, key: bytes, data: bytes | None) -> None:

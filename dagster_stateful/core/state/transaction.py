@@ -17,7 +17,7 @@ from typing import Any
 from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import encode_state_key, message_prefix
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.serialization import Serde, fast_dumps, fast_loads
 from dagster_stateful.errors import StateSerializationError, StateStoreError
 
 __all__ = ["Change", "PartitionTransaction", "State"]
@@ -28,14 +28,15 @@ _MISSING: Any = object()
 class State:
     """Key-value state of one store for the current message key only."""
 
-    __slots__ = ("_cache", "_loads", "_offset", "_partition", "_prefix", "_serde", "_values")
+    __slots__ = ("_cache", "_dumps", "_loads", "_offset", "_partition", "_prefix", "_serde", "_values")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
         self._partition = partition
         self._cache = cache
         self._values = cache.values
         self._serde = serde
-        self._loads = serde.loads
+        self._loads = fast_loads(serde)
+        self._dumps = fast_dumps(serde)
         self._prefix = b""
         self._offset = -1
 
@@ -50,7 +51,12 @@ class State:
         if data is _MISSING:
             data = self._partition.get(store_key)
             self._cache.remember(store_key, data)
-        return default if data is None else self._loads(data)
+        if data is None:
+            return default
+        try:
+            return self._loads(data)
+        except Exception:  # noqa: BLE001 - the serde's own loads raises it, described
+            return self._serde.loads(data)
 
     def set(self, key: str | bytes, value: Any) -> None:
         """Raises `StateSerializationError` (a failure of the step) when the serializer refuses `value`."""
@@ -58,7 +64,7 @@ class State:
             raise ValueError("state values cannot be None; use state.delete(key)")
         store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
         try:
-            data = self._serde.dumps(value)
+            data = self._dumps(value)
         except Exception as error:
             raise self._refused(key, value, error) from error
         self._cache.put(store_key, data if data.__class__ is bytes else self._as_bytes(key, data), self._offset)
@@ -103,10 +109,11 @@ class PartitionTransaction:
         self.states = {name: State(stores[name], self.caches[name], serde) for name in stores}
         self._state_list = list(self.states.values())
         self._cache_list = list(self.caches.values())
+        self.journals = [cache.journal for cache in self._cache_list]
+        """The current message's writes, per store (see `accept_message`)."""
         self.next_offset: int | None = committed_offset
         """Offset of the next message to process on the source partition."""
         self.committed_offset = committed_offset
-        self.processed = 0
 
     @property
     def has_progress(self) -> bool:
@@ -126,17 +133,19 @@ class PartitionTransaction:
 
     def begin_message(self, message_key: bytes, offset: int) -> None:
         """The message at source `offset`, keyed `message_key`, is about to go through the steps."""
-        prefix = message_prefix(message_key)
+        self.begin_scoped(message_prefix(message_key), offset)
+
+    def begin_scoped(self, prefix: bytes, offset: int) -> None:
+        """`begin_message` with the message key's `keys.message_prefix` already made."""
         for state in self._state_list:
             state._bind(prefix, offset)
 
     def accept_message(self, offset: int) -> None:
         """The message at `offset` succeeded: its writes stay in the cache, tagged with its offset."""
-        for cache in self._cache_list:
-            if cache.journal:
-                cache.accept()
+        for journal in self.journals:
+            if journal:
+                journal.clear()
         self.next_offset = offset + 1
-        self.processed += 1
 
     def discard_message(self) -> None:
         """Undo the current message's writes."""
@@ -148,7 +157,6 @@ class PartitionTransaction:
         """A message that was skipped or dead-lettered: it moves the offset but changes no state."""
         self.discard_message()
         self.next_offset = offset + 1
-        self.processed += 1
 
     def changes(self, store: str) -> list[Change]:
         """(key, serialized value or None for a delete, source offset), each changed key once."""

@@ -234,6 +234,7 @@ def test_dead_letter_keeps_raw_message_and_says_why(kafka_bootstrap, unique_name
     not_json, negative = letters
     assert not_json["headers"]["trace-id"] == b"t-1", "the message's own headers are kept"
     assert header(not_json, "error-type") == b"ValueError"
+    assert header(not_json, "error-message").startswith(b"invalid JSON"), "the codec's own description"
     assert header(negative, "error-type") == b"NegativeAmount"
     assert b"reject_negative" in header(negative, "stage")
     assert b"negative" in header(negative, "error-message")

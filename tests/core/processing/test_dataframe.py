@@ -47,3 +47,45 @@ def test_other_step_errors_are_still_step_failures(tmp_path):
 
     with pytest.raises(StepFailed, match="broken"):
         StreamingDataFrame(["totals"]).apply(broken).run({}, {})
+
+
+def double(value: int) -> int:
+    return value * 2
+
+
+def is_even(value: int) -> bool:
+    return value % 2 == 0
+
+
+def remember(value: int, state: dict) -> None:
+    state["seen"] = value
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda sdf: sdf.apply(double),
+        lambda sdf: sdf.update(remember, stateful=True),
+        lambda sdf: sdf.filter(is_even),
+        lambda sdf: sdf.apply(double).filter(is_even).update(remember, stateful=True),
+    ],
+    ids=["one apply", "one stateful update", "one filter", "three steps"],
+)
+def test_the_compiled_frame_computes_what_run_does(build):
+    by_run, by_compiled = {"totals": {}}, {"totals": {}}
+    sdf = build(StreamingDataFrame(["totals"]))
+    compiled = sdf.compiled()
+
+    values = range(-3, 4)
+    assert [compiled(value, by_compiled) for value in values] == [sdf.run(value, by_run) for value in values]
+    assert by_compiled == by_run
+
+
+def test_the_compiled_frame_wraps_step_errors_and_passes_store_damage_through():
+    def damaged(value: int, state: dict) -> None:
+        raise StoreCorruptedError("damaged block", store="totals", partition=0, path="/state/totals/0")
+
+    with pytest.raises(StepFailed, match="double"):
+        StreamingDataFrame(["totals"]).apply(double).compiled()(None, {})
+    with pytest.raises(StoreCorruptedError):
+        StreamingDataFrame(["totals"]).update(damaged, stateful=True).compiled()(1, {"totals": {}})
