@@ -41,6 +41,13 @@ dagster_stateful.local_kafka.broker.LocalKafkaBroker (and stopped at the end) un
 KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used. Needs Java 17+ and Maven (mvn),
 which reaches Maven Central the first time.
 
+As a library (bench/bench_compare.py): build_app() once, then run_totals() runs the app with no output
+topic and, once the expected records were aggregated, writes its whole store (read through interactive
+queries) to a file (read_store_dump, check_store_dump, expected_totals); run_restore() runs it again for the
+same application id with its local state deleted, so the store is restored from the changelog, processes the
+records appended since and reports the restore (a StateRestoreListener) before dumping the store. Every
+result carries the java process's peak RSS (os.wait4's ru_maxrss).
+
 Run it from the repository root:
 
     .venv/bin/python bench/bench_kafka_streams.py                         # 1M messages, both guarantees
@@ -56,8 +63,11 @@ import re
 import shutil
 import statistics
 import subprocess
+import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +83,13 @@ JAVA_MAIN = "RunningTotals"
 WARM_UP_MESSAGES = 1_000
 GUARANTEES = ("at_least_once", "exactly_once_v2")
 RESULT_LINE = re.compile(r"^RESULT (\S+) (\d+) ([\d.]+) ([\d.]+) (-?[\d.]+)$", re.MULTILINE)
+DUMP_LINE = re.compile(r"^DUMP (\d+) ([\d.]+)$", re.MULTILINE)
+RESTORE_LINE = re.compile(
+    r"^RESTORE (\d+) (-?[\d.]+) (-?[\d.]+) ([\d.]+) (-?[\d.]+) (-?[\d.]+) (\d+) (\d+) (\d+)$", re.MULTILINE
+)
+NO_OUTPUT = "-"
+"""The app's <output> argument for "no output topic": the totals only go to the store and its changelog."""
+APP_TIMEOUT_S = 45 * 60
 
 
 @dataclass(frozen=True)
@@ -82,11 +99,20 @@ class RunResult:
     seconds: float
     """From just before KafkaStreams.start() until the aggregator had seen every message."""
     seconds_closed: float
-    """From just before KafkaStreams.start() until close() returned."""
+    """From just before KafkaStreams.start() until close() returned (less dump_seconds, in runs with a dump)."""
     seconds_running: float
     """From just before KafkaStreams.start() until the RUNNING state (-1 if never seen)."""
     wall: float
     """Of the whole java process, JVM start-up included."""
+    peak_rss_mib: float | None = None
+    """Peak resident set size of the java process (ru_maxrss from os.wait4), in MiB; None if not reported."""
+    dumped_keys: int | None = None
+    """Keys written to dump_path (runs with a store dump only)."""
+    dump_seconds: float | None = None
+    """Seconds the app spent, after `seconds`, waiting for the store to be up to date and reading it through
+    interactive queries (runs with a store dump only; subtracted from seconds_closed, not from wall)."""
+    dump_path: Path | None = None
+    """The store dump ("<key>\\t<total>" lines; read it with read_store_dump), for runs with a dump."""
 
     @property
     def rate(self) -> float:
@@ -130,44 +156,319 @@ def build_app(kafka_version: str = KAFKA_VERSION) -> str:
     return os.pathsep.join([str(JAVA_PROJECT / "target" / "classes"), classpath_file.read_text().strip()])
 
 
-def run_app(
-    class_path: str, bootstrap: str, source: str, output: str, guarantee: str, state_dir: Path, args: argparse.Namespace
-) -> RunResult:
+@dataclass(frozen=True)
+class RestoreResult:
+    """A run that restored the store from its changelog (empty local state) and then processed new records."""
+
+    run: RunResult
+    """The processing figures: messages = the new records; seconds = until all of them were aggregated
+    (restore included); the dump of the store (restored state plus the new records) is run.dump_path."""
+    records_restored: int
+    """Changelog records restored (the sum of StateRestoreListener.onBatchRestored's counts)."""
+    seconds_restoring: float
+    """From the first onRestoreStart to the last onRestoreEnd (-1 if nothing was restored)."""
+    seconds_restore_started: float
+    """From just before KafkaStreams.start() until the first onRestoreStart (-1 if none)."""
+    seconds_restore_ended: float
+    """From just before KafkaStreams.start() until the last onRestoreEnd (-1 if none)."""
+    seconds_first_record: float
+    """From just before KafkaStreams.start() until the first new record was aggregated (processing resumed)."""
+    seconds_all_records: float
+    """From just before KafkaStreams.start() until all new records were aggregated (= run.seconds)."""
+    restores_started: int
+    """onRestoreStart calls (one per changelog partition restored, more if a restore was suspended)."""
+    restores_ended: int
+    """onRestoreEnd calls."""
+    restores_suspended: int
+    """onRestoreSuspended calls (a task moved to another thread while restoring)."""
+
+    @property
+    def restore_rate(self) -> float | None:
+        """Records restored per second of seconds_restoring, if anything was restored."""
+        if self.records_restored <= 0 or self.seconds_restoring <= 0:
+            return None
+        return self.records_restored / self.seconds_restoring
+
+    @property
+    def peak_rss_mib(self) -> float | None:
+        return self.run.peak_rss_mib
+
+
+@dataclass(frozen=True)
+class JavaRun:
+    """What a finished java process left: its output, wall seconds and peak RSS."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    wall: float
+    peak_rss_mib: float | None
+
+
+def run_java(command: list[str], timeout_s: float = APP_TIMEOUT_S) -> JavaRun:
+    """Run `command` (stdout and stderr to temporary files) and reap it with os.wait4, which gives its peak RSS
+    (ru_maxrss: KiB on Linux); killed after `timeout_s` seconds (then returncode is negative)."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        began = time.monotonic()
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            timer.cancel()
+        wall = time.monotonic() - began
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        stdout.seek(0)
+        stderr.seek(0)
+        return JavaRun(
+            returncode=process.returncode,
+            stdout=stdout.read().decode(errors="replace"),
+            stderr=stderr.read().decode(errors="replace"),
+            wall=wall,
+            peak_rss_mib=usage.ru_maxrss / 1024 if usage.ru_maxrss > 0 else None,
+        )
+
+
+def app_command(
+    class_path: str,
+    bootstrap: str,
+    source: str,
+    output: str,
+    application_id: str,
+    guarantee: str,
+    commit_interval_s: float,
+    messages: int,
+    state_dir: Path,
+    threads: int,
+    cache_bytes: int | None,
+    java_heap: str,
+    dump_path: Path | None = None,
+    restore: bool = False,
+    leave_group: bool = False,
+) -> list[str]:
+    """The java command line running RunningTotals (see its header for the arguments and output lines)."""
     command = [
         find_java(),
-        f"-Xmx{args.java_heap}",
+        f"-Xmx{java_heap}",
         "-cp",
         class_path,
         JAVA_MAIN,
         bootstrap,
         source,
         output,
-        f"{output}-app",
+        application_id,
         guarantee,
-        str(round(args.commit_interval * 1000)),
-        str(args.messages),
+        str(round(commit_interval_s * 1000)),
+        str(messages),
         str(state_dir),
-        str(args.threads),
+        str(threads),
     ]
-    if args.cache_bytes is not None:
-        command.append(str(args.cache_bytes))
-    began = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=45 * 60)
-    wall = time.monotonic() - began
-    match = RESULT_LINE.search(result.stdout)
-    if result.returncode != 0 or match is None:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-30:])
-        raise SystemExit(f"FAILED: the Kafka Streams app ({guarantee}) exited {result.returncode}:\n{tail}")
-    if result.stderr.strip():
-        print(result.stderr.strip())
+    if cache_bytes is not None:
+        command.append(str(cache_bytes))
+    if dump_path is not None:
+        command += ["--dump", str(dump_path)]
+    if restore:
+        command.append("--restore")
+    if leave_group:
+        command.append("--leave-group")
+    return command
+
+
+def finish_run(java: JavaRun, what: str, dump_path: Path | None = None) -> RunResult:
+    """The RunResult of a finished app (its stderr printed, if any); SystemExit if it failed."""
+    match = RESULT_LINE.search(java.stdout)
+    dump = DUMP_LINE.search(java.stdout)
+    if java.returncode != 0 or match is None or (dump_path is not None and dump is None):
+        tail = "\n".join((java.stdout + java.stderr).strip().splitlines()[-30:])
+        raise SystemExit(f"FAILED: the Kafka Streams app ({what}) exited {java.returncode}:\n{tail}")
+    if java.stderr.strip():
+        print(java.stderr.strip())
     return RunResult(
         guarantee=match.group(1),
         messages=int(match.group(2)),
         seconds=float(match.group(3)),
         seconds_closed=float(match.group(4)),
         seconds_running=float(match.group(5)),
-        wall=wall,
+        wall=java.wall,
+        peak_rss_mib=java.peak_rss_mib,
+        dumped_keys=int(dump.group(1)) if dump is not None and dump_path is not None else None,
+        dump_seconds=float(dump.group(2)) if dump is not None and dump_path is not None else None,
+        dump_path=dump_path,
     )
+
+
+def run_app(
+    class_path: str, bootstrap: str, source: str, output: str, guarantee: str, state_dir: Path, args: argparse.Namespace
+) -> RunResult:
+    command = app_command(
+        class_path,
+        bootstrap,
+        source,
+        output,
+        f"{output}-app",
+        guarantee,
+        args.commit_interval,
+        args.messages,
+        state_dir,
+        args.threads,
+        args.cache_bytes,
+        args.java_heap,
+    )
+    return finish_run(run_java(command), guarantee)
+
+
+def default_dump_path(state_dir: Path, application_id: str) -> Path:
+    """Where run_totals and run_restore put the store dump unless told: beside `state_dir`."""
+    return state_dir.parent / f"{state_dir.name}-{application_id}-totals.tsv"
+
+
+def run_totals(
+    class_path: str,
+    bootstrap: str,
+    source: str,
+    application_id: str,
+    state_dir: Path,
+    messages: int,
+    commit_interval_s: float = 5.0,
+    threads: int = 1,
+    *,
+    cache_bytes: int | None = None,
+    dump_path: Path | None = None,
+    guarantee: str = "at_least_once",
+    java_heap: str = "1g",
+    timeout_s: float = APP_TIMEOUT_S,
+) -> RunResult:
+    """Run the Kafka Streams app once with no output topic: running totals of `source` into the store "totals"
+    (and its changelog) under `application_id`, until `messages` records were aggregated; then the whole store
+    is read through interactive queries and written to `dump_path` (default: default_dump_path), before close.
+
+    `state_dir` is state.dir (the app deletes its own state in it after close); commit_interval_s is
+    commit.interval.ms in seconds, threads num.stream.threads, cache_bytes statestore.cache.max.bytes (None:
+    Kafka Streams' 10 MiB). The app leaves the consumer group when it closes, so that a later run of the same
+    application id (run_restore) is not held up by this one's members until their session times out (45 s).
+    The result's seconds run from just before KafkaStreams.start(); read the totals with
+    read_store_dump(result.dump_path). SystemExit if the app fails.
+    """
+    dump_path = dump_path or default_dump_path(state_dir, application_id)
+    command = app_command(
+        class_path,
+        bootstrap,
+        source,
+        NO_OUTPUT,
+        application_id,
+        guarantee,
+        commit_interval_s,
+        messages,
+        state_dir,
+        threads,
+        cache_bytes,
+        java_heap,
+        dump_path=dump_path,
+        leave_group=True,
+    )
+    return finish_run(run_java(command, timeout_s), f"{guarantee}, {application_id}", dump_path)
+
+
+def run_restore(
+    class_path: str,
+    bootstrap: str,
+    source: str,
+    application_id: str,
+    state_dir: Path,
+    new_messages: int,
+    commit_interval_s: float = 5.0,
+    threads: int = 1,
+    *,
+    cache_bytes: int | None = None,
+    dump_path: Path | None = None,
+    guarantee: str = "at_least_once",
+    java_heap: str = "1g",
+    clear_state: bool = True,
+    timeout_s: float = APP_TIMEOUT_S,
+) -> RestoreResult:
+    """Run the app again for an `application_id` that has already processed `source` up to some offset (e.g.
+    with run_totals), after `new_messages` more records were appended to `source`: with clear_state the whole
+    `state_dir` is deleted first, so the store "totals" is restored from "<application_id>-totals-changelog".
+    The app reports the restore (a StateRestoreListener), aggregates the `new_messages` records (no output
+    topic) and then writes the store to `dump_path` as run_totals does: those totals include the restored state.
+    Other arguments as for run_totals. SystemExit if the app fails.
+    """
+    if clear_state and state_dir.exists():
+        shutil.rmtree(state_dir)
+    dump_path = dump_path or default_dump_path(state_dir, application_id)
+    command = app_command(
+        class_path,
+        bootstrap,
+        source,
+        NO_OUTPUT,
+        application_id,
+        guarantee,
+        commit_interval_s,
+        new_messages,
+        state_dir,
+        threads,
+        cache_bytes,
+        java_heap,
+        dump_path=dump_path,
+        restore=True,
+        leave_group=True,
+    )
+    java = run_java(command, timeout_s)
+    run = finish_run(java, f"restore, {guarantee}, {application_id}", dump_path)
+    match = RESTORE_LINE.search(java.stdout)
+    if match is None:
+        tail = "\n".join(java.stdout.strip().splitlines()[-10:])
+        raise SystemExit(f"FAILED: the Kafka Streams app ({application_id}) printed no RESTORE line:\n{tail}")
+    return RestoreResult(
+        run=run,
+        records_restored=int(match.group(1)),
+        seconds_restoring=float(match.group(2)),
+        seconds_first_record=float(match.group(3)),
+        seconds_all_records=float(match.group(4)),
+        seconds_restore_started=float(match.group(5)),
+        seconds_restore_ended=float(match.group(6)),
+        restores_started=int(match.group(7)),
+        restores_ended=int(match.group(8)),
+        restores_suspended=int(match.group(9)),
+    )
+
+
+def read_store_dump(path: Path) -> dict[str, int]:
+    """The totals in a store dump written by the app (--dump): key -> total."""
+    totals: dict[str, int] = {}
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            key, _, total = line.rstrip("\n").partition("\t")
+            totals[key] = int(total)
+    return totals
+
+
+def expected_totals(count: int, key_of: Callable[[int], str], start: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The totals after `count` orders produced by bench_core.produce_orders with `key_of` (message i: key
+    key_of(i), amount amount(i)), added to `start` (e.g. the totals of orders produced before)."""
+    totals = dict(start or {})
+    for i in range(count):
+        key = key_of(i)
+        totals[key] = totals.get(key, 0) + amount(i)
+    return totals
+
+
+def check_store_dump(path: Path, expected: Mapping[str, int], what: str) -> int:
+    """SystemExit unless the dump at `path` holds exactly the totals `expected`; returns the keys checked."""
+    got = read_store_dump(path)
+    wrong = [(key, total, got.get(key)) for key, total in expected.items() if got.get(key) != total]
+    extra = sorted(set(got) - set(expected))
+    if wrong or extra:
+        raise SystemExit(
+            f"FAILED: {what}: the store dump {path} has wrong totals for {len(wrong)} of {len(expected)} keys "
+            f"and {len(extra)} unexpected keys; first (key, expected, got): {wrong[:5]}; unexpected: {extra[:5]}"
+        )
+    return len(got)
 
 
 def warm_up(class_path: str, bootstrap: str, run_id: str, scratch_dir: Path, args: argparse.Namespace) -> None:
@@ -238,6 +539,10 @@ def check_totals(bootstrap: str, output: str, args: argparse.Namespace) -> None:
             f"({len(totals)} keys seen); first (key, expected, got): {wrong[:5]}"
         )
     print(f"check: the last total of all {args.keys:,} keys in {output} is right ({records:,} output records)")
+
+
+def describe_rss(mib: float | None) -> str:
+    return "n/a" if mib is None else f"{mib:,.0f} MiB"
 
 
 def parse_args() -> argparse.Namespace:
@@ -311,7 +616,8 @@ def main() -> None:
                 print(
                     f"processed: {result.messages:,} messages in {result.seconds:.2f} s "
                     f"(RUNNING after {result.seconds_running:.2f} s; closed after {result.seconds_closed:.2f} s; "
-                    f"java process {result.wall:.1f} s; load avg {load()})"
+                    f"java process {result.wall:.1f} s, peak RSS {describe_rss(result.peak_rss_mib)}; "
+                    f"load avg {load()})"
                 )
                 print(
                     f"KAFKA STREAMS {guarantee}: {result.rate:,.0f} messages/s "

@@ -72,7 +72,8 @@ def remember(value: int, state: dict) -> None:
     ids=["one apply", "one stateful update", "one filter", "three steps"],
 )
 def test_the_compiled_frame_computes_what_run_does(build):
-    by_run, by_compiled = {"totals": {}}, {"totals": {}}
+    by_run: dict[str, dict] = {"totals": {}}
+    by_compiled: dict[str, dict] = {"totals": {}}
     sdf = build(StreamingDataFrame(["totals"]))
     compiled = sdf.compiled()
 

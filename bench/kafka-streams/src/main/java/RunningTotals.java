@@ -1,46 +1,102 @@
-// Kafka Streams' side of bench/bench_kafka_streams.py: a running total of the JSON "amount" per key.
+// Kafka Streams' side of bench/bench_kafka_streams.py (and bench/bench_compare.py through it): a running
+// total of the JSON "amount" per key.
 //
 // Build with Maven (../../../../pom.xml: kafka-streams and slf4j-nop), then run:
 //
 //     java -cp "target/classes:<dependency class path>" RunningTotals <bootstrap> <source> <output> <application id> \
-//         <processing guarantee> <commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]]
+//         <processing guarantee> <commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] \
+//         [--dump <file>] [--restore] [--leave-group]
 //
 // Topology: stream(source) -> groupByKey -> aggregate(running total, persistent RocksDB store "totals"
 // with its changelog) -> toStream -> mapValues({"customer": key, "total": total}) -> to(output).
+// With <output> "-" the last three steps are left out: the totals only go to the store (and its changelog).
 // The input is never repartitioned (the key is kept), so the task count equals the source's partitions.
+//
+// Options (anywhere among the arguments):
+//   --dump <file>  once the expected records have been aggregated, and before close(), the whole store is
+//                  read through interactive queries (KafkaStreams.store, all()) and written to <file>, one
+//                  "<key>\t<total>" line per key (written to <file>.partial, then renamed).
+//   --restore      register a StateRestoreListener (KafkaStreams.setGlobalStateRestoreListener) and report
+//                  the restore: meant for a run of an application id that already processed part of the
+//                  source (its changelog "<application id>-totals-changelog" holds the store) whose local
+//                  state directory was deleted; <expected messages> is then the number of new records.
+//   --leave-group  close with CloseOptions LEAVE_GROUP (Kafka Streams' default is to stay in the group until
+//                  the session times out, 45 s): a later run of the same application id then gets its
+//                  partitions at once instead of waiting for this run's members to time out.
 //
 // Measurement: the clock starts just before KafkaStreams.start() (so it includes the group join and
 // partition assignment, like the Python engine's run_worker) and stops when the aggregator has been
 // applied to the expected number of records (counted inside the aggregator, after it added the amount).
 // The app is then closed cleanly (which flushes the caches and, under exactly_once_v2, commits the open
-// transaction); the seconds until close() returned are printed too. One line on stdout is meant for
+// transaction); the seconds until close() returned are printed too. With --dump, the store is read between
+// the two: first the app waits until the stream threads' "process-total" metrics (recorded once a batch of
+// records went through the whole topology) reach the aggregator's count, so the last aggregate is in the
+// store, not only returned by the aggregator; the seconds that waiting and reading took are printed apart
+// and subtracted from <seconds until closed>. Restore (--restore): records restored = the sum of
+// onBatchRestored's counts; <seconds restoring> = from the first onRestoreStart to the last onRestoreEnd
+// (-1 if nothing was restored); the other figures are seconds from the clock's start. Restoring and
+// processing overlap: a task processes as soon as its own store is restored. Lines on stdout meant for
 // parsing:
 //
 //     RESULT <guarantee> <messages> <seconds until counted> <seconds until closed> <seconds until RUNNING>
+//     DUMP <keys written> <seconds waiting for the store and reading it>                        (--dump)
+//     RESTORE <records restored> <seconds restoring> <seconds until the first record was aggregated> \
+//         <seconds until all were aggregated> <seconds until the first restore started> \
+//         <seconds until the last restore ended> <restores started> <restores ended> <restores suspended>
 //
 // Everything else goes to stderr.
 
+import java.io.BufferedWriter;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.nio.file.StandardCopyOption;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.common.Metric;
+import org.apache.kafka.common.MetricName;
+import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.CloseOptions;
 import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.errors.InvalidStateStoreException;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.processor.StateRestoreListener;
+import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.QueryableStoreTypes;
+import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
 
 public final class RunningTotals {
     private static final String AMOUNT_FIELD = "\"amount\":";
+    private static final String STORE = "totals";
+    private static final String NO_OUTPUT = "-";
+    private static final String USAGE =
+        "usage: RunningTotals <bootstrap> <source> <output or -> <application id> <processing guarantee> "
+            + "<commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] "
+            + "[--dump <file>] [--restore] [--leave-group]";
+    /** How long the dump may wait for the store to be up to date and queryable (e.g. during a rebalance). */
+    private static final Duration DUMP_DEADLINE = Duration.ofMinutes(2);
 
     private RunningTotals() {}
 
@@ -69,23 +125,146 @@ public final class RunningTotals {
         return negative ? -value : value;
     }
 
+    /** Notes when restores start and end (System.nanoTime(), 0 = not yet) and counts the records restored. */
+    static final class RestoreClock implements StateRestoreListener {
+        final AtomicLong firstStartedAt = new AtomicLong();
+        final AtomicLong lastEndedAt = new AtomicLong();
+        final AtomicLong batchRecords = new AtomicLong();
+        final AtomicLong endRecords = new AtomicLong();
+        final AtomicInteger started = new AtomicInteger();
+        final AtomicInteger ended = new AtomicInteger();
+        final AtomicInteger suspended = new AtomicInteger();
+
+        @Override
+        public void onRestoreStart(TopicPartition partition, String store, long startOffset, long endOffset) {
+            firstStartedAt.compareAndSet(0, System.nanoTime());
+            started.incrementAndGet();
+        }
+
+        @Override
+        public void onBatchRestored(TopicPartition partition, String store, long batchEndOffset, long numRestored) {
+            batchRecords.addAndGet(numRestored);
+        }
+
+        @Override
+        public void onRestoreEnd(TopicPartition partition, String store, long totalRestored) {
+            endRecords.addAndGet(totalRestored);
+            ended.incrementAndGet();
+            lastEndedAt.accumulateAndGet(System.nanoTime(), Math::max);
+        }
+
+        @Override
+        public void onRestoreSuspended(TopicPartition partition, String store, long totalRestored) {
+            // The task moved (a rebalance) before its restore ended; it restarts where its new owner picks it up.
+            suspended.incrementAndGet();
+        }
+    }
+
+    /** Seconds from `began` to `at` (System.nanoTime() values), or -1 when `at` is 0 (never happened). */
+    static double secondsSince(long began, long at) {
+        return at == 0 ? -1.0 : (at - began) / 1e9;
+    }
+
+    /** The records the stream threads have put through the whole topology (their "process-total" metrics). */
+    static long processedPerMetrics(KafkaStreams streams) {
+        double total = 0;
+        for (Map.Entry<MetricName, ? extends Metric> entry : streams.metrics().entrySet()) {
+            MetricName name = entry.getKey();
+            if (name.group().equals("stream-thread-metrics") && name.name().equals("process-total")) {
+                total += ((Number) entry.getValue().metricValue()).doubleValue();
+            }
+        }
+        return Math.round(total);
+    }
+
+    /**
+     * Waits until the stream threads have finished the records the aggregator has seen (so the last aggregate
+     * was put into the store), then writes the whole store to `path` through interactive queries, retrying
+     * while the store is not queryable (the instance not RUNNING, or its tasks migrating). Returns the keys
+     * written.
+     */
+    static long dumpStore(KafkaStreams streams, AtomicLong aggregated, Path path)
+        throws IOException, InterruptedException {
+        long deadline = System.nanoTime() + DUMP_DEADLINE.toNanos();
+        while (processedPerMetrics(streams) < aggregated.get()) {
+            if (System.nanoTime() - deadline > 0) {
+                throw new IllegalStateException(
+                    "the stream threads' process-total stayed at " + processedPerMetrics(streams)
+                        + " below the aggregator's " + aggregated.get() + " for " + DUMP_DEADLINE);
+            }
+            Thread.sleep(10);
+        }
+        Path partial = path.resolveSibling(path.getFileName() + ".partial");
+        while (true) {
+            try {
+                ReadOnlyKeyValueStore<String, Long> store =
+                    streams.store(StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.keyValueStore()));
+                long keys = 0;
+                try (KeyValueIterator<String, Long> all = store.all();
+                     BufferedWriter out = Files.newBufferedWriter(partial)) {
+                    while (all.hasNext()) {
+                        KeyValue<String, Long> entry = all.next();
+                        out.write(entry.key);
+                        out.write('\t');
+                        out.write(Long.toString(entry.value));
+                        out.write('\n');
+                        keys++;
+                    }
+                }
+                Files.move(partial, path, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+                return keys;
+            } catch (InvalidStateStoreException exception) {
+                if (System.nanoTime() - deadline > 0) {
+                    throw exception;
+                }
+                System.err.println("store not queryable yet (" + streams.state() + "), retrying: " + exception);
+                Thread.sleep(100);
+            }
+        }
+    }
+
     public static void main(String[] args) throws InterruptedException {
-        if (args.length < 7) {
-            System.err.println(
-                "usage: RunningTotals <bootstrap> <source> <output> <application id> <processing guarantee> "
-                    + "<commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]]");
+        List<String> positional = new ArrayList<>();
+        String dump = null;
+        boolean restore = false;
+        boolean leaveGroup = false;
+        for (int i = 0; i < args.length; i++) {
+            if (args[i].equals("--dump")) {
+                if (i + 1 == args.length) {
+                    System.err.println("--dump needs a file\n" + USAGE);
+                    System.exit(2);
+                }
+                dump = args[++i];
+            } else if (args[i].equals("--restore")) {
+                restore = true;
+            } else if (args[i].equals("--leave-group")) {
+                leaveGroup = true;
+            } else if (args[i].startsWith("--")) {
+                System.err.println("unknown option " + args[i] + "\n" + USAGE);
+                System.exit(2);
+            } else {
+                positional.add(args[i]);
+            }
+        }
+        if (positional.size() < 7 || positional.size() > 10) {
+            System.err.println(USAGE);
             System.exit(2);
         }
-        String bootstrap = args[0];
-        String source = args[1];
-        String output = args[2];
-        String applicationId = args[3];
-        String guarantee = args[4];
-        long commitIntervalMs = Long.parseLong(args[5]);
-        long expected = Long.parseLong(args[6]);
-        String stateDir = args.length > 7 ? args[7] : null;
-        int threads = args.length > 8 ? Integer.parseInt(args[8]) : 1;
-        Long cacheBytes = args.length > 9 ? Long.valueOf(args[9]) : null;
+        String bootstrap = positional.get(0);
+        String source = positional.get(1);
+        String output = positional.get(2);
+        String applicationId = positional.get(3);
+        String guarantee = positional.get(4);
+        long commitIntervalMs = Long.parseLong(positional.get(5));
+        long expected = Long.parseLong(positional.get(6));
+        String stateDir = positional.size() > 7 ? positional.get(7) : null;
+        int threads = positional.size() > 8 ? Integer.parseInt(positional.get(8)) : 1;
+        Long cacheBytes = positional.size() > 9 ? Long.valueOf(positional.get(9)) : null;
+        Path dumpPath = dump == null ? null : Paths.get(dump);
+        if (expected <= 0) {
+            System.err.println("<expected messages> must be positive\n" + USAGE);
+            System.exit(2);
+        }
 
         Properties props = new Properties();
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
@@ -103,27 +282,34 @@ public final class RunningTotals {
 
         AtomicLong processed = new AtomicLong();
         CountDownLatch allProcessed = new CountDownLatch(1);
+        AtomicLong firstAt = new AtomicLong();
         AtomicLong countedAt = new AtomicLong();
 
         StreamsBuilder builder = new StreamsBuilder();
-        builder.stream(source, Consumed.with(Serdes.String(), Serdes.String()))
+        KTable<String, Long> totals = builder.stream(source, Consumed.with(Serdes.String(), Serdes.String()))
             .groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
             .aggregate(
                 () -> 0L,
                 (key, value, total) -> {
                     long updated = total + amount(value);
-                    if (processed.incrementAndGet() == expected) {
+                    long count = processed.incrementAndGet();
+                    if (count == 1) {
+                        firstAt.set(System.nanoTime());
+                    }
+                    if (count == expected) {
                         countedAt.set(System.nanoTime());
                         allProcessed.countDown();
                     }
                     return updated;
                 },
-                Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>as("totals")
+                Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>as(STORE)
                     .withKeySerde(Serdes.String())
-                    .withValueSerde(Serdes.Long()))
-            .toStream()
-            .mapValues((key, total) -> "{\"customer\":\"" + key + "\",\"total\":" + total + "}")
-            .to(output, Produced.with(Serdes.String(), Serdes.String()));
+                    .withValueSerde(Serdes.Long()));
+        if (!output.equals(NO_OUTPUT)) {
+            totals.toStream()
+                .mapValues((key, total) -> "{\"customer\":\"" + key + "\",\"total\":" + total + "}")
+                .to(output, Produced.with(Serdes.String(), Serdes.String()));
+        }
 
         KafkaStreams streams = new KafkaStreams(builder.build(), props);
         AtomicLong runningAt = new AtomicLong();
@@ -139,12 +325,31 @@ public final class RunningTotals {
             return org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse
                 .SHUTDOWN_CLIENT;
         });
+        RestoreClock restores = new RestoreClock();
+        if (restore) {
+            streams.setGlobalStateRestoreListener(restores);
+        }
 
         long began = System.nanoTime();
         streams.start();
         boolean done = allProcessed.await(30, TimeUnit.MINUTES);
         long counted = countedAt.get();
-        boolean closed = streams.close(Duration.ofMinutes(2));
+        long dumpedKeys = -1;
+        long dumpNanos = 0;
+        Exception dumpFailure = null;
+        if (dumpPath != null && done && counted != 0 && failure.get() == null) {
+            long dumpBegan = System.nanoTime();
+            try {
+                dumpedKeys = dumpStore(streams, processed, dumpPath);
+            } catch (IOException | RuntimeException exception) {
+                dumpFailure = exception;
+            }
+            dumpNanos = System.nanoTime() - dumpBegan;
+        }
+        boolean closed = leaveGroup
+            ? streams.close(CloseOptions.groupMembershipOperation(CloseOptions.GroupMembershipOperation.LEAVE_GROUP)
+                .withTimeout(Duration.ofMinutes(2)))
+            : streams.close(Duration.ofMinutes(2));
         long closedAt = System.nanoTime();
         streams.cleanUp();
 
@@ -155,6 +360,11 @@ public final class RunningTotals {
         }
         if (!done || counted == 0) {
             System.err.println("FAILED: processed " + processed.get() + " of " + expected + " records in 30 minutes");
+            System.exit(1);
+        }
+        if (dumpFailure != null) {
+            System.err.println("FAILED: dumping the store to " + dumpPath + ": " + dumpFailure);
+            dumpFailure.printStackTrace();
             System.exit(1);
         }
         if (!closed) {
@@ -171,7 +381,32 @@ public final class RunningTotals {
             guarantee,
             expected,
             (counted - began) / 1e9,
-            (closedAt - began) / 1e9,
-            running == 0 ? -1.0 : (running - began) / 1e9);
+            (closedAt - began - dumpNanos) / 1e9,
+            secondsSince(began, running));
+        if (dumpPath != null) {
+            System.out.printf("DUMP %d %.3f%n", dumpedKeys, dumpNanos / 1e9);
+        }
+        if (restore) {
+            long firstStarted = restores.firstStartedAt.get();
+            long lastEnded = restores.lastEndedAt.get();
+            if (restores.started.get() == 0) {
+                System.err.println("WARNING: --restore, but nothing was restored (a local state directory was left?)");
+            } else if (restores.suspended.get() == 0 && restores.endRecords.get() != restores.batchRecords.get()) {
+                System.err.println(
+                    "WARNING: onRestoreEnd reported " + restores.endRecords.get() + " records restored, "
+                        + "onBatchRestored " + restores.batchRecords.get());
+            }
+            System.out.printf(
+                "RESTORE %d %.3f %.3f %.3f %.3f %.3f %d %d %d%n",
+                restores.batchRecords.get(),
+                firstStarted == 0 || lastEnded == 0 ? -1.0 : (lastEnded - firstStarted) / 1e9,
+                secondsSince(began, firstAt.get()),
+                (counted - began) / 1e9,
+                secondsSince(began, firstStarted),
+                secondsSince(began, lastEnded),
+                restores.started.get(),
+                restores.ended.get(),
+                restores.suspended.get());
+        }
     }
 }

@@ -1,0 +1,464 @@
+"""This engine, Quix Streams and Kafka Streams side by side on the same data, with the ceilings.
+
+What it measures, on one broker (a local one it starts, or KAFKA_BOOTSTRAP_SERVERS's), each system
+in a process of its own, one after another:
+
+- "10k keys": a keyed running total (the JSON "amount" of each order added to a total per message
+  key in a persistent state store with a changelog; no output topic) over --messages orders and
+  --keys keys; messages/s.
+- "1M keys": the same over --distinct-keys keys (1M orders over 1M keys: every message a new key).
+- "restore": the store of the last "1M keys" run, its local state deleted, restored from its
+  changelog when the system restarts; then it processes --restore-messages orders appended for the
+  round. Records restored per second of restoring, and the seconds from the start until
+  processing resumed.
+
+Systems: `engine` (bench/engine_totals.py), `quix` (Quix Streams in a venv of its own,
+bench/quix/), `kafka-streams` (bench/kafka-streams, one stream thread) and `kafka-streams-N`
+(as many stream threads as cores; processing only). Each is given the same commit interval and
+partitions and its defaults otherwise (Kafka Streams: its 10 MiB record cache; this engine: its
+64 MiB one). Each figure is the median of --runs runs; every run's final state is checked against
+the totals recomputed from the source (a faster wrong answer fails the run and the script). The
+peak RSS of each system's process is reported too.
+
+Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py).
+
+Output: a table on stdout (the machine and settings first), and `results.json` and
+`results.png` (a bar chart) in --out. Run from the repository root:
+
+    .venv/bin/python bench/bench_compare.py                      # everything, about 30 minutes
+    .venv/bin/python bench/bench_compare.py --messages 200000 --distinct-keys 200000 --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from bench_core import amount, create_topic, engine_revision, load, produce_orders, total_ram
+from bench_kafka_streams import build_app, read_store_dump, run_java, run_restore, run_totals
+from bench_restore import bench_broker
+
+BENCH = Path(__file__).resolve().parent
+SYSTEMS = ("engine", "quix", "kafka-streams", "kafka-streams-N")
+WORKLOADS = ("10k keys", "1M keys", "restore")
+RESTORING_SYSTEMS = ("engine", "quix", "kafka-streams")
+
+
+@dataclass
+class Run:
+    """One run of one system on one workload."""
+
+    rate: float
+    """Messages/s (processing) or records restored per second of restoring (restore)."""
+    seconds: float
+    peak_rss_mib: float
+    seconds_until_processing: float | None = None
+    restored_records: int | None = None
+
+
+@dataclass
+class Figure:
+    system: str
+    workload: str
+    runs: list[Run] = field(default_factory=list)
+    last_group: str = ""
+    """The consumer group (application id) of the last run: the restore workload restores its store."""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(run.rate for run in self.runs)
+
+    @property
+    def median_rss(self) -> float:
+        return statistics.median(run.peak_rss_mib for run in self.runs)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A source topic and what every key's total must be once it was processed."""
+
+    topic: str
+    messages: int
+    keys: int
+
+    def key(self, i: int) -> str:
+        return f"c{i % self.keys}"
+
+    def expected(self, appended: list[list[tuple[str, int]]]) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for i in range(self.messages):
+            key = self.key(i)
+            totals[key] = totals.get(key, 0) + amount(i)
+        for round_ in appended:
+            for key, value in round_:
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a system
+
+
+def run_measured(command: list[str], what: str) -> float:
+    """Run `command` to its end; returns its peak RSS in MiB. Fails the script when it fails."""
+    process = run_java(command)
+    if process.returncode != 0:
+        tail = "\n".join((process.stdout + process.stderr).strip().splitlines()[-30:])
+        raise SystemExit(f"FAILED: {what} exited {process.returncode} after {process.wall:.0f} s:\n{tail}")
+    return process.peak_rss_mib or 0.0
+
+
+def check_totals(result: dict, expected: dict[str, int], what: str, complete: bool = True) -> None:
+    totals: dict[str, int] = result["totals"]
+    keys = expected if complete else totals
+    wrong = [(key, expected.get(key), totals.get(key)) for key in keys if totals.get(key) != expected.get(key)]
+    if wrong or (complete and len(totals) != len(expected)):
+        raise SystemExit(
+            f"FAILED: {what}: the totals of {len(wrong)} of {len(keys):,} keys are wrong ({len(totals):,} keys "
+            f"held, {len(expected):,} expected); first (key, expected, got): {wrong[:5]}"
+        )
+
+
+class Systems:
+    """Runs each system's side of the benchmark as a subprocess and returns its result JSON."""
+
+    def __init__(self, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+        self.bootstrap = bootstrap
+        self.work = work
+        self.args = args
+        self._quix_python: Path | None = None
+        self._kafka_streams_class_path: str | None = None
+
+    def prepare(self, systems: list[str]) -> None:
+        """Build what the systems need before anything is measured (a venv, a Maven build)."""
+        if "quix" in systems:
+            from quix_venv import quix_python
+
+            began = time.monotonic()
+            self._quix_python = quix_python()
+            print(f"quix venv: {self._quix_python} ({time.monotonic() - began:.1f} s)")
+        if any(system.startswith("kafka-streams") for system in systems):
+            began = time.monotonic()
+            self._kafka_streams_class_path = build_app()
+            print(f"kafka streams app built with Maven ({time.monotonic() - began:.1f} s)")
+
+    def run(self, system: str, workload: Workload, group: str, messages: int, restore: bool) -> tuple[dict, float]:
+        """(result JSON, peak RSS in MiB) of one run of `system` that processes `messages` of
+        `workload.topic` as consumer group / application id `group` (`restore`: its local state was
+        deleted, it restores it first)."""
+        result_path = self.work / f"{group}.json"
+        state_dir = self.work / "state" / group
+        common = [
+            "--bootstrap",
+            self.bootstrap,
+            "--source",
+            workload.topic,
+            "--group",
+            group,
+            "--state-dir",
+            str(state_dir),
+            "--messages",
+            str(messages),
+            "--commit-interval",
+            str(self.args.commit_interval),
+            "--result",
+            str(result_path),
+        ]
+        if system == "engine":
+            command = [
+                sys.executable,
+                str(BENCH / "engine_totals.py"),
+                *common,
+                "--partitions",
+                str(self.args.partitions),
+            ]
+        elif system == "quix":
+            assert self._quix_python is not None
+            mode = ["--mode", "restore" if restore else "process"]
+            command = [str(self._quix_python), str(BENCH / "quix" / "quix_totals.py"), *common, *mode]
+        else:
+            return self._run_kafka_streams(system, workload, group, messages, state_dir, restore)
+        rss = run_measured(command, f"{system} on {workload.topic} ({group})")
+        return orjson.loads(result_path.read_bytes()), rss
+
+    def _run_kafka_streams(
+        self, system: str, workload: Workload, group: str, messages: int, state_dir: Path, restore: bool
+    ) -> tuple[dict, float]:
+        """The Kafka Streams app's run, as the Python runners' result JSON."""
+        assert self._kafka_streams_class_path is not None
+        threads = (os.cpu_count() or 1) if system == "kafka-streams-N" else 1
+        dump = self.work / f"{group}.dump"
+        arguments = (self._kafka_streams_class_path, self.bootstrap, workload.topic, group, state_dir, messages)
+        interval = self.args.commit_interval
+        result: dict[str, Any] = {}
+        if restore:
+            restored = run_restore(*arguments, interval, threads, dump_path=dump, clear_state=False)
+            run = restored.run
+            result = {
+                "restored_records": restored.records_restored,
+                "restore_seconds": restored.seconds_restoring,
+                "seconds_until_processing": restored.seconds_first_record,
+            }
+        else:
+            run = run_totals(*arguments, interval, threads, dump_path=dump)
+        result |= {"messages": run.messages, "seconds": run.seconds, "totals": read_store_dump(dump)}
+        return result, run.peak_rss_mib or 0.0
+
+    def delete_state(self, group: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.work / "state" / group)
+
+
+# ----------------------------------------------------------------------------------------------
+# The workloads
+
+
+def processing(systems: Systems, names: list[str], workload: Workload, label: str, runs: int) -> list[Figure]:
+    expected = workload.expected([])
+    figures = {name: Figure(name, label) for name in names}
+    for run in range(runs):
+        for name in names:
+            group = f"bench-{name}-{label.replace(' ', '')}-{run}-{uuid.uuid4().hex[:6]}"
+            result, rss = systems.run(name, workload, group, workload.messages, restore=False)
+            check_totals(result, expected, f"{name}, {label}, run {run + 1}")
+            figure = Run(result["messages"] / result["seconds"], result["seconds"], rss)
+            figures[name].runs.append(figure)
+            figures[name].last_group = group
+            print(
+                f"{label:<9} {name:<16} run {run + 1}: {figure.rate:>10,.0f} msg/s  {figure.seconds:6.1f} s  "
+                f"peak RSS {rss:,.0f} MiB  (checked; load {load()})"
+            )
+    return list(figures.values())
+
+
+def restores(
+    systems: Systems, bootstrap: str, groups: dict[str, str], workload: Workload, runs: int, appended_count: int
+) -> list[Figure]:
+    figures = {name: Figure(name, "restore") for name in groups}
+    appended: list[list[tuple[str, int]]] = []
+    for run in range(runs):
+        appended.append(append_orders(bootstrap, workload, appended_count, run))
+        expected = workload.expected(appended)
+        for name, group in groups.items():
+            systems.delete_state(group)
+            result, rss = systems.run(name, workload, group, appended_count, restore=True)
+            check_totals(result, expected, f"{name}, restore, run {run + 1}", complete=result.get("complete", True))
+            restored, seconds = result["restored_records"], result["restore_seconds"]
+            figure = Run(restored / seconds, seconds, rss, result["seconds_until_processing"], restored)
+            figures[name].runs.append(figure)
+            print(
+                f"restore   {name:<16} run {run + 1}: {figure.rate:>10,.0f} records/s  {restored:,} records in "
+                f"{seconds:.1f} s; processing after {figure.seconds_until_processing:.1f} s  "
+                f"peak RSS {rss:,.0f} MiB  (checked; load {load()})"
+            )
+    return list(figures.values())
+
+
+def append_orders(bootstrap: str, workload: Workload, count: int, round_: int) -> list[tuple[str, int]]:
+    """Orders appended to `workload.topic` before a restore round: (key, amount) of each."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    orders = [(workload.key(i * 7919 + round_), 100 + i) for i in range(count)]
+    for key, value in orders:
+        producer.produce(workload.topic, key=key.encode(), value=orjson.dumps({"customer": key, "amount": value}))
+    if producer.flush(30):
+        raise SystemExit(f"FAILED: appending {count} orders to {workload.topic}")
+    return orders
+
+
+# ----------------------------------------------------------------------------------------------
+# Ceilings, report
+
+
+def ceilings(bootstrap: str, few: Workload, many: Workload, args: argparse.Namespace) -> list[dict]:
+    from ceilings import consume_only, parse_and_total, with_changelog
+
+    changelog = f"bench-ceiling-changelog-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, changelog, args.partitions)
+    measured = [
+        ("10k keys", few, lambda: consume_only(bootstrap, few.topic, args.partitions)),
+        ("10k keys", few, lambda: parse_and_total(bootstrap, few.topic, args.partitions)),
+        ("1M keys", many, lambda: parse_and_total(bootstrap, many.topic, args.partitions)),
+        (
+            "1M keys",
+            many,
+            lambda: with_changelog(bootstrap, many.topic, args.partitions, changelog, args.commit_interval),
+        ),
+    ]
+    rows = []
+    for label, workload, measure in measured:
+        ceiling = measure()
+        if ceiling.totals:
+            totals = {key.decode(): total for key, total in ceiling.totals.items()}
+            check_totals({"totals": totals}, workload.expected([]), f"ceiling {ceiling.name}")
+        rows.append({"workload": label, "name": ceiling.name, "rate": ceiling.rate, "messages": ceiling.messages})
+        print(f"ceiling   {label:<9} {ceiling.name:<40} {ceiling.rate:>10,.0f} msg/s")
+    return rows
+
+
+def machine() -> dict[str, str]:
+    import platform
+
+    return {
+        "cpus": str(os.cpu_count()),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "ram": total_ram(),
+        "load": load(),
+        "engine revision": engine_revision(),
+    }
+
+
+def print_table(figures: list[Figure], ceiling_rows: list[dict]) -> None:
+    by = {(figure.system, figure.workload): figure for figure in figures}
+    systems = [name for name in SYSTEMS if any(figure.system == name for figure in figures)]
+    print("\n== results (median of runs; restore in records/s, processing in messages/s; peak RSS in MiB)")
+    header = f"{'workload':<10}" + "".join(f"  {name:>16}" for name in systems)
+    header += "".join(f"  {'engine / ' + name:>24}" for name in systems if name != "engine")
+    print(header)
+    for workload in WORKLOADS:
+        row = [by.get((name, workload)) for name in systems]
+        if not any(row):
+            continue
+        cells = "".join(f"{f.median:>18,.0f}" if f else f"{'-':>18}" for f in row)
+        engine = by.get(("engine", workload))
+        ratios = "".join(
+            f"  {engine.median / f.median:>23.2f}x" if engine and f else f"  {'-':>24}"
+            for name, f in zip(systems, row, strict=True)
+            if name != "engine"
+        )
+        print(f"{workload:<10}{cells}{ratios}")
+        rss = "".join(f"{f.median_rss:>14,.0f} MiB" if f else f"{'-':>18}" for f in row)
+        print(f"{'  peak RSS':<10}{rss}")
+    restore = [f for f in figures if f.workload == "restore"]
+    for figure in restore:
+        until = statistics.median(run.seconds_until_processing or 0.0 for run in figure.runs)
+        print(f"restore {figure.system}: processing resumed {until:.1f} s after the start (median)")
+    for ceiling in ceiling_rows:
+        print(f"ceiling   {ceiling['workload']:<9} {ceiling['name']:<40} {ceiling['rate']:>10,.0f} msg/s")
+
+
+def write_outputs(out: Path, figures: list[Figure], ceiling_rows: list[dict], args: argparse.Namespace) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "machine": machine(),
+        "settings": {key: value for key, value in vars(args).items() if key != "out"},
+        "figures": [
+            {"system": f.system, "workload": f.workload, "median": f.median, "runs": [asdict(run) for run in f.runs]}
+            for f in figures
+        ],
+        "ceilings": ceiling_rows,
+    }
+    (out / "results.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    plot(out / "results.png", figures, ceiling_rows)
+    print(f"\nwrote {out / 'results.json'} and {out / 'results.png'}")
+
+
+def plot(path: Path, figures: list[Figure], ceiling_rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in WORKLOADS if any(f.workload == w for f in figures)]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4.5), squeeze=False)
+    for axis, workload in zip(axes[0], workloads, strict=True):
+        shown = [f for f in figures if f.workload == workload]
+        axis.bar([f.system for f in shown], [f.median for f in shown], color="tab:blue")
+        for row in ceiling_rows:
+            if row["workload"] == workload:
+                axis.axhline(row["rate"], linestyle="--", linewidth=1, color="grey")
+                axis.annotate(row["name"], (0, row["rate"]), fontsize=7, color="grey", va="bottom")
+        axis.set_title(workload)
+        axis.set_ylabel("records restored / s" if workload == "restore" else "messages / s")
+        axis.tick_params(axis="x", labelrotation=20)
+    fig.suptitle(f"median of runs; {os.cpu_count()} cores, one local broker")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=1_000_000, help="orders of each processing workload")
+    parser.add_argument("--keys", type=int, default=10_000, help="keys of the '10k keys' workload")
+    parser.add_argument("--distinct-keys", type=int, default=1_000_000, help="keys of the '1M keys' workload")
+    parser.add_argument("--restore-messages", type=int, default=60, help="orders appended before each restore")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds, for every system")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is reported)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--no-ceilings", action="store_true", help="skip the plain confluent-kafka loops")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where the JSON and PNG go")
+    args = parser.parse_args()
+    if min(args.messages, args.keys, args.distinct_keys, args.restore_messages, args.partitions, args.runs) <= 0:
+        parser.error("counts must be positive")
+    if "restore" in args.workloads and "1M keys" not in args.workloads:
+        parser.error("the restore workload restores the stores the '1M keys' runs built: select both")
+    return args
+
+
+def print_settings(args: argparse.Namespace) -> None:
+    print("== machine")
+    for name, value in machine().items():
+        print(f"{name + ':':<18}{value}")
+    print("== settings")
+    print(f"workloads:        {', '.join(args.workloads)}; systems: {', '.join(args.systems)}")
+    print(f"orders:           {args.messages:,} per processing workload, amounts 1..7, JSON")
+    print(f"keys:             {args.keys:,} ('10k keys'), {args.distinct_keys:,} ('1M keys')")
+    print(f"partitions:       {args.partitions}; commit interval {args.commit_interval} s; {args.runs} run(s) each")
+    print(f"restore:          local state deleted, then {args.restore_messages} orders appended per round")
+
+
+def main() -> None:
+    args = parse_args()
+    print_settings(args)
+    figures: list[Figure] = []
+    ceiling_rows: list[dict] = []
+    with bench_broker("bench-compare-") as (bootstrap, work):
+        systems = Systems(bootstrap, work, args)
+        systems.prepare(args.systems)
+        few = prepare_topic(bootstrap, Workload(f"bench-few-{uuid.uuid4().hex[:6]}", args.messages, args.keys), args)
+        many = prepare_topic(
+            bootstrap, Workload(f"bench-many-{uuid.uuid4().hex[:6]}", args.messages, args.distinct_keys), args
+        )
+        if not args.no_ceilings:
+            ceiling_rows = ceilings(bootstrap, few, many, args)
+        if "10k keys" in args.workloads:
+            figures += processing(systems, args.systems, few, "10k keys", args.runs)
+        if "1M keys" in args.workloads:
+            many_figures = processing(systems, args.systems, many, "1M keys", args.runs)
+            figures += many_figures
+            if "restore" in args.workloads:
+                groups = {f.system: f.last_group for f in many_figures if f.system in RESTORING_SYSTEMS}
+                figures += restores(systems, bootstrap, groups, many, args.runs, args.restore_messages)
+    print_table(figures, ceiling_rows)
+    write_outputs(args.out, figures, ceiling_rows, args)
+
+
+def prepare_topic(bootstrap: str, workload: Workload, args: argparse.Namespace) -> Workload:
+    create_topic(bootstrap, workload.topic, args.partitions)
+    keys = [workload.key(k) for k in range(workload.keys)]
+    seconds = produce_orders(bootstrap, workload.topic, workload.messages, lambda i: keys[i % workload.keys])
+    print(f"produced {workload.messages:,} orders over {workload.keys:,} keys to {workload.topic} in {seconds:.1f} s")
+    return workload
+
+
+if __name__ == "__main__":
+    main()

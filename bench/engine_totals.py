@@ -1,0 +1,120 @@
+"""This engine's side of bench_compare.py: a keyed running total, run in a process of its own.
+
+The same computation as bench/quix/quix_totals.py and bench/kafka-streams: the JSON "amount" of
+each order added to a total per message key, in store "totals" with its changelog, no output
+topic, the app's defaults except the commit interval. It runs one bounded worker until caught up:
+from the start of the source the first time; run again after the caller deleted the local state
+and appended messages, the worker first restores the store from its changelog (the report's
+restores say how many records and how long), then processes what was appended. The whole store is
+then read back and written, with the timings, as JSON to `--result`:
+
+    {"messages", "seconds", "seconds_closed", "seconds_until_processing", "restored_records",
+     "restore_seconds", "totals": {key: total}}
+
+"seconds" runs from just before the worker starts (group join included, as for the other
+systems) until its loop saw it was caught up; "seconds_closed" until run_worker returned (final
+commit and close); "seconds_until_processing" until the worker entered RUNNING (partitions
+assigned and restored). Run from the repository root with the project's venv:
+
+    .venv/bin/python bench/engine_totals.py --bootstrap 127.0.0.1:9092 --source orders \\
+        --partitions 6 --group bench-engine-1 --state-dir /tmp/state --messages 1000000 \
+        --result /tmp/engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import orjson
+
+from dagster_stateful.core import App, AppState, State
+from dagster_stateful.core.state.keys import split_store_key
+
+STORE = "totals"
+
+
+def add_to_total(order: dict, state: State) -> None:
+    state.set("total", state.get("total", 0) + order["amount"])
+
+
+def make_app(args: argparse.Namespace) -> App:
+    app = App(
+        name=args.group,
+        source=args.source,
+        stores=[STORE],
+        state_dir=args.state_dir,
+        kafka=args.bootstrap,
+        commit_interval=args.commit_interval,
+    )
+    app.dataframe().update(add_to_total, stateful=True)
+    return app
+
+
+def read_totals(app: App, partitions: int) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for partition in range(partitions):
+        part = app.state.partition(STORE, partition)
+        if not part.path.exists():
+            continue
+        part.open()
+        try:
+            for key, value in part.items():
+                message_key, state_key = split_store_key(key)
+                if state_key == b"total":
+                    totals[message_key.decode()] = orjson.loads(value)
+        finally:
+            part.close()
+    return totals
+
+
+def run(args: argparse.Namespace) -> dict:
+    app = make_app(args)
+    entered: dict[AppState, float] = {}
+
+    def note(new: AppState, old: AppState) -> None:
+        entered.setdefault(new, time.monotonic())
+
+    app.add_state_listener(note)
+    began = time.monotonic()
+    report = app.run_worker(until_caught_up=True)
+    closed = time.monotonic() - began
+    if report.total_processed != args.messages or report.total_lag:
+        raise SystemExit(
+            f"FAILED: the worker processed {report.total_processed:,} of {args.messages:,} messages "
+            f"(lag left {report.total_lag}, stop reason {report.stop_reason})"
+        )
+    loop_done = entered.get(AppState.PENDING_SHUTDOWN, began + closed) - began
+    running = entered.get(AppState.RUNNING)
+    return {
+        "messages": report.total_processed,
+        "seconds": loop_done,
+        "seconds_closed": closed,
+        "seconds_until_processing": None if running is None else running - began,
+        "restored_records": sum(restore.records_applied for restore in report.restores),
+        "restore_seconds": sum(restore.seconds for restore in report.restores),
+        "totals": read_totals(app, args.partitions),
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--group", required=True, help="the app's name (its consumer group and topics' prefix)")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--messages", type=int, required=True, help="messages this run must process")
+    parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds")
+    parser.add_argument("--partitions", type=int, required=True, help="of the source topic")
+    parser.add_argument("--result", type=Path, required=True, help="where the JSON result is written")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    args.result.write_bytes(orjson.dumps(run(args)))
+
+
+if __name__ == "__main__":
+    main()

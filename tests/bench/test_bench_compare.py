@@ -1,0 +1,48 @@
+"""A smoke run of bench/bench_compare.py on tiny data, so that the side-by-side harness cannot rot.
+
+Every system (this engine, Quix Streams in its own venv, Kafka Streams built with Maven, with one
+thread and with one per core) runs every workload once, against the session's broker; the harness
+itself checks each run's final state against the totals recomputed from the source. What a user
+would look at is then checked here: the exit status, one figure per system and workload in
+results.json, the ceilings, and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEMS = ["engine", "quix", "kafka-streams", "kafka-streams-N"]
+
+
+def test_every_system_runs_every_workload_and_is_checked(kafka_bootstrap, tmp_path):
+    out = tmp_path / "results"
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "bench_compare.py"),
+        *("--messages", "2000", "--keys", "40", "--distinct-keys", "2000", "--restore-messages", "12"),
+        *("--commit-interval", "1", "--runs", "1", "--out", str(out)),
+    ]
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
+    document = orjson.loads((out / "results.json").read_bytes())
+    figures = {(figure["system"], figure["workload"]): figure for figure in document["figures"]}
+    expected = {(system, workload) for system in SYSTEMS for workload in ("10k keys", "1M keys")}
+    expected |= {(system, "restore") for system in SYSTEMS if system != "kafka-streams-N"}
+    assert set(figures) == expected
+    for figure in figures.values():
+        (run,) = figure["runs"]
+        assert run["rate"] > 0 and run["peak_rss_mib"] > 0, figure
+    for system in ("engine", "quix", "kafka-streams"):
+        restore = figures[(system, "restore")]["runs"][0]
+        assert restore["restored_records"] >= 2000, f"{system} restored the whole store"
+    assert {ceiling["name"] for ceiling in document["ceilings"]} >= {"consume only"}
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert finished.stdout.count("(checked;") == len(expected)
