@@ -227,6 +227,10 @@ class Committer:
                 return
             except BufferError:
                 self._producer.poll(0.1)
+            except KafkaException as error:
+                if self.transactions is not None:
+                    self.transactions.raise_if_fenced(f"producing a record to {topic}", error)
+                raise
 
     def _refuse_after_failure(self, partitions: list[int]) -> None:
         """Raise again when an earlier commit failed, or a delivery report since brought a failure."""

@@ -119,6 +119,14 @@ class KafkaTransactions:
         except (KafkaException, DeliveryError) as error:
             log.warning("Aborting the open transaction failed (%s); the broker aborts it", error)
 
+    def raise_if_fenced(self, doing: str, error: KafkaException) -> None:
+        """Raise `ProducerFencedError` when `error` is the producer's fatal one: once fenced, a
+        transactional producer refuses even to enqueue a record (librdkafka's _FATAL)."""
+        kafka_error = _kafka_error(error)
+        if kafka_error is not None and (kafka_error.fatal() or kafka_error.code() == KafkaError._FATAL):
+            self.open = False
+            raise ProducerFencedError(_fenced_message(doing, kafka_error)) from error
+
     def _call(self, doing: str, call: Callable[[float], _T]) -> _T:
         deadline = time.monotonic() + self._timeout
         while True:
