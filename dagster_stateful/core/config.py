@@ -80,7 +80,7 @@ class AppConfig:
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     """Bound of the worker's record caches, all store partitions together (Kafka Streams'
     `statestore.cache.max.bytes`): the latest value of the keys read or written lately, counted as
-    key, value and 100 bytes of overhead per entry. Past it the worker evicts clean entries (oldest
+    key, value and 200 bytes of overhead per entry. Past it the worker evicts clean entries (oldest
     first), and commits early when uncommitted writes alone exceed it. 0 keeps no
     read cache and commits after every consumed batch that wrote state."""
     use_changelog_topics: bool = True

@@ -4,20 +4,32 @@ Owns how one state partition is laid out in RocksDB: raw bytes keys and values i
 column family, and the partition's offsets in a `__meta__` column family, written in the same
 WriteBatch as the data so data and offsets can never disagree. Also bulk loading through sorted
 SST files (`SortedSstWriter`), used when a store is rebuilt from scratch, locally or by Spark tasks.
+
+Memory is bounded per process, however many store partitions are open: every database shares one
+LRU block cache (`BLOCK_CACHE_BYTES`) that also holds index and filter blocks and is charged for
+every memtable by one write-buffer manager (`MEMTABLE_BYTES`), which makes the database being
+written flush once all memtables together pass that bound. Table files carry bloom filters, so
+reading a key that is absent (every new key) skips the files that cannot hold it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from rocksdict import (
+    BlockBasedIndexType,
+    BlockBasedOptions,
+    Cache,
     IngestExternalFileOptions,
     Options,
     Rdict,
     SstFileWriter,
     WriteBatch,
+    WriteBufferManager,
     WriteOptions,
 )
 
@@ -29,9 +41,72 @@ _CORRUPTION_STATUS = "Corruption:"
 _SHORTAGES = ("Too many open files", "No space left on device", "Cannot allocate memory")
 """What RocksDB's status says when the machine, not the data, is at fault."""
 
+_MiB: Final = 1024 * 1024
+BLOCK_CACHE_BYTES: Final = 64 * _MiB
+"""Capacity of the process's one block cache: data, index and filter blocks, and the memtables charged to it."""
+MEMTABLE_BYTES: Final = 32 * _MiB
+"""All memtables of the process together: past 7/8 of it, the next database written flushes its own. Writes
+never wait for that flush, so memtables still being flushed may briefly take the total past it."""
+WRITE_BUFFER_BYTES: Final = 16 * _MiB
+"""One column family's memtable (Kafka Streams' default): it is flushed when full, even under `MEMTABLE_BYTES`."""
+MAX_WRITE_BUFFERS: Final = 3
+"""Memtables one column family may hold (one written, the others being flushed) before writes stall."""
+BLOOM_BITS_PER_KEY: Final = 10
+"""About 1% false positives."""
+BLOCK_BYTES: Final = 4 * 1024
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """The block cache and write-buffer manager every database of this process uses."""
+
+    cache: Cache
+    write_buffers: WriteBufferManager
+
+
+_shared: SharedMemory | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_memory() -> SharedMemory:
+    """The process's block cache and write-buffer manager, made on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            cache = Cache(BLOCK_CACHE_BYTES)
+            # No stall: a writer waiting for memory that only idle databases hold would wait forever.
+            manager = WriteBufferManager.new_write_buffer_manager_with_cache(MEMTABLE_BYTES, False, cache)
+            _shared = SharedMemory(cache, manager)
+        return _shared
+
+
+def _table_options() -> BlockBasedOptions:
+    """Table files with bloom filters, and with index and filters in the shared cache, partitioned so
+    that a lookup loads a small piece of them rather than a whole file's (only their top level stays pinned)."""
+    table = BlockBasedOptions()
+    table.set_block_cache(shared_memory().cache)
+    table.set_block_size(BLOCK_BYTES)
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_index_type(BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_metadata_block_size(BLOCK_BYTES)
+    table.set_pin_top_level_index_and_filter(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    return table
+
+
+def _column_family_options() -> Options:
+    options = Options(raw_mode=True)
+    options.set_block_based_table_factory(_table_options())
+    options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+    options.set_max_write_buffer_number(MAX_WRITE_BUFFERS)
+    return options
+
 
 def _options() -> Options:
-    options = Options(raw_mode=True)
+    options = _column_family_options()
+    options.set_write_buffer_manager(shared_memory().write_buffers)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     # Restores write without the WAL: RocksDB must never flush the offsets without their data.
@@ -50,7 +125,7 @@ class PartitionDatabase:
         # rocksdict's stub declares a method; at run time `disable_wal` is a settable property.
         self._fast_writes.disable_wal = True  # type: ignore[method-assign, assignment]
         try:
-            self._db = Rdict(str(path), _options(), column_families={META_COLUMN_FAMILY: Options(raw_mode=True)})
+            self._db = Rdict(str(path), _options(), column_families={META_COLUMN_FAMILY: _column_family_options()})
         except Exception as error:
             raise self._open_error(error) from error
         self._meta_handle = self._db.get_column_family_handle(META_COLUMN_FAMILY)
@@ -160,6 +235,11 @@ class PartitionDatabase:
     def estimated_keys(self) -> int:
         return self._db.property_int_value("rocksdb.estimate-num-keys") or 0
 
+    def rocksdb_property(self, name: str, meta: bool = False) -> str | None:
+        """A RocksDB property of the data (`meta`: of the offsets' column family), e.g.
+        "rocksdb.cur-size-all-mem-tables" or "rocksdb.block-cache-usage"; None when RocksDB has no such property."""
+        return (self._meta if meta else self._db).property_value(name)
+
     def ingest_sorted(
         self, records: Iterable[tuple[bytes, bytes]], scratch_dir: Path, records_per_file: int = DEFAULT_RECORDS_PER_SST
     ) -> int:
@@ -235,6 +315,13 @@ def _current_names_missing_manifest(path: Path) -> bool:
     return bool(manifest) and not (path / manifest).is_file()
 
 
+def _sst_options() -> Options:
+    """The databases' table format, so that ingested files have bloom filters too."""
+    options = Options(raw_mode=True)
+    options.set_block_based_table_factory(_table_options())
+    return options
+
+
 @dataclass(frozen=True)
 class SstFile:
     path: str
@@ -270,7 +357,7 @@ class SortedSstWriter:
     def _file(self) -> SstFileWriter:
         if self._writer is None or self._current >= self._records_per_file:
             self._close_file()
-            self._writer = SstFileWriter(options=Options(raw_mode=True))
+            self._writer = SstFileWriter(options=_sst_options())
             self._writer.open(str(self._directory / f"{self._prefix}-{len(self._files):05d}.sst"))
         return self._writer
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from dagster_stateful.core import AppConfig, BytesSerde, IntSerde, JsonSerde, StrSerde
@@ -142,3 +144,21 @@ def test_get_returns_a_new_object_so_in_place_changes_count_only_when_set(transa
     record["n"] = 555  # after set: the stored bytes are already taken
     transaction.accept_message(1)
     assert list(transaction.changes("totals")) == [(message_prefix(b"A") + b"record", b'{"n":2}', 1)]
+
+
+def test_cached_json_values_cost_their_size_not_a_serializer_buffer(transaction):
+    """orjson's own output keeps the 4 KiB buffer it was written in; a store of 1M keys would hold
+    4 GiB in the record cache for values of a few bytes."""
+    keys = [f"c{k}".encode() for k in range(5000)]
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for offset, key in enumerate(keys):
+            transaction.begin_message(key, offset)
+            transaction.states["totals"].set("total", offset)
+            transaction.accept_message(offset)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert (held - before) / len(keys) < 500, "bytes held per cached entry"
