@@ -374,11 +374,14 @@ def plot(path: Path, figures: list[Figure], ceiling_rows: list[dict]) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4.5), squeeze=False)
     for axis, workload in zip(axes[0], workloads, strict=True):
         shown = [f for f in figures if f.workload == workload]
-        axis.bar([f.system for f in shown], [f.median for f in shown], color="tab:blue")
-        for row in ceiling_rows:
-            if row["workload"] == workload:
-                axis.axhline(row["rate"], linestyle="--", linewidth=1, color="grey")
-                axis.annotate(row["name"], (0, row["rate"]), fontsize=7, color="grey", va="bottom")
+        bars = axis.bar([f.system for f in shown], [f.median for f in shown], color="tab:blue")
+        axis.bar_label(bars, labels=[f"{f.median / 1000:,.0f}k" for f in shown], fontsize=8)
+        lines = [row for row in ceiling_rows if row["workload"] == workload]
+        for row, style in zip(lines, ("--", ":", "-.", (0, (1, 4))), strict=False):
+            axis.axhline(row["rate"], linestyle=style, linewidth=1, color="grey", label=f"ceiling: {row['name']}")
+        axis.set_ylim(0, 1.35 * max([f.median for f in shown] + [row["rate"] for row in lines]))
+        if lines:
+            axis.legend(fontsize=7, loc="upper right")
         axis.set_title(workload)
         axis.set_ylabel("records restored / s" if workload == "restore" else "messages / s")
         axis.tick_params(axis="x", labelrotation=20)

@@ -46,7 +46,7 @@ topic and, once the expected records were aggregated, writes its whole store (re
 queries) to a file (read_store_dump, check_store_dump, expected_totals); run_restore() runs it again for the
 same application id with its local state deleted, so the store is restored from the changelog, processes the
 records appended since and reports the restore (a StateRestoreListener) before dumping the store. Every
-result carries the java process's peak RSS (os.wait4's ru_maxrss).
+result carries the java process's peak RSS (its VmHWM, sampled: see PeakRss).
 
 Run it from the repository root:
 
@@ -105,7 +105,7 @@ class RunResult:
     wall: float
     """Of the whole java process, JVM start-up included."""
     peak_rss_mib: float | None = None
-    """Peak resident set size of the java process (ru_maxrss from os.wait4), in MiB; None if not reported."""
+    """Peak resident set size of the java process (its VmHWM, see PeakRss), in MiB; None if not seen."""
     dumped_keys: int | None = None
     """Keys written to dump_path (runs with a store dump only)."""
     dump_seconds: float | None = None
@@ -206,23 +206,26 @@ class JavaRun:
 
 
 def run_java(command: list[str], timeout_s: float = APP_TIMEOUT_S) -> JavaRun:
-    """Run `command` (stdout and stderr to temporary files) and reap it with os.wait4, which gives its peak RSS
-    (ru_maxrss: KiB on Linux); killed after `timeout_s` seconds (then returncode is negative)."""
+    """Run `command` (stdout and stderr to temporary files) until it exits, killed after `timeout_s`
+    seconds (then returncode is negative); its peak RSS is its VmHWM, read every 0.1 s (see
+    `PeakRss`)."""
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
         began = time.monotonic()
         process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+        peak = PeakRss(process.pid, command)
         timer = threading.Timer(timeout_s, process.kill)
         timer.start()
         try:
-            _, status, usage = os.wait4(process.pid, 0)
+            peak.start()
+            process.wait()
         except BaseException:
             process.kill()
             process.wait()
             raise
         finally:
             timer.cancel()
+            peak.stop()
         wall = time.monotonic() - began
-        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
         stdout.seek(0)
         stderr.seek(0)
         return JavaRun(
@@ -230,8 +233,48 @@ def run_java(command: list[str], timeout_s: float = APP_TIMEOUT_S) -> JavaRun:
             stdout=stdout.read().decode(errors="replace"),
             stderr=stderr.read().decode(errors="replace"),
             wall=wall,
-            peak_rss_mib=usage.ru_maxrss / 1024 if usage.ru_maxrss > 0 else None,
+            peak_rss_mib=peak.mib,
         )
+
+
+class PeakRss(threading.Thread):
+    """The peak RSS of a child process, from its /proc status (VmHWM) read every 0.1 s while it runs.
+
+    Not `os.wait4`'s ru_maxrss: Linux carries the high-water mark of the memory a child had before
+    `exec` over into it, and that memory was a copy of this (possibly large) process. VmHWM belongs
+    to the memory the command itself uses; it is read only once /proc shows the command's own
+    command line, i.e. after `exec`."""
+
+    def __init__(self, pid: int, command: list[str]) -> None:
+        super().__init__(daemon=True)
+        self._status = Path(f"/proc/{pid}/status")
+        self._cmdline = Path(f"/proc/{pid}/cmdline")
+        self._expected = "\0".join(command).encode()
+        self._done = threading.Event()
+        self.kib = 0
+
+    @property
+    def mib(self) -> float | None:
+        return self.kib / 1024 if self.kib else None
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            self._sample()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self.is_alive():
+            self.join()
+
+    def _sample(self) -> None:
+        try:
+            if not self._cmdline.read_bytes().startswith(self._expected):
+                return
+            for line in self._status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.kib = max(self.kib, int(line.split()[1]))
+        except (OSError, ValueError):
+            return
 
 
 def app_command(

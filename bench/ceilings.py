@@ -40,27 +40,19 @@ class Ceiling:
 
 
 def _consume_all(bootstrap: str, topic: str, partitions: int, each_batch: Callable[[list[Message]], None]) -> int:
-    """Every record of `topic` (up to its high watermarks now) through `each_batch`; returns the count."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-ceiling-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
+    """Every record of `topic` (up to its high watermarks now) through `each_batch`; returns the count.
+    The topic must not be compacted: its records are counted, not their offsets looked at."""
+    group = f"bench-ceiling-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
-        remaining = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in remaining])
+        ranges = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in range(partitions)]
+        expected = sum(high - low for low, high in ranges)
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in enumerate(ranges)])
         count = 0
-        while remaining:
+        while count < expected:
             batch = consumer.consume(CONSUME_BATCH, timeout=1.0)
             each_batch(batch)
             count += len(batch)
-            for message in batch:
-                partition, offset = message.partition(), message.offset()
-                if partition in remaining and offset is not None and offset + 1 >= ends[partition]:
-                    remaining.discard(partition)
         return count
     finally:
         consumer.close()
