@@ -93,11 +93,7 @@ class BatchProcessor:
             if restoring is not None:
                 restoring.note_arrival(offset)  # processed once its restore is done
             return index + 1, 0
-        done, damaged = 0, False
-        try:
-            done, damaged = self._run_partition(messages, index, end, budget, partition, txn)
-        finally:
-            self._counts[partition] = self._counts.get(partition, 0) + done
+        done, damaged = self._run_partition(messages, index, end, budget, partition, txn)
         return index + done + damaged, done
 
     def _run_partition(
@@ -106,52 +102,55 @@ class BatchProcessor:
         """The hot loop: consecutive messages of `partition` from `index`, at most `budget`. Returns
         how many it processed (each either processed or passed by the error policy), and whether it
         stopped on a message that found its store damaged (that message comes again from the
-        restored store's offsets)."""
+        restored store's offsets). Counts them in the worker's report, even when the error policy raises."""
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
         stateful, output, prefixes = self._stateful, self._output, self._prefixes
         states, begin, journals = txn.states, txn.begin_scoped, txn.journals
         done = 0
-        while done < budget and index + done < end:
-            message = messages[index + done]
-            if message.partition() != partition or message.error() is not None:
-                break
-            offset: int = message.offset()  # type: ignore[assignment]  # set: same partition as the first
-            raw_key, raw_value = message.key(), message.value()
-            try:
-                if key_check is not None and raw_key is not None:
-                    key_check(raw_key)
-                value = value_loads(raw_value) if raw_value is not None else None
-            except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-                self._reject(message, txn, "deserializing the key or value", self._decode_error(message, error))
-                done += 1
-                continue
-            if stateful:
-                if raw_key is None:
-                    self._reject(message, txn, "stateful step", ValueError(NO_KEY))
+        try:
+            while done < budget and index + done < end:
+                message = messages[index + done]
+                if message.partition() != partition or message.error() is not None:
+                    break
+                offset: int = message.offset()  # type: ignore[assignment]  # set: same partition as the first
+                raw_key, raw_value = message.key(), message.value()
+                try:
+                    if key_check is not None and raw_key is not None:
+                        key_check(raw_key)
+                    value = value_loads(raw_value) if raw_value is not None else None
+                except Exception as error:  # noqa: BLE001 - any codec failure is bad input
+                    self._reject(message, txn, "deserializing the key or value", self._decode_error(message, error))
                     done += 1
                     continue
-                prefix = prefixes.get(raw_key)
-                if prefix is None:
-                    prefix = self._remember_prefix(raw_key)
-                begin(prefix, offset)
-            try:
-                result = run_steps(value, states)
-            except StepFailed as failure:
-                self._reject(message, txn, f"step {failure.step!r}", failure.error)
+                if stateful:
+                    if raw_key is None:
+                        self._reject(message, txn, "stateful step", ValueError(NO_KEY))
+                        done += 1
+                        continue
+                    prefix = prefixes.get(raw_key)
+                    if prefix is None:
+                        prefix = self._remember_prefix(raw_key)
+                    begin(prefix, offset)
+                try:
+                    result = run_steps(value, states)
+                except StepFailed as failure:
+                    self._reject(message, txn, f"step {failure.step!r}", failure.error)
+                    done += 1
+                    continue
+                except StoreCorruptedError as damage:
+                    txn.discard_message()
+                    self._on_damage(partition, damage)
+                    return done, True
+                for journal in journals:  # what txn.accept_message(offset) does, without a call
+                    if journal:
+                        journal.clear()
+                txn.next_offset = offset + 1
+                if output is not None and result is not DROPPED:
+                    self._produce(output, raw_key, self._output_dumps(result))
                 done += 1
-                continue
-            except StoreCorruptedError as damage:
-                txn.discard_message()
-                self._on_damage(partition, damage)
-                return done, True
-            for journal in journals:  # what txn.accept_message(offset) does, without a call
-                if journal:
-                    journal.clear()
-            txn.next_offset = offset + 1
-            if output is not None and result is not DROPPED:
-                self._produce(output, raw_key, self._output_dumps(result))
-            done += 1
-        return done, False
+            return done, False
+        finally:
+            self._counts[partition] = self._counts.get(partition, 0) + done
 
     def _remember_prefix(self, message_key: bytes) -> bytes:
         prefixes = self._prefixes

@@ -123,10 +123,12 @@ def test_raise_stops_at_undeserializable_message_and_commits_nothing_past_it(kaf
     states: list[AppState] = []
     app.add_state_listener(lambda new, _old: states.append(new))
 
+    worker = app.worker(max_seconds=60)
     with pytest.raises(ProcessingError) as raised:
-        app.run_worker(max_seconds=60)
+        worker.run()
 
     error = raised.value
+    assert worker.report.messages_processed == {0: bad_offset}, "the report counts what came before it"
     assert f"{source}[0] offset {bad_offset}" in str(error), str(error)
     assert (error.topic, error.partition, error.offset) == (source, 0, bad_offset)
     assert states[-1] is AppState.ERROR
