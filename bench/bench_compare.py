@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
+import shutil
 import statistics
 import sys
 import time
@@ -45,6 +47,9 @@ import orjson
 from bench_core import amount, create_topic, engine_revision, load, produce_orders, total_ram
 from bench_kafka_streams import build_app, read_store_dump, run_java, run_restore, run_totals
 from bench_restore import bench_broker
+from ceilings import consume_only, parse_and_total, with_changelog
+from confluent_kafka import Producer
+from quix_venv import quix_python
 
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("engine", "quix", "kafka-streams", "kafka-streams-N")
@@ -140,8 +145,6 @@ class Systems:
     def prepare(self, systems: list[str]) -> None:
         """Build what the systems need before anything is measured (a venv, a Maven build)."""
         if "quix" in systems:
-            from quix_venv import quix_python
-
             began = time.monotonic()
             self._quix_python = quix_python()
             print(f"quix venv: {self._quix_python} ({time.monotonic() - began:.1f} s)")
@@ -213,8 +216,6 @@ class Systems:
         return result, run.peak_rss_mib or 0.0
 
     def delete_state(self, group: str) -> None:
-        import shutil
-
         shutil.rmtree(self.work / "state" / group)
 
 
@@ -265,8 +266,6 @@ def restores(
 
 def append_orders(bootstrap: str, workload: Workload, count: int, round_: int) -> list[tuple[str, int]]:
     """Orders appended to `workload.topic` before a restore round: (key, amount) of each."""
-    from confluent_kafka import Producer
-
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     orders = [(workload.key(i * 7919 + round_), 100 + i) for i in range(count)]
     for key, value in orders:
@@ -281,8 +280,6 @@ def append_orders(bootstrap: str, workload: Workload, count: int, round_: int) -
 
 
 def ceilings(bootstrap: str, few: Workload, many: Workload, args: argparse.Namespace) -> list[dict]:
-    from ceilings import consume_only, parse_and_total, with_changelog
-
     changelog = f"bench-ceiling-changelog-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, changelog, args.partitions)
     measured = [
@@ -307,8 +304,6 @@ def ceilings(bootstrap: str, few: Workload, many: Workload, args: argparse.Names
 
 
 def machine() -> dict[str, str]:
-    import platform
-
     return {
         "cpus": str(os.cpu_count()),
         "platform": platform.platform(),

@@ -43,10 +43,10 @@ which reaches Maven Central the first time.
 
 As a library (bench/bench_compare.py): build_app() once, then run_totals() runs the app with no output
 topic and, once the expected records were aggregated, writes its whole store (read through interactive
-queries) to a file (read_store_dump, check_store_dump, expected_totals); run_restore() runs it again for the
-same application id with its local state deleted, so the store is restored from the changelog, processes the
-records appended since and reports the restore (a StateRestoreListener) before dumping the store. Every
-result carries the java process's peak RSS (its VmHWM, sampled: see PeakRss).
+queries) to a file (read_store_dump); run_restore() runs it again for the same application id with
+its local state deleted, so the store is restored from the changelog, processes the records appended
+since and reports the restore (a StateRestoreListener) before dumping the store. Every result carries
+the java process's peak RSS (its VmHWM, sampled: see PeakRss).
 
 Run it from the repository root:
 
@@ -67,7 +67,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -489,29 +488,6 @@ def read_store_dump(path: Path) -> dict[str, int]:
             key, _, total = line.rstrip("\n").partition("\t")
             totals[key] = int(total)
     return totals
-
-
-def expected_totals(count: int, key_of: Callable[[int], str], start: Mapping[str, int] | None = None) -> dict[str, int]:
-    """The totals after `count` orders produced by bench_core.produce_orders with `key_of` (message i: key
-    key_of(i), amount amount(i)), added to `start` (e.g. the totals of orders produced before)."""
-    totals = dict(start or {})
-    for i in range(count):
-        key = key_of(i)
-        totals[key] = totals.get(key, 0) + amount(i)
-    return totals
-
-
-def check_store_dump(path: Path, expected: Mapping[str, int], what: str) -> int:
-    """SystemExit unless the dump at `path` holds exactly the totals `expected`; returns the keys checked."""
-    got = read_store_dump(path)
-    wrong = [(key, total, got.get(key)) for key, total in expected.items() if got.get(key) != total]
-    extra = sorted(set(got) - set(expected))
-    if wrong or extra:
-        raise SystemExit(
-            f"FAILED: {what}: the store dump {path} has wrong totals for {len(wrong)} of {len(expected)} keys "
-            f"and {len(extra)} unexpected keys; first (key, expected, got): {wrong[:5]}; unexpected: {extra[:5]}"
-        )
-    return len(got)
 
 
 def warm_up(class_path: str, bootstrap: str, run_id: str, scratch_dir: Path, args: argparse.Namespace) -> None:

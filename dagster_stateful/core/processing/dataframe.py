@@ -42,14 +42,34 @@ class Step:
         return getattr(self.function, "__name__", repr(self.function))
 
 
+StepCall = Callable[[Any, Mapping[str, State]], Any]
+"""(value, states by store) -> what the step returns."""
+
+
+def _call_step(step: Step) -> StepCall:
+    """The step as a function of (value, states): it raises `StepFailed` for what the step raises,
+    except `StateStoreError`, which passes through."""
+    function, store, name = step.function, step.store, step.name
+
+    def call(value: Any, states: Mapping[str, State]) -> Any:
+        try:
+            return function(value) if store is None else function(value, states[store])
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return call
+
+
 class StreamingDataFrame:
     """The app's steps, in order. Methods add a step and return the same frame."""
 
     def __init__(self, store_names: list[str]) -> None:
         self._store_names = store_names
         self._steps: tuple[Step, ...] = ()
-        self._chain: tuple[tuple[str, Callable[..., Any], str | None, str], ...] = ()
-        """The steps as plain tuples, for `run` (one attribute lookup per message, not four per step)."""
+        self._chain: tuple[tuple[str, StepCall], ...] = ()
+        """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -79,7 +99,7 @@ class StreamingDataFrame:
             stateful = True
         step = Step(kind, function, self._resolve_store(store) if stateful else None)
         self._steps += (step,)
-        self._chain += ((step.kind, step.function, step.store, step.name),)
+        self._chain += ((step.kind, _call_step(step)),)
         return self
 
     def _resolve_store(self, store: str | None) -> str:
@@ -93,34 +113,25 @@ class StreamingDataFrame:
             raise ConfigurationError(f"unknown store {store!r}; the app declares {self._store_names}")
         return store
 
-    def compiled(self) -> Callable[[Any, Mapping[str, State]], Any]:
+    def compiled(self) -> StepCall:
         """A function doing what `run` does; for a frame of one `apply` or `update` step, without
         the loop over the steps (call it again after adding steps)."""
         if len(self._chain) != 1 or self._chain[0][0] == "filter":
             return self.run
-        kind, function, store, name = self._chain[0]
-        passes_value = kind == "update"
+        kind, call = self._chain[0]
+        if kind == "apply":
+            return call
 
-        def run_one(value: Any, states: Mapping[str, State]) -> Any:
-            try:
-                result = function(value) if store is None else function(value, states[store])
-            except StateStoreError:
-                raise
-            except Exception as error:
-                raise StepFailed(name, error) from error
-            return value if passes_value else result
+        def update_one(value: Any, states: Mapping[str, State]) -> Any:
+            call(value, states)
+            return value
 
-        return run_one
+        return update_one
 
     def run(self, value: Any, states: Mapping[str, State]) -> Any:
         """The value after every step, or DROPPED when a filter dropped it."""
-        for kind, function, store, name in self._chain:
-            try:
-                result = function(value) if store is None else function(value, states[store])
-            except StateStoreError:
-                raise
-            except Exception as error:
-                raise StepFailed(name, error) from error
+        for kind, call in self._chain:
+            result = call(value, states)
             if kind == "apply":
                 value = result
             elif kind == "filter" and not result:
