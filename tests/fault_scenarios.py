@@ -176,11 +176,15 @@ def sigkill_storm(
     schedule = kill_schedule(kills, lab.rng)
     share = max(MIN_SHARE, orders // (kills + 2))
     counters = {"state deleted before a restart": 0, "restores begun": 0, "full restores begun": 0}
+    app.provision()  # the changelog exists from the start: it is read before every run
+    changelog = app.changelog_topic(STORE)
     for _ in range(3 * kills):
         if not schedule:
             break
         point = schedule[0]
-        wiped = point is KillPoint.MID_RESTORE or lab.rng.random() < wipe_share
+        # Deleting the state before anything was committed to the changelog leaves nothing to restore.
+        committed_state = any(high for _, high in watermarks(lab.bootstrap, changelog, partitions).values())
+        wiped = committed_state and (point is KillPoint.MID_RESTORE or lab.rng.random() < wipe_share)
         if wiped:
             app.clear_state()
             counters["state deleted before a restart"] += 1
@@ -198,7 +202,6 @@ def sigkill_storm(
             produced += share * 2
     result.counters.update(counters)
     finish_with(result, spec, lab)
-    changelog = app.changelog_topic(STORE)
     result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
     if output:
         count_outputs(result, spec)
