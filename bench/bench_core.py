@@ -54,7 +54,7 @@ from bench_restore import bench_broker
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from dagster_stateful.core import App, AppState, RestoreListener, State, WorkerReport
+from dagster_stateful.core import App, AppState, RestoreListener, State, Sum, WorkerReport
 from dagster_stateful.core.state.keys import split_store_key
 
 STORE = "totals"
@@ -74,6 +74,10 @@ def add_to_total(order: dict, state: State) -> dict:
     total = state.get("total", 0) + order["amount"]
     state.set("total", total)
     return {"customer": order["customer"], "total": total}
+
+
+def order_amount(order: dict) -> int:
+    return order["amount"]
 
 
 def amount(i: int) -> int:
@@ -205,7 +209,10 @@ def make_app(bootstrap: str, name: str, source: str, state_dir: Path, args: argp
         processing_guarantee=args.guarantee,
     )
     frame = app.dataframe()
-    frame.apply(add_to_total, stateful=True)
+    if args.aggregate:
+        frame.aggregate(Sum(order_amount), name="total")
+    else:
+        frame.apply(add_to_total, stateful=True)
     if args.output:
         output = f"{name}-out"
         create_topic(bootstrap, output, args.partitions)
@@ -464,6 +471,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--restore-batch-size", type=int, default=10_000, help="App restore_batch_size")
     parser.add_argument(
         "--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once", help="processing_guarantee"
+    )
+    parser.add_argument(
+        "--aggregate",
+        action="store_true",
+        help="keep the totals with aggregate(Sum(...)) instead of a stateful apply calling state.get and state.set",
     )
     parser.add_argument("--output", action="store_true", help="send each running total to an output topic")
     parser.add_argument("--broker-heap", default="1g", help="heap of the local broker (when one is started)")

@@ -2,7 +2,8 @@
 bounded workers. Plain Python: never imports dagster or pyspark.
 
 What an engine user imports lives here: `App` (the façade) and `AppConfig`, `State`, the
-serializers, the listeners, the reports and the error hierarchy. The sub-packages hold the parts:
+aggregators (`Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Aggregate`), the serializers, the
+listeners, the reports and the error hierarchy. The sub-packages hold the parts:
 `state/` (local storage), `kafka/` (clients and topics), `recovery/` (restores), `processing/`
 (steps and the worker) and `monitoring/` (reports, listeners, lag).
 """
@@ -11,6 +12,7 @@ from dagster_stateful.core.app import App
 from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
 from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
+from dagster_stateful.core.processing.aggregations import Aggregate, Aggregator, Count, Max, Mean, Min, Reduce, Sum
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
 from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
@@ -29,19 +31,26 @@ from dagster_stateful.errors import (
 )
 
 __all__ = [
+    "Aggregate",
+    "Aggregator",
     "App",
     "AppConfig",
     "AppState",
     "BytesSerde",
     "ConfigurationError",
+    "Count",
     "DeliveryError",
     "ErrorPolicy",
     "IntSerde",
     "JsonSerde",
     "KafkaOperationError",
+    "Max",
+    "Mean",
+    "Min",
     "ProcessingError",
     "ProcessingGuarantee",
     "RecoveryError",
+    "Reduce",
     "RestoreKind",
     "RestoreListener",
     "RestoreMethod",
@@ -56,6 +65,7 @@ __all__ = [
     "StopReason",
     "StrSerde",
     "StreamingDataFrame",
+    "Sum",
     "TopicMismatchError",
     "TopicMissingError",
     "WorkerReport",

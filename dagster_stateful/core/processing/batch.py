@@ -105,7 +105,7 @@ class BatchProcessor:
         restored store's offsets). Counts them in the worker's report, even when the error policy raises."""
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
         stateful, output, prefixes = self._stateful, self._output, self._prefixes
-        states, begin, journals = txn.states, txn.begin_scoped, txn.journals
+        states, begin, journals = txn.views, txn.begin_scoped, txn.journals
         done = 0
         try:
             while done < budget and index + done < end:

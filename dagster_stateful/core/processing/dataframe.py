@@ -3,7 +3,9 @@
 Owns `Step` and `StreamingDataFrame`: `apply` maps a value, `update` runs a function for its
 effect and passes the value through, `filter` drops values for which it returns false. A step is
 stateful when declared so: it then receives the `State` of its store (the app's only store unless
-named) as second argument. `run` pushes one value through every step; what a step raises is a
+named) as second argument. `aggregate` folds each value into a per-key aggregate
+(`aggregations.Aggregator`) kept in a store of its own, and passes on the updated result. `run`
+pushes one value through every step; what a step raises is a
 `StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable store),
 which is the store's failure, not the message's, and passes through as it is. `compiled` gives the
 worker's hot path a function that does what `run` does, specialised for the common one-step frame.
@@ -15,10 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dagster_stateful.core.processing.aggregations import Aggregator
+from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.transaction import State
 from dagster_stateful.errors import ConfigurationError, StateStoreError
 
 DROPPED = object()
+REPLACING = frozenset({"apply", "aggregate"})
+"""Kinds of step whose result replaces the value."""
 
 
 class StepFailed(Exception):
@@ -33,25 +39,52 @@ class StepFailed(Exception):
 @dataclass(frozen=True)
 class Step:
     kind: str
-    function: Callable[..., Any]
+    function: Callable[..., Any] | Aggregator
     store: str | None
     """The store a stateful step reads and writes; None for a stateless step."""
+    aggregation: str | None = None
+    """An aggregate step's name: the state key of its aggregates."""
 
     @property
     def name(self) -> str:
-        return getattr(self.function, "__name__", repr(self.function))
+        if self.aggregation is not None:
+            return self.aggregation
+        return str(getattr(self.function, "__name__", repr(self.function)))
 
 
-StepCall = Callable[[Any, Mapping[str, State]], Any]
+Views = Mapping[str, State | LiveState]
+"""The state of each store, scoped to the current message key."""
+StepCall = Callable[[Any, Views], Any]
 """(value, states by store) -> what the step returns."""
+
+
+def _call_fold(step: Step, aggregator: Aggregator) -> StepCall:
+    """An aggregate step as a function of (value, states): the aggregator's result after folding the
+    value into its key's aggregate. Raises like `_call_step`'s functions."""
+    store, name = step.store, step.name
+    suffix, first, add = name.encode(), aggregator.first, aggregator.add
+    result = aggregator.result if aggregator.has_result else None
+
+    def fold(value: Any, states: Views) -> Any:
+        try:
+            aggregate = states[store].fold(suffix, value, first, add)  # type: ignore[index, union-attr]
+            return aggregate if result is None else result(aggregate)
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return fold
 
 
 def _call_step(step: Step) -> StepCall:
     """The step as a function of (value, states): it raises `StepFailed` for what the step raises,
     except `StateStoreError`, which passes through."""
     function, store, name = step.function, step.store, step.name
+    if isinstance(function, Aggregator):
+        return _call_fold(step, function)
 
-    def call(value: Any, states: Mapping[str, State]) -> Any:
+    def call(value: Any, states: Views) -> Any:
         try:
             return function(value) if store is None else function(value, states[store])
         except StateStoreError:
@@ -80,6 +113,11 @@ class StreamingDataFrame:
     def is_stateful(self) -> bool:
         return any(step.store is not None for step in self.steps)
 
+    @property
+    def aggregated_stores(self) -> frozenset[str]:
+        """The stores aggregate steps keep their aggregates in (no other step uses them)."""
+        return frozenset(step.store for step in self.steps if step.aggregation is not None and step.store)
+
     def apply(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Replace the value with `function(value)` or, stateful, `function(value, state)`."""
         return self._add("apply", function, stateful, store)
@@ -92,15 +130,47 @@ class StreamingDataFrame:
         """Keep the value only when `function` returns true."""
         return self._add("filter", function, stateful, store)
 
+    def aggregate(self, aggregator: Aggregator, *, store: str | None = None, name: str | None = None):
+        """Fold each value into its message key's aggregate and pass on the result, as Kafka Streams'
+        `groupByKey().aggregate(...)` does: `aggregator` is a `Count`, `Sum`, `Min`, `Max`, `Mean`,
+        `Reduce`, `Aggregate` or an `Aggregator` of your own. The aggregate is kept in `store` (the
+        app's only store unless named) under state key `name` (the aggregator's name unless given);
+        that store is then the aggregations' own: no stateful apply, update or filter may use it."""
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(f"aggregate needs an Aggregator (Count(), Sum(...), Aggregate(...)), got {aggregator!r}")
+        name = name or aggregator.name
+        resolved = self._resolve_store(store)
+        taken = [step for step in self.steps if step.store == resolved]
+        if any(step.aggregation is None for step in taken):
+            raise self._shared_store(resolved)
+        if any(step.aggregation == name for step in taken):
+            raise ConfigurationError(
+                f"store {resolved!r} already has an aggregation named {name!r}: give this one another name=..."
+            )
+        return self._append(Step("aggregate", aggregator, resolved, name))
+
     def _add(self, kind: str, function: Callable[..., Any], stateful: bool, store: str | None):
         if not callable(function):
             raise TypeError(f"{kind} needs a callable, got {function!r}")
         if store is not None:
             stateful = True
-        step = Step(kind, function, self._resolve_store(store) if stateful else None)
+        resolved = self._resolve_store(store) if stateful else None
+        if resolved is not None and resolved in self.aggregated_stores:
+            raise self._shared_store(resolved)
+        return self._append(Step(kind, function, resolved))
+
+    def _append(self, step: Step):
         self._steps += (step,)
         self._chain += ((step.kind, _call_step(step)),)
         return self
+
+    @staticmethod
+    def _shared_store(store: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"store {store!r} would hold both aggregates and the state of an apply, update or filter step; "
+            "an aggregation keeps its aggregates as live objects between commits, so it needs a store of its own: "
+            "declare another store in the app's stores and name it with store=..."
+        )
 
     def _resolve_store(self, store: str | None) -> str:
         if store is None:
@@ -119,20 +189,20 @@ class StreamingDataFrame:
         if len(self._chain) != 1 or self._chain[0][0] == "filter":
             return self.run
         kind, call = self._chain[0]
-        if kind == "apply":
+        if kind in REPLACING:
             return call
 
-        def update_one(value: Any, states: Mapping[str, State]) -> Any:
+        def update_one(value: Any, states: Views) -> Any:
             call(value, states)
             return value
 
         return update_one
 
-    def run(self, value: Any, states: Mapping[str, State]) -> Any:
+    def run(self, value: Any, states: Views) -> Any:
         """The value after every step, or DROPPED when a filter dropped it."""
         for kind, call in self._chain:
             result = call(value, states)
-            if kind == "apply":
+            if kind in REPLACING:
                 value = result
             elif kind == "filter" and not result:
                 return DROPPED

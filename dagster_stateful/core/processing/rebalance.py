@@ -52,12 +52,15 @@ class PartitionAssignments:
         cooperative: bool = True,
         snapshots: Callable[[str], SnapshotStore] | None = None,
         drop_in_flight: Callable[[], None] | None = None,
+        live_stores: frozenset[str] = frozenset(),
     ) -> None:
-        """snapshots: the snapshots of a store, when there are any: a restore loads the latest one when
+        """live_stores: the stores of aggregations (see `PartitionTransaction`). snapshots: the
+        snapshots of a store, when there are any: a restore loads the latest one when
         the planner says that is faster than replaying the changelog. drop_in_flight: called when
         partitions are lost, once they are closed (exactly-once: abort the open transaction, which
         holds their records, and rewind the partitions kept)."""
         self._drop_in_flight = drop_in_flight
+        self._live_stores = live_stores
         self.config = config
         self._kafka = kafka
         self._state = state
@@ -185,7 +188,7 @@ class PartitionAssignments:
     def activate(self, consumer: Consumer, restored: RestoringPartition) -> None:
         """A partition's stores are restored: process it from its starting offset."""
         self.transactions[restored.partition] = PartitionTransaction(
-            restored.partition, restored.stores, self.config.state_serde, restored.committed
+            restored.partition, restored.stores, self.config.state_serde, restored.committed, self._live_stores
         )
         offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
         if offsets:

@@ -224,6 +224,7 @@ class Worker:
             cooperative="cooperative" in strategy,
             snapshots=self._snapshot_store if self.snapshot_root else None,
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
+            live_stores=self._dataframe.aggregated_stores,
         )
         self._transactions = self._assignments.transactions
         self._batches = BatchProcessor(

@@ -7,15 +7,23 @@ next read skips RocksDB; a key known to be absent is cached as None). It counts 
 (keys, values and a fixed overhead per entry); `bound_caches` keeps a worker's caches under
 `AppConfig.cache_max_bytes` by evicting clean entries, oldest first, and says when the dirty ones
 alone exceed the bound (the worker then commits early).
+
+A live cache (`StoreCache(dumps)`, for the stores of aggregations) holds its values as the objects
+the steps made, not as bytes: they are serialized once, when a commit takes its changes, and count
+`LIVE_VALUE_BYTES` each, since an object's size is not known without serializing it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 ENTRY_OVERHEAD_BYTES: Final = 200
 """Bytes counted per entry beyond its key and value: the two bytes objects' headers and the slots of
 the dicts holding them (measured with tracemalloc: about 170)."""
+
+LIVE_VALUE_BYTES: Final = 64
+"""Bytes counted for a live value (a number or a small list, serialized, plus its object's header)."""
 
 Change = tuple[bytes, bytes | None, int]
 """A key's change since the last commit: (store key, serialized value or None for a delete, source offset)."""
@@ -28,16 +36,23 @@ def entry_bytes(key: bytes, data: bytes | None) -> int:
     return len(key) + (0 if data is None else len(data)) + ENTRY_OVERHEAD_BYTES
 
 
+def live_entry_bytes(key: bytes, value: Any) -> int:
+    return len(key) + (0 if value is None else LIVE_VALUE_BYTES) + ENTRY_OVERHEAD_BYTES
+
+
 class StoreCache:
     """Values by store key (None: the key is absent), which of them are dirty, and the bytes held.
 
     Writes go straight into the cache and are journaled until the message that made them succeeds
     (`accept`) or fails (`undo`), so that a step failing half-way leaves no trace."""
 
-    __slots__ = ("bytes", "dirty", "journal", "values")
+    __slots__ = ("_dumps", "_entry_bytes", "bytes", "dirty", "journal", "values")
 
-    def __init__(self) -> None:
-        self.values: dict[bytes, bytes | None] = {}
+    def __init__(self, dumps: Callable[[bytes, Any], bytes] | None = None) -> None:
+        """dumps(key, value): given, the cache is live: it holds objects, serialized by `changes`."""
+        self._dumps = dumps
+        self._entry_bytes = entry_bytes if dumps is None else live_entry_bytes
+        self.values: dict[bytes, Any] = {}
         self.dirty: dict[bytes, int] = {}
         """Store keys written since the last commit, with the source offset of their latest write."""
         self.journal: list[tuple[bytes, Any, int]] = []
@@ -45,10 +60,10 @@ class StoreCache:
         The list is cleared in place, never replaced: transactions hold on to it."""
         self.bytes = 0
 
-    def remember(self, key: bytes, data: bytes | None) -> None:
-        """A value read from RocksDB (clean)."""
+    def remember(self, key: bytes, data: Any) -> None:
+        """A value read from RocksDB (clean; a live cache's deserialized)."""
         self.values[key] = data
-        self.bytes += entry_bytes(key, data)
+        self.bytes += self._entry_bytes(key, data)
 
     def put(self, key: bytes, data: bytes | None, offset: int) -> None:
         """A write (None: a delete) of the message at source `offset`, undone if that message fails."""
@@ -62,28 +77,45 @@ class StoreCache:
         values[key] = data
         dirty[key] = offset
 
+    def put_live(self, key: bytes, value: Any, offset: int) -> None:
+        """`put` for a live cache: `value` is an object, never None."""
+        values, dirty = self.values, self.dirty
+        old = values.get(key, _ABSENT)
+        self.journal.append((key, old, dirty.get(key, -1)))
+        if old is _ABSENT or old is None:
+            self.bytes += live_entry_bytes(key, value) - (0 if old is _ABSENT else live_entry_bytes(key, None))
+        values[key] = value
+        dirty[key] = offset
+
     def accept(self) -> None:
         """The current message succeeded: its writes stay."""
         self.journal.clear()
 
     def undo(self) -> None:
         """The current message failed: put back what its writes replaced."""
-        values, dirty, journal = self.values, self.dirty, self.journal
+        values, dirty, journal, size = self.values, self.dirty, self.journal, self._entry_bytes
         while journal:
             key, old, old_offset = journal.pop()
-            self.bytes -= entry_bytes(key, values.pop(key))
+            self.bytes -= size(key, values.pop(key))
             if old is not _ABSENT:
                 values[key] = old
-                self.bytes += entry_bytes(key, old)
+                self.bytes += size(key, old)
             if old_offset < 0:
                 dirty.pop(key, None)
             else:
                 dirty[key] = old_offset
 
     def changes(self) -> list[Change]:
-        """The dirty entries as (key, value or None, source offset), in the order they were first written."""
-        values = self.values
-        return [(key, values[key], offset) for key, offset in self.dirty.items()]
+        """The dirty entries as (key, value or None, source offset), in the order they were first written;
+        a live cache's values serialized (its `dumps` raises what it refuses)."""
+        values, dumps = self.values, self._dumps
+        if dumps is None:
+            return [(key, values[key], offset) for key, offset in self.dirty.items()]
+        changes: list[Change] = []
+        for key, offset in self.dirty.items():
+            value = values[key]
+            changes.append((key, None if value is None else dumps(key, value), offset))
+        return changes
 
     def mark_clean(self) -> None:
         """The dirty entries are committed: they stay, as clean entries."""
@@ -92,15 +124,15 @@ class StoreCache:
     def drop_dirty(self) -> None:
         """Forget every uncommitted write (RocksDB still holds what was committed)."""
         self.journal.clear()
-        values = self.values
+        values, size = self.values, self._entry_bytes
         for key in self.dirty:
-            self.bytes -= entry_bytes(key, values.pop(key))
+            self.bytes -= size(key, values.pop(key))
         self.dirty.clear()
 
     def evict_clean(self, excess: int) -> int:
         """Drop clean entries in the order they entered the cache, until `excess` bytes are freed or none is
         left; returns the bytes freed."""
-        values, dirty = self.values, self.dirty
+        values, dirty, size = self.values, self.dirty, self._entry_bytes
         victims: list[bytes] = []
         freed = 0
         for key, data in values.items():
@@ -108,7 +140,7 @@ class StoreCache:
                 break
             if key not in dirty:
                 victims.append(key)
-                freed += entry_bytes(key, data)
+                freed += size(key, data)
         for key in victims:
             del values[key]
         self.bytes -= freed

@@ -12,10 +12,12 @@ returns a freshly deserialized object, so mutating it in place changes nothing u
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import encode_state_key, message_prefix
+from dagster_stateful.core.state.live import LiveState, live_serializer
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde, fast_dumps, fast_loads
 from dagster_stateful.errors import StateSerializationError, StateStoreError
@@ -101,13 +103,28 @@ class PartitionTransaction:
     `discard_message` / `pass_message` (they are undone)."""
 
     def __init__(
-        self, partition: int, stores: dict[str, StorePartition], serde: Serde, committed_offset: int | None
+        self,
+        partition: int,
+        stores: dict[str, StorePartition],
+        serde: Serde,
+        committed_offset: int | None,
+        live_stores: Collection[str] = (),
     ) -> None:
+        """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a `State`."""
         self.partition = partition
         self.stores = stores
-        self.caches = {name: StoreCache() for name in stores}
-        self.states = {name: State(stores[name], self.caches[name], serde) for name in stores}
-        self._state_list = list(self.states.values())
+        self.caches = {
+            name: StoreCache(live_serializer(name, serde) if name in live_stores else None) for name in stores
+        }
+        self.states = {
+            name: State(stores[name], self.caches[name], serde) for name in stores if name not in live_stores
+        }
+        """The key-value stores' state, as stateful steps see it."""
+        self.live = {name: LiveState(stores[name], self.caches[name], serde) for name in stores if name in live_stores}
+        """The aggregations' stores."""
+        self.views: dict[str, State | LiveState] = {**self.states, **self.live}
+        """Every store, by name: what the steps get."""
+        self._state_list = list(self.views.values())
         self._cache_list = list(self.caches.values())
         self.journals = [cache.journal for cache in self._cache_list]
         """The current message's writes, per store (see `accept_message`)."""

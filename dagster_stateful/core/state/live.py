@@ -1,0 +1,97 @@
+"""The state of an aggregation: aggregates kept as live objects between commits.
+
+Owns `LiveState`, what an aggregation step of `StreamingDataFrame.aggregate` folds messages into:
+per message key, one aggregate per aggregation name, held in a live `cache.StoreCache` as the
+object the aggregator returned. A message costs a dictionary look-up and the aggregator's call;
+the state serializer runs once per key and commit (`StoreCache.changes`), and the deserializer
+only for a key the cache does not hold. Writes are journaled like `State`'s, so a message that
+fails in a later step leaves no trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dagster_stateful.core.state.cache import StoreCache
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.serialization import Serde, fast_dumps, fast_loads
+from dagster_stateful.errors import StateSerializationError
+
+__all__ = ["LiveState", "live_serializer"]
+
+_MISSING: Any = object()
+
+
+class LiveState:
+    """The aggregates of one store for the current message key (bound by the partition transaction)."""
+
+    __slots__ = ("_cache", "_checked", "_dumps", "_loads", "_offset", "_partition", "_prefix", "_serde", "_values")
+
+    def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
+        self._partition = partition
+        self._cache = cache
+        self._values = cache.values
+        self._serde = serde
+        self._loads = fast_loads(serde)
+        self._dumps = live_serializer(partition.store, serde)
+        self._checked = False
+        self._prefix = b""
+        self._offset = -1
+
+    def _bind(self, prefix: bytes, offset: int) -> None:
+        self._prefix = prefix
+        self._offset = offset
+
+    def fold(self, suffix: bytes, value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
+        """The aggregate under state key `suffix` after `value`: `first(value)` for a key without
+        one, else `add(aggregate, value)`; kept (journaled) and returned."""
+        key = self._prefix + suffix
+        current = self._values.get(key, _MISSING)
+        if current is _MISSING:
+            current = self._load(key)
+        aggregate = first(value) if current is None else add(current, value)
+        if aggregate is None:
+            raise ValueError("the aggregator returned None; an aggregate must be a value the state serializer encodes")
+        if not self._checked:
+            self._dumps(key, aggregate)  # a partition's first aggregate: refused here, not at every commit
+            self._checked = True
+        self._cache.put_live(key, aggregate, self._offset)
+        return aggregate
+
+    def get(self, suffix: bytes) -> Any:
+        """The aggregate under state key `suffix` of the current message key; None without one."""
+        key = self._prefix + suffix
+        current = self._values.get(key, _MISSING)
+        return self._load(key) if current is _MISSING else current
+
+    def _load(self, key: bytes) -> Any:
+        data = self._partition.get(key)
+        current = None
+        if data is not None:
+            try:
+                current = self._loads(data)
+            except Exception:  # noqa: BLE001 - the serde's own loads raises it, described
+                current = self._serde.loads(data)
+        self._cache.remember(key, current)
+        return current
+
+
+def live_serializer(store: str, serde: Serde) -> Callable[[bytes, Any], bytes]:
+    """dumps(store key, aggregate) for the live cache of `store`: bytes, or a `StateSerializationError`
+    that names the store and the key."""
+    dumps = fast_dumps(serde)
+
+    def serialize(key: bytes, value: Any) -> bytes:
+        try:
+            data = dumps(value)
+        except Exception as error:
+            raise StateSerializationError(
+                f"cannot store the {type(value).__name__} aggregate under store key {key!r} of store {store!r}: the "
+                f"{getattr(serde, 'name', type(serde).__name__)!r} state serializer refused it "
+                f"({type(error).__name__}: {error}). Make the aggregator return values it can encode (for JSON: "
+                "numbers, strings, lists, dicts), or give the app a state_serde that can."
+            ) from error
+        return data if data.__class__ is bytes else bytes(data)
+
+    return serialize
