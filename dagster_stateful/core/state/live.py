@@ -59,12 +59,6 @@ class LiveState:
         self._cache.put_live(key, aggregate, self._offset)
         return aggregate
 
-    def get(self, suffix: bytes) -> Any:
-        """The aggregate under state key `suffix` of the current message key; None without one."""
-        key = self._prefix + suffix
-        current = self._values.get(key, _MISSING)
-        return self._load(key) if current is _MISSING else current
-
     def _load(self, key: bytes) -> Any:
         data = self._partition.get(key)
         current = None
