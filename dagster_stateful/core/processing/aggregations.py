@@ -61,61 +61,50 @@ class Count(Aggregator):
         return aggregate + 1
 
 
-class Sum(Aggregator):
-    """The sum of `of(value)` over the key's messages (`of` defaults to the value itself)."""
-
-    name = "sum"
+class _OfValue(Aggregator):
+    """An aggregator of a number taken from each value: `of(value)` (the value itself by default)."""
 
     def __init__(self, of: Extract = _whole) -> None:
         self._of = of
 
     def first(self, value: Any) -> Any:
         return self._of(value)
+
+
+class Sum(_OfValue):
+    """The sum of `of(value)` over the key's messages."""
+
+    name = "sum"
 
     def add(self, aggregate: Any, value: Any) -> Any:
         return aggregate + self._of(value)
 
 
-class Min(Aggregator):
+class Min(_OfValue):
     """The least `of(value)` over the key's messages."""
 
     name = "min"
-
-    def __init__(self, of: Extract = _whole) -> None:
-        self._of = of
-
-    def first(self, value: Any) -> Any:
-        return self._of(value)
 
     def add(self, aggregate: Any, value: Any) -> Any:
         candidate = self._of(value)
         return candidate if candidate < aggregate else aggregate
 
 
-class Max(Aggregator):
+class Max(_OfValue):
     """The greatest `of(value)` over the key's messages."""
 
     name = "max"
-
-    def __init__(self, of: Extract = _whole) -> None:
-        self._of = of
-
-    def first(self, value: Any) -> Any:
-        return self._of(value)
 
     def add(self, aggregate: Any, value: Any) -> Any:
         candidate = self._of(value)
         return candidate if candidate > aggregate else aggregate
 
 
-class Mean(Aggregator):
+class Mean(_OfValue):
     """The mean of `of(value)` over the key's messages; the store keeps [sum, count]."""
 
     name = "mean"
     has_result = True
-
-    def __init__(self, of: Extract = _whole) -> None:
-        self._of = of
 
     def first(self, value: Any) -> list[Any]:
         return [self._of(value), 1]

@@ -8,7 +8,7 @@ next read skips RocksDB; a key known to be absent is cached as None). It counts 
 `AppConfig.cache_max_bytes` by evicting clean entries, oldest first, and says when the dirty ones
 alone exceed the bound (the worker then commits early).
 
-A live cache (`StoreCache(dumps)`, for the stores of aggregations) holds its values as the objects
+A live cache (`StoreCache(serialize)`, for the stores of aggregations) holds its values as the objects
 the steps made, not as bytes: they are serialized once, when a commit takes its changes, and count
 `LIVE_VALUE_BYTES` each, since an object's size is not known without serializing it.
 """
@@ -46,12 +46,12 @@ class StoreCache:
     Writes go straight into the cache and are journaled until the message that made them succeeds
     (`accept`) or fails (`undo`), so that a step failing half-way leaves no trace."""
 
-    __slots__ = ("_dumps", "_entry_bytes", "bytes", "dirty", "journal", "values")
+    __slots__ = ("_entry_bytes", "bytes", "dirty", "journal", "serialize", "values")
 
-    def __init__(self, dumps: Callable[[bytes, Any], bytes] | None = None) -> None:
-        """dumps(key, value): given, the cache is live: it holds objects, serialized by `changes`."""
-        self._dumps = dumps
-        self._entry_bytes = entry_bytes if dumps is None else live_entry_bytes
+    def __init__(self, serialize: Callable[[bytes, Any], bytes] | None = None) -> None:
+        """serialize(key, value): given, the cache is live: it holds objects, serialized by `changes`."""
+        self.serialize = serialize
+        self._entry_bytes = entry_bytes if serialize is None else live_entry_bytes
         self.values: dict[bytes, Any] = {}
         self.dirty: dict[bytes, int] = {}
         """Store keys written since the last commit, with the source offset of their latest write."""
@@ -107,8 +107,8 @@ class StoreCache:
 
     def changes(self) -> list[Change]:
         """The dirty entries as (key, value or None, source offset), in the order they were first written;
-        a live cache's values serialized (its `dumps` raises what it refuses)."""
-        values, dumps = self.values, self._dumps
+        a live cache's values serialized (its `serialize` raises what it refuses)."""
+        values, dumps = self.values, self.serialize
         if dumps is None:
             return [(key, values[key], offset) for key, offset in self.dirty.items()]
         changes: list[Change] = []

@@ -15,7 +15,8 @@ from typing import Any
 
 from dagster_stateful.core.state.cache import StoreCache
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import Serde, fast_dumps, fast_loads
+from dagster_stateful.core.state.serialization import Serde, fast_dumps
+from dagster_stateful.core.state.view import KeyView
 from dagster_stateful.errors import StateSerializationError
 
 __all__ = ["LiveState", "live_serializer"]
@@ -23,25 +24,18 @@ __all__ = ["LiveState", "live_serializer"]
 _MISSING: Any = object()
 
 
-class LiveState:
+class LiveState(KeyView):
     """The aggregates of one store for the current message key (bound by the partition transaction)."""
 
-    __slots__ = ("_cache", "_checked", "_dumps", "_loads", "_offset", "_partition", "_prefix", "_serde", "_values")
+    __slots__ = ("_checked", "_serialize")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
-        self._partition = partition
-        self._cache = cache
-        self._values = cache.values
-        self._serde = serde
-        self._loads = fast_loads(serde)
-        self._dumps = live_serializer(partition.store, serde)
+        """`cache` must be live (made with `live_serializer`)."""
+        super().__init__(partition, cache, serde)
+        if cache.serialize is None:
+            raise ValueError(f"the aggregations of store {partition.store!r} need a live record cache")
+        self._serialize = cache.serialize
         self._checked = False
-        self._prefix = b""
-        self._offset = -1
-
-    def _bind(self, prefix: bytes, offset: int) -> None:
-        self._prefix = prefix
-        self._offset = offset
 
     def fold(self, suffix: bytes, value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
         """The aggregate under state key `suffix` after `value`: `first(value)` for a key without
@@ -54,19 +48,14 @@ class LiveState:
         if aggregate is None:
             raise ValueError("the aggregator returned None; an aggregate must be a value the state serializer encodes")
         if not self._checked:
-            self._dumps(key, aggregate)  # a partition's first aggregate: refused here, not at every commit
+            self._serialize(key, aggregate)  # a partition's first aggregate: refused here, not at every commit
             self._checked = True
         self._cache.put_live(key, aggregate, self._offset)
         return aggregate
 
     def _load(self, key: bytes) -> Any:
         data = self._partition.get(key)
-        current = None
-        if data is not None:
-            try:
-                current = self._loads(data)
-            except Exception:  # noqa: BLE001 - the serde's own loads raises it, described
-                current = self._serde.loads(data)
+        current = None if data is None else self._decode(data)
         self._cache.remember(key, current)
         return current
 

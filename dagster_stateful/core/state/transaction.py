@@ -19,7 +19,8 @@ from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import encode_state_key, message_prefix
 from dagster_stateful.core.state.live import LiveState, live_serializer
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import Serde, fast_dumps, fast_loads
+from dagster_stateful.core.state.serialization import Serde, fast_dumps
+from dagster_stateful.core.state.view import KeyView
 from dagster_stateful.errors import StateSerializationError, StateStoreError
 
 __all__ = ["Change", "PartitionTransaction", "State"]
@@ -27,24 +28,14 @@ __all__ = ["Change", "PartitionTransaction", "State"]
 _MISSING: Any = object()
 
 
-class State:
+class State(KeyView):
     """Key-value state of one store for the current message key only."""
 
-    __slots__ = ("_cache", "_dumps", "_loads", "_offset", "_partition", "_prefix", "_serde", "_values")
+    __slots__ = ("_dumps",)
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
-        self._partition = partition
-        self._cache = cache
-        self._values = cache.values
-        self._serde = serde
-        self._loads = fast_loads(serde)
+        super().__init__(partition, cache, serde)
         self._dumps = fast_dumps(serde)
-        self._prefix = b""
-        self._offset = -1
-
-    def _bind(self, prefix: bytes, offset: int) -> None:
-        self._prefix = prefix
-        self._offset = offset
 
     def get(self, key: str | bytes, default: Any = None) -> Any:
         """A new object on every call: change it, then `set` it, for the change to count."""
