@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -329,8 +330,11 @@ def alternating_kills(
             result.count_point(f"{label} {injection.seen.split(' (')[0]}")
             wait_for_takeover(survivor, seen_before, f"worker {other} to take over {label}'s partitions")
             workers[label] = WorkerProcess(specs[label], lab.log(f"worker-{label}"))
-        for label, worker in workers.items():  # both back at work, then both stopped cleanly
-            wait_until_processing(worker, f"worker {label}")
+        # Both back at work and done rebalancing (a cooperative rebalance takes two rounds), then stopped.
+        while not all(processing_since_running(worker) for worker in workers.values()):
+            for label, worker in workers.items():
+                if not worker.wait_for(settled_check(worker), 120, f"worker {label} to settle"):
+                    raise AssertionError(f"worker {label} exited before it settled:\n{worker.log_tail()}")
     finally:
         produced = feeder.stop()
         for worker in workers.values():
@@ -366,6 +370,18 @@ def last_state_before_stopping(worker: WorkerProcess) -> str | None:
     if "PENDING_SHUTDOWN" in states:
         states = states[: states.index("PENDING_SHUTDOWN")]
     return states[-1] if states else None
+
+
+def processing_since_running(worker: WorkerProcess) -> bool:
+    """Whether the worker's state listener last said RUNNING and it has processed since."""
+    last_state = max((i for i, e in enumerate(worker.events) if e.kind == "state"), default=None)
+    if last_state is None or worker.events[last_state].data != "RUNNING":
+        return False
+    return any(e.kind == "progress" for e in worker.events[last_state + 1 :])
+
+
+def settled_check(worker: WorkerProcess) -> Callable[[list[Event]], bool]:
+    return lambda _: processing_since_running(worker)
 
 
 def wait_until_processing(worker: WorkerProcess, what: str) -> None:
