@@ -12,7 +12,10 @@ in a process of its own, one after another:
   round. Records restored per second of restoring, and the seconds from the start until
   processing resumed.
 
-Systems: `engine` (bench/engine_totals.py), `quix` (Quix Streams in a venv of its own,
+Systems: `engine` (bench/engine_totals.py: a stateful `update` reading and writing the total, the
+same computation as Quix's), `engine-aggregate` (the same script keeping the total with
+`aggregate(Sum(...))`, the same computation as Kafka Streams'; processing only: it restores as
+`engine` does), `quix` (Quix Streams in a venv of its own,
 bench/quix/), `kafka-streams` (bench/kafka-streams, one stream thread) and `kafka-streams-N`
 (as many stream threads as cores; processing only). Each is given the same commit interval and
 partitions and its defaults otherwise (Kafka Streams: its 10 MiB record cache; this engine: its
@@ -52,7 +55,8 @@ from confluent_kafka import Producer
 from quix_venv import quix_python
 
 BENCH = Path(__file__).resolve().parent
-SYSTEMS = ("engine", "quix", "kafka-streams", "kafka-streams-N")
+SYSTEMS = ("engine", "engine-aggregate", "quix", "kafka-streams", "kafka-streams-N")
+ENGINES = ("engine", "engine-aggregate")
 WORKLOADS = ("10k keys", "1M keys", "restore")
 RESTORING_SYSTEMS = ("engine", "quix", "kafka-streams")
 
@@ -175,13 +179,14 @@ class Systems:
             "--result",
             str(result_path),
         ]
-        if system == "engine":
+        if system in ENGINES:
             command = [
                 sys.executable,
                 str(BENCH / "engine_totals.py"),
                 *common,
                 "--partitions",
                 str(self.args.partitions),
+                *(["--aggregate"] if system == "engine-aggregate" else []),
             ]
         elif system == "quix":
             assert self._quix_python is not None
@@ -319,19 +324,15 @@ def print_table(figures: list[Figure], ceiling_rows: list[dict]) -> None:
     systems = [name for name in SYSTEMS if any(figure.system == name for figure in figures)]
     print("\n== results (median of runs; restore in records/s, processing in messages/s; peak RSS in MiB)")
     header = f"{'workload':<10}" + "".join(f"  {name:>16}" for name in systems)
-    header += "".join(f"  {'engine / ' + name:>24}" for name in systems if name != "engine")
+    pairs = [(engine, peer) for engine in systems if engine in ENGINES for peer in systems if peer not in ENGINES]
+    header += "".join(f"  {engine + ' / ' + peer:>34}" for engine, peer in pairs)
     print(header)
     for workload in WORKLOADS:
         row = [by.get((name, workload)) for name in systems]
         if not any(row):
             continue
         cells = "".join(f"{f.median:>18,.0f}" if f else f"{'-':>18}" for f in row)
-        engine = by.get(("engine", workload))
-        ratios = "".join(
-            f"  {engine.median / f.median:>23.2f}x" if engine and f else f"  {'-':>24}"
-            for name, f in zip(systems, row, strict=True)
-            if name != "engine"
-        )
+        ratios = "".join(f"  {ratio(by, engine, peer, workload):>34}" for engine, peer in pairs)
         print(f"{workload:<10}{cells}{ratios}")
         rss = "".join(f"{f.median_rss:>14,.0f} MiB" if f else f"{'-':>18}" for f in row)
         print(f"{'  peak RSS':<10}{rss}")
@@ -341,6 +342,11 @@ def print_table(figures: list[Figure], ceiling_rows: list[dict]) -> None:
         print(f"restore {figure.system}: processing resumed {until:.1f} s after the start (median)")
     for ceiling in ceiling_rows:
         print(f"ceiling   {ceiling['workload']:<9} {ceiling['name']:<40} {ceiling['rate']:>10,.0f} msg/s")
+
+
+def ratio(by: dict[tuple[str, str], Figure], engine: str, peer: str, workload: str) -> str:
+    ours, theirs = by.get((engine, workload)), by.get((peer, workload))
+    return f"{ours.median / theirs.median:.2f}x" if ours and theirs else "-"
 
 
 def write_outputs(out: Path, figures: list[Figure], ceiling_rows: list[dict], args: argparse.Namespace) -> None:

@@ -2,7 +2,9 @@
 
 The same computation as bench/quix/quix_totals.py and bench/kafka-streams: the JSON "amount" of
 each order added to a total per message key, in store "totals" with its changelog, no output
-topic, the app's defaults except the commit interval. It runs one bounded worker until caught up:
+topic, the app's defaults except the commit interval. With --aggregate the total is kept by
+`aggregate(Sum(...))` (the like-for-like of Kafka Streams' `groupByKey().aggregate()`) instead of a
+stateful `update` reading and writing it. It runs one bounded worker until caught up:
 from the start of the source the first time; run again after the caller deleted the local state
 and appended messages, the worker first restores the store from its changelog (the report's
 restores say how many records and how long), then processes what was appended. The whole store is
@@ -24,19 +26,22 @@ assigned and restored). Run from the repository root with the project's venv:
 from __future__ import annotations
 
 import argparse
+import operator
 import time
 from pathlib import Path
 
 import orjson
 
-from dagster_stateful.core import App, AppState, State
+from dagster_stateful.core import App, AppState, State, Sum
 from dagster_stateful.core.state.keys import split_store_key
 
 STORE = "totals"
+TOTAL = "total"
+"""The state key of each message key's total (the aggregation's name with --aggregate)."""
 
 
 def add_to_total(order: dict, state: State) -> None:
-    state.set("total", state.get("total", 0) + order["amount"])
+    state.set(TOTAL, state.get(TOTAL, 0) + order["amount"])
 
 
 def make_app(args: argparse.Namespace) -> App:
@@ -48,7 +53,10 @@ def make_app(args: argparse.Namespace) -> App:
         kafka=args.bootstrap,
         commit_interval=args.commit_interval,
     )
-    app.dataframe().update(add_to_total, stateful=True)
+    if args.aggregate:
+        app.dataframe().aggregate(Sum(operator.itemgetter("amount")), name=TOTAL)
+    else:
+        app.dataframe().update(add_to_total, stateful=True)
     return app
 
 
@@ -62,7 +70,7 @@ def read_totals(app: App, partitions: int) -> dict[str, int]:
         try:
             for key, value in part.items():
                 message_key, state_key = split_store_key(key)
-                if state_key == b"total":
+                if state_key == TOTAL.encode():
                     totals[message_key.decode()] = orjson.loads(value)
         finally:
             part.close()
@@ -108,6 +116,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds")
     parser.add_argument("--partitions", type=int, required=True, help="of the source topic")
     parser.add_argument("--result", type=Path, required=True, help="where the JSON result is written")
+    parser.add_argument("--aggregate", action="store_true", help="keep the totals with aggregate(Sum(...))")
     return parser.parse_args()
 
 
