@@ -151,12 +151,14 @@ def sigkill_storm(
     kills: int = 20,
     wipe_share: float = 0.25,
     guarantee: str = AT_LEAST_ONCE,
+    aggregate: bool = False,
 ) -> FaultResult:
     """SIGKILL one worker `kills` times at random points; before every mid-restore kill (and a
     `wipe_share` of the others) its local state is deleted first, so full restores from the
     compacted changelog happen. Orders run out before the kills do? More arrive, as in production.
     Under exactly-once the counted orders also go to an output topic, checked order by order
-    (counters "outputs missing" and "outputs doubled")."""
+    (counters "outputs missing" and "outputs doubled"). `aggregate`: the worker keeps its counts
+    and totals with aggregations (at-least-once only: they pass on totals, not orders)."""
     exactly_once = guarantee == EXACTLY_ONCE
     result = FaultResult("1 SIGKILL at random points" + (" (exactly-once)" if exactly_once else ""))
     source = lab.orders_topic(partitions, orders, customers)
@@ -172,6 +174,7 @@ def sigkill_storm(
         session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
         processing_guarantee=guarantee,
         output=output,
+        aggregate=aggregate,
     )
     app = build_app(spec)
     schedule = kill_schedule(kills, lab.rng)

@@ -1,7 +1,8 @@
 """The fault suite's worker: a real worker of a counting app, run as a subprocess that reports what it does.
 
 Owns the app every fault case runs (`count_order` keeps per customer a count of orders and their
-total in the store "totals"; `build_app` builds it from a `WorkerSpec`) and this file's use as a
+total in the store "totals"; when the spec says `aggregate`, an aggregation keeps them there as one
+aggregate, `TALLY`; `build_app` builds it from a `WorkerSpec`) and this file's use as a
 script: `python fault_worker.py '<WorkerSpec as JSON>'` runs one bounded worker and prints one line
 `EVENT <kind> <JSON>` per observable step on stdout: `started`, `state` (each state transition),
 `restore_start` / `batch` / `restore_end` / `restore_suspended` (a restore listener), `commit` (each
@@ -34,7 +35,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from dagster_stateful.core import App, RestoreListener, State
+from dagster_stateful.core import Aggregate, App, RestoreListener, State
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.state.keys import message_prefix, split_store_key
 from dagster_stateful.errors import StatefulError
@@ -42,6 +43,8 @@ from dagster_stateful.errors import StatefulError
 STORE = "totals"
 STATE_KEYS = ("count", "total")
 """What `count_order` keeps per customer."""
+TALLY = "tally"
+"""The state key of an aggregating worker's {"count": ..., "total": ...} per customer."""
 COMPACT_FAST = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}
 """Changelog compaction as aggressive as the broker allows: restores see what production sees."""
 PROGRESS_EVERY = 50
@@ -55,6 +58,20 @@ def count_order(order: dict, state: State) -> dict:
     state.set("count", state.get("count", 0) + 1)
     state.set("total", state.get("total", 0) + order["amount"])
     return order
+
+
+def tally_order(tally: dict, order: dict) -> dict:
+    """An aggregating worker's `count_order`: a new tally with `order` counted."""
+    return {"count": tally["count"] + 1, "total": tally["total"] + order["amount"]}
+
+
+def empty_tally() -> dict:
+    return {"count": 0, "total": 0}
+
+
+def state_of(state_key: str, value: Any) -> dict[str, int]:
+    """A customer's state keys and values, as `count_order` keeps them, from one stored entry."""
+    return dict(value) if state_key == TALLY else {state_key: value}
 
 
 class CommitPhase(StrEnum):
@@ -100,6 +117,9 @@ class WorkerSpec:
     """The topic the counted orders go to ("": none)."""
     group_instance_id: str = ""
     """Static group membership ("": none); under exactly-once it also names the transactional id."""
+    aggregate: bool = False
+    """Keep the count and total with an aggregation (`tally_order`) instead of `count_order` (no output
+    topic then: an aggregation passes on its aggregate, not the order)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -133,7 +153,12 @@ def build_app(spec: WorkerSpec) -> App:
         },
     )
     frame = app.dataframe()
-    frame.apply(count_order, stateful=True)
+    if spec.aggregate:
+        if spec.output:
+            raise ValueError("an aggregating worker passes on tallies, not orders: it cannot fill an output topic")
+        frame.aggregate(Aggregate(empty_tally, tally_order), name=TALLY)
+    else:
+        frame.apply(count_order, stateful=True)
     if spec.output:
         app.to_topic(frame, spec.output)
     return app
@@ -287,12 +312,13 @@ def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
             try:
                 for key, value in part.items():
                     message_key, state_key = split_store_key(key)
-                    iterated.setdefault(message_key.decode(), {})[state_key.decode()] = json.loads(value)
+                    state = state_of(state_key.decode(), json.loads(value))
+                    iterated.setdefault(message_key.decode(), {}).update(state)
             except StatefulError as error:
                 iteration_refused = True
                 problems.append(f"iterating partition {partition}: {error}")
             for customer in customers:
-                for name in STATE_KEYS:
+                for name in (TALLY,) if spec.aggregate else STATE_KEYS:
                     try:
                         raw = part.get(message_prefix(customer.encode()) + name.encode())
                     except StatefulError as error:
@@ -300,7 +326,7 @@ def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
                         problems.append(f"reading {customer} in partition {partition}: {error}")
                         continue
                     if raw is not None:
-                        looked.setdefault(customer, {})[name] = json.loads(raw)
+                        looked.setdefault(customer, {}).update(state_of(name, json.loads(raw)))
                         if iteration_refused:
                             refused.add(customer)
         finally:
