@@ -108,3 +108,8 @@ class ProcessingError(StatefulError):
         self.topic = topic
         self.partition = partition
         self.offset = offset
+
+
+class LateMessage(StatefulError):
+    """A message arrived after every window it belongs to had closed: what a dead-lettered late
+    message's headers describe (never raised: late messages are counted, not failures)."""

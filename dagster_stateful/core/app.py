@@ -230,17 +230,17 @@ class App:
     # Operations.
 
     def topic_specs(self) -> list[TopicSpec]:
-        return app_topic_specs(self.config)
+        return app_topic_specs(self.config, self._dataframe.changelog_configs())
 
     def provisioning_plan(self) -> ProvisioningPlan:
         """Every topic the app needs, compared with the cluster (changes nothing; print `.describe()`)."""
         with kafka_errors(f"inspecting the topics of app {self.name!r}"):
-            return provisioning_plan(self.config, self.kafka)
+            return provisioning_plan(self.config, self.kafka, self._dataframe.changelog_configs())
 
     def provision(self, create: bool | None = None) -> ProvisioningPlan:
         """Create missing internal topics (unless `create` is False) and validate the rest."""
         with kafka_errors(f"provisioning the topics of app {self.name!r}"):
-            return provision(self.config, self.kafka, create)
+            return provision(self.config, self.kafka, create, self._dataframe.changelog_configs())
 
     def worker(
         self,

@@ -13,6 +13,7 @@ existing topic is never changed silently. Replication factors default to -1, the
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -114,13 +115,17 @@ def _replication_cell(check: TopicCheck) -> str:
     return f"{wanted} ({found})" if spec.replication_factor == DEFAULT_REPLICATION else f"{wanted} (has {found})"
 
 
-def app_topic_specs(config: AppConfig) -> list[TopicSpec]:
+StoreConfigs = Mapping[str, Mapping[str, str]]
+"""Changelog topic settings by store, over the app's `changelog_config` (a window store's retention)."""
+
+
+def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None) -> list[TopicSpec]:
     """Every topic the app reads or writes, with what the app needs of it."""
-    replication = config.changelog_replication_factor
+    replication, store_configs = config.changelog_replication_factor, store_configs or {}
     specs = [TopicSpec(config.source, TopicRole.SOURCE, None)]
     specs += [
-        TopicSpec(topic, TopicRole.CHANGELOG, None, replication, dict(config.changelog_config))
-        for topic in (config.changelog_topics() or {}).values()
+        TopicSpec(topic, TopicRole.CHANGELOG, None, replication, _changelog_config(config, store_configs, store))
+        for store, topic in (config.changelog_topics() or {}).items()
     ]
     if config.emits_output and config.output:
         specs.append(TopicSpec(config.output, TopicRole.OUTPUT, None, replication))
@@ -129,15 +134,24 @@ def app_topic_specs(config: AppConfig) -> list[TopicSpec]:
     return specs
 
 
-def provisioning_plan(config: AppConfig, kafka: KafkaClients) -> ProvisioningPlan:
+def _changelog_config(config: AppConfig, store_configs: StoreConfigs, store: str) -> dict[str, str]:
+    return {**config.changelog_config, **store_configs.get(store, {})}
+
+
+def provisioning_plan(
+    config: AppConfig, kafka: KafkaClients, store_configs: StoreConfigs | None = None
+) -> ProvisioningPlan:
     """The app's topics compared with the cluster (changes nothing)."""
-    return inspect(app_topic_specs(config), kafka)
+    return inspect(app_topic_specs(config, store_configs), kafka)
 
 
-def provision(config: AppConfig, kafka: KafkaClients, create: bool | None = None) -> ProvisioningPlan:
+def provision(
+    config: AppConfig, kafka: KafkaClients, create: bool | None = None, store_configs: StoreConfigs | None = None
+) -> ProvisioningPlan:
     """Create the app's missing internal topics (unless `create`, by default `auto_create_topics`, is
     False) and validate the rest."""
-    return apply(provisioning_plan(config, kafka), kafka, config.auto_create_topics if create is None else create)
+    plan = provisioning_plan(config, kafka, store_configs)
+    return apply(plan, kafka, config.auto_create_topics if create is None else create)
 
 
 def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
@@ -194,17 +208,25 @@ def _check_replication(spec: TopicSpec, found: int, check: TopicCheck) -> None:
 
 
 def _check_changelog_config(spec: TopicSpec, found: dict[str, str], check: TopicCheck) -> None:
-    policy = found.get("cleanup.policy", "delete")
-    if policy.replace(" ", "") != "compact":
+    policy, wanted_policy = found.get("cleanup.policy", "delete"), spec.config.get("cleanup.policy", "compact")
+    if _policies(policy) != _policies(wanted_policy):
         check.problems.append(
-            f"changelog topic {spec.name} has cleanup.policy={policy}, expected compact: with deletion by "
-            "retention, state older than the retention would be lost on restore. Set it with "
-            f"`kafka-configs --alter --entity-type topics --entity-name {spec.name} "
-            "--add-config cleanup.policy=compact`."
+            f"changelog topic {spec.name} has cleanup.policy={policy}, expected {wanted_policy}: "
+            + (
+                "with deletion by retention, state older than the retention would be lost on restore"
+                if wanted_policy == "compact"
+                else "a window store's changelog is compacted, and deleted past the store's retention"
+            )
+            + f". Set it with `kafka-configs --alter --entity-type topics --entity-name {spec.name} "
+            f"--add-config cleanup.policy=[{wanted_policy}]`."
         )
     for key, wanted in spec.config.items():
         if key != "cleanup.policy" and found.get(key) not in (None, wanted):
             check.warnings.append(f"{key} is {found.get(key)}, the app asks for {wanted} (left unchanged)")
+
+
+def _policies(policy: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in policy.strip("[]").split(",") if part.strip())
 
 
 def apply(plan: ProvisioningPlan, kafka: KafkaClients, create: bool = True) -> ProvisioningPlan:

@@ -70,6 +70,8 @@ class WorkerReport:
     """Partitions the group took away without a revocation (this worker was evicted or cut off)."""
     skipped: int = 0
     dead_lettered: int = 0
+    late: int = 0
+    """Messages that arrived after every window they belong to had closed (dead-lettered ones included)."""
     transactions_aborted: int = 0
     """Exactly-once: transactions Kafka aborted; each one's messages were processed again."""
     cache_bytes_peak: int = 0

@@ -1,8 +1,10 @@
 """The worker's hot path: running the messages of one consumed batch through the steps.
 
 Owns `BatchProcessor`. For each message, in order: decode its key and value, scope the state of
-its partition's transaction to its key, run the steps, keep its writes (or undo them when it
-fails), send its output and count it; a message that the codecs or the steps refuse goes to the
+its partition's transaction to its key (and, for windows, its timestamp), run the steps, keep its
+writes (or undo them when it fails), send its output (a window step's: one per window result, keyed
+by the window's message key) and count it; a message late for all of its windows goes to the error
+policy's `handle_late`; a message that the codecs or the steps refuse goes to the
 error policy, and damage met in a store goes to the worker's recovery. Per-message work is kept to
 what each message needs: a partition's transaction is looked up once per run of its messages,
 the steps run as one compiled function, codecs are the C functions they wrap, and the state key
@@ -20,6 +22,7 @@ from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
 from dagster_stateful.core.processing.restoring import Restorations
+from dagster_stateful.core.processing.windows import Emitted
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.serialization import BytesSerde, fast_loads
 from dagster_stateful.core.state.transaction import PartitionTransaction
@@ -105,7 +108,7 @@ class BatchProcessor:
         restored store's offsets). Counts them in the worker's report, even when the error policy raises."""
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
         stateful, output, prefixes = self._stateful, self._output, self._prefixes
-        states, begin, journals = txn.views, txn.begin_scoped, txn.journals
+        states, begin, journals, windows = txn.views, txn.begin_scoped, txn.journals, txn.window_list
         done = 0
         try:
             while done < budget and index + done < end:
@@ -131,6 +134,10 @@ class BatchProcessor:
                     if prefix is None:
                         prefix = self._remember_prefix(raw_key)
                     begin(prefix, offset)
+                    if windows:
+                        timestamp = message.timestamp()[1]
+                        for window in windows:
+                            window.timestamp = timestamp
                 try:
                     result = run_steps(value, states)
                 except StepFailed as failure:
@@ -145,12 +152,25 @@ class BatchProcessor:
                     if journal:
                         journal.clear()
                 txn.next_offset = offset + 1
-                if output is not None and result is not DROPPED:
+                if result.__class__ is Emitted:
+                    self._emit(message, result, txn)
+                elif output is not None and result is not DROPPED:
                     self._produce(output, raw_key, self._output_dumps(result))
                 done += 1
             return done, False
         finally:
             self._counts[partition] = self._counts.get(partition, 0) + done
+
+    def _emit(self, message: Message, emitted: Emitted, txn: PartitionTransaction) -> None:
+        """A window step's results to the output topic, each keyed by its window's message key."""
+        if emitted.late:
+            stream_time = max((window.stream_time for window in txn.window_list), default=-1)
+            self._bad_input.handle_late(message, stream_time)
+            return
+        output, dumps = self._output, self._output_dumps
+        if output is not None:
+            for key, value in emitted:
+                self._produce(output, key, dumps(value))
 
     def _remember_prefix(self, message_key: bytes) -> bytes:
         prefixes = self._prefixes

@@ -7,8 +7,11 @@ named) as second argument. `aggregate` folds each value into a per-key aggregate
 (`aggregations.Aggregator`) kept in a store of its own, and passes on the updated result. `run`
 pushes one value through every step; what a step raises is a
 `StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable store),
-which is the store's failure, not the message's, and passes through as it is. `compiled` gives the
-worker's hot path a function that does what `run` does, specialised for the common one-step frame.
+which is the store's failure, not the message's, and passes through as it is. `tumbling_window`
+and `hopping_window` declare windowed aggregations (`windows.WindowedAggregation`): their step
+passes on an `Emitted` list of window results, which the stateless steps after it map one by one.
+`compiled` gives the worker's hot path a function that does what `run` does, specialised for the
+common one-step frame.
 """
 
 from __future__ import annotations
@@ -18,12 +21,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_stateful.core.processing.aggregations import Aggregator
+from dagster_stateful.core.processing.windows import (
+    LATE,
+    Duration,
+    Emit,
+    Emitted,
+    WindowedAggregation,
+    Windows,
+    window_result,
+)
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.transaction import State
+from dagster_stateful.core.state.windows import WindowBounds, WindowState
 from dagster_stateful.errors import ConfigurationError, StateStoreError
 
 DROPPED = object()
-REPLACING = frozenset({"apply", "aggregate"})
+REPLACING = frozenset({"apply", "aggregate", "window"})
 """Kinds of step whose result replaces the value."""
 
 
@@ -43,7 +56,11 @@ class Step:
     store: str | None
     """The store a stateful step reads and writes; None for a stateless step."""
     aggregation: str | None = None
-    """An aggregate step's name: the state key of its aggregates."""
+    """An aggregate step's name: the state key of its aggregates (of a window step: its name only)."""
+    windows: Windows | None = None
+    """A window step's windows."""
+    emit: Emit = "current"
+    """A window step's results: each update ("current") or each window once it closes ("final")."""
 
     @property
     def name(self) -> str:
@@ -52,7 +69,7 @@ class Step:
         return str(getattr(self.function, "__name__", repr(self.function)))
 
 
-Views = Mapping[str, State | LiveState]
+Views = Mapping[str, State | LiveState | WindowState]
 """The state of each store, scoped to the current message key."""
 StepCall = Callable[[Any, Views], Any]
 """(value, states by store) -> what the step returns."""
@@ -77,11 +94,55 @@ def _call_fold(step: Step, aggregator: Aggregator) -> StepCall:
     return fold
 
 
+def _call_windowed(step: Step, aggregator: Aggregator, windows: Windows) -> StepCall:
+    """A window step as a function of (value, states): the `Emitted` window results of the value, or
+    `LATE`. Raises like `_call_step`'s functions."""
+    store, name, size, final = step.store, step.name, windows.size, step.emit == "final"
+    first, add, starts, event_time = aggregator.first, aggregator.add, windows.starts, windows.timestamp
+    result = aggregator.result if aggregator.has_result else None
+
+    def windowed(value: Any, states: Views) -> Emitted:
+        try:
+            state: WindowState = states[store]  # type: ignore[index, assignment]
+            if event_time is not None:
+                state.timestamp = _event_time(event_time(value))
+            elif state.timestamp < 0:
+                raise ValueError("the message has no timestamp; give the windows a timestamp= function of the value")
+            updated, closed = state.update(starts(state.timestamp), value, first, add)
+            if not updated:
+                return LATE
+            if final:
+                windows_out = [(key, start, aggregate) for key, start, aggregate in closed]
+            else:
+                key = state.message_key
+                windows_out = [(key, start, aggregate) for start, aggregate in updated]
+            return Emitted(
+                [
+                    window_result(key, start, size, aggregate if result is None else result(aggregate))
+                    for key, start, aggregate in windows_out
+                ]
+            )
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return windowed
+
+
+def _event_time(timestamp: Any) -> int:
+    if timestamp.__class__ is not int or timestamp < 0:
+        raise ValueError(f"the timestamp function returned {timestamp!r}; event times are ints of ms since the epoch")
+    return timestamp
+
+
 def _call_step(step: Step) -> StepCall:
     """The step as a function of (value, states): it raises `StepFailed` for what the step raises,
     except `StateStoreError`, which passes through."""
     function, store, name = step.function, step.store, step.name
     if isinstance(function, Aggregator):
+        if step.windows is not None:
+            return _call_windowed(step, function, step.windows)
         return _call_fold(step, function)
 
     def call(value: Any, states: Views) -> Any:
@@ -115,8 +176,25 @@ class StreamingDataFrame:
 
     @property
     def aggregated_stores(self) -> frozenset[str]:
-        """The stores aggregate steps keep their aggregates in (no other step uses them)."""
+        """The stores aggregate and window steps keep their aggregates in (no other step uses them)."""
         return frozenset(step.store for step in self.steps if step.aggregation is not None and step.store)
+
+    @property
+    def live_stores(self) -> dict[str, WindowBounds | None]:
+        """The aggregations' stores: None for a keyed aggregation's, the bounds of a window store's."""
+        return {
+            step.store: None if step.windows is None else step.windows.bounds
+            for step in self.steps
+            if step.aggregation is not None and step.store
+        }
+
+    @property
+    def is_windowed(self) -> bool:
+        return any(step.windows is not None for step in self.steps)
+
+    def changelog_configs(self) -> dict[str, dict[str, str]]:
+        """Changelog topic settings of the stores that need their own (the window stores')."""
+        return {step.store: step.windows.changelog_config() for step in self.steps if step.windows and step.store}
 
     def apply(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Replace the value with `function(value)` or, stateful, `function(value, state)`."""
@@ -147,7 +225,63 @@ class StreamingDataFrame:
             raise ConfigurationError(
                 f"store {resolved!r} already has an aggregation named {name!r}: give this one another name=..."
             )
+        self._refuse_after_windows("aggregate")
         return self._append(Step("aggregate", aggregator, resolved, name))
+
+    def tumbling_window(
+        self,
+        size: Duration,
+        *,
+        grace: Duration = 0,
+        retention: Duration | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        store: str | None = None,
+    ) -> WindowedAggregation[StreamingDataFrame]:
+        """Windows of `size` one after the other (timedelta, or int ms), over event time: the message's
+        timestamp, or `timestamp(value)` in ms. A message up to `grace` behind stream time (the
+        latest event time its partition has seen) still counts in its window; later, it is late
+        (counted, logged, or dead-lettered under on_error="dead-letter"). Windows are kept in
+        `store` (the app's only store unless named; no other step may use it) for `retention`
+        (default and least: size + grace), then deleted and tombstoned in the changelog. Continue
+        with `.aggregate(Count()).final()` (say)."""
+        return self._windows(Windows.define(size, None, grace, retention, timestamp), store)
+
+    def hopping_window(
+        self,
+        size: Duration,
+        step: Duration,
+        *,
+        grace: Duration = 0,
+        retention: Duration | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        store: str | None = None,
+    ) -> WindowedAggregation[StreamingDataFrame]:
+        """Windows of `size` starting every `step` (so a message counts in size / step of them); the
+        rest as `tumbling_window`."""
+        return self._windows(Windows.define(size, step, grace, retention, timestamp), store)
+
+    def _windows(self, windows: Windows, store: str | None) -> WindowedAggregation[StreamingDataFrame]:
+        self._refuse_after_windows("a windowed aggregation")
+        return WindowedAggregation(self._add_windowed, windows, store)
+
+    def _add_windowed(
+        self, windows: Windows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+    ) -> StreamingDataFrame:
+        resolved = self._resolve_store(store)
+        if any(step.store == resolved for step in self.steps):
+            raise ConfigurationError(
+                f"store {resolved!r} is already used by another step; a windowed aggregation keeps its windows in a "
+                "store of its own: declare another store in the app's stores and name it with store=..."
+            )
+        self._refuse_after_windows("a windowed aggregation")
+        return self._append(Step("window", aggregator, resolved, name, windows, emit))
+
+    def _refuse_after_windows(self, what: str) -> None:
+        if self.is_windowed:
+            raise ConfigurationError(
+                f"{what} cannot follow a windowed aggregation: its results belong to windows, not to the message's "
+                "key. After a windowed aggregation only stateless apply, update and filter steps may come."
+            )
 
     def _add(self, kind: str, function: Callable[..., Any], stateful: bool, store: str | None):
         if not callable(function):
@@ -157,6 +291,8 @@ class StreamingDataFrame:
         resolved = self._resolve_store(store) if stateful else None
         if resolved is not None and resolved in self.aggregated_stores:
             raise self._shared_store(resolved)
+        if resolved is not None:
+            self._refuse_after_windows(f"a stateful {kind}")
         return self._append(Step(kind, function, resolved))
 
     def _append(self, step: Step):
@@ -199,11 +335,32 @@ class StreamingDataFrame:
         return update_one
 
     def run(self, value: Any, states: Views) -> Any:
-        """The value after every step, or DROPPED when a filter dropped it."""
-        for kind, call in self._chain:
+        """The value after every step, or DROPPED when a filter dropped it; after a window step, the
+        `Emitted` window results, each through the steps that follow it."""
+        chain = self._chain
+        for index, (kind, call) in enumerate(chain):
             result = call(value, states)
+            if kind == "window":
+                return _through(result, chain[index + 1 :], states)
             if kind in REPLACING:
                 value = result
             elif kind == "filter" and not result:
                 return DROPPED
         return value
+
+
+def _through(emitted: Emitted, chain: tuple[tuple[str, StepCall], ...], states: Views) -> Emitted:
+    """Window results, each through the (stateless) steps of `chain`."""
+    if emitted.late or not chain:
+        return emitted
+    out = Emitted()
+    for key, value in emitted:
+        for kind, call in chain:
+            result = call(value, states)
+            if kind in REPLACING:
+                value = result
+            elif kind == "filter" and not result:
+                break
+        else:
+            out.append((key, value))
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -30,6 +30,7 @@ from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.core.state.windows import WindowBounds
 from dagster_stateful.errors import RecoveryError, StateLockedError, StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
@@ -52,13 +53,14 @@ class PartitionAssignments:
         cooperative: bool = True,
         snapshots: Callable[[str], SnapshotStore] | None = None,
         drop_in_flight: Callable[[], None] | None = None,
-        live_stores: frozenset[str] = frozenset(),
+        live_stores: Mapping[str, WindowBounds | None] | None = None,
     ) -> None:
-        """live_stores: the stores of aggregations (see `PartitionTransaction`). snapshots: the
-        snapshots of a store, when there are any: a restore loads the latest one when
-        the planner says that is faster than replaying the changelog. drop_in_flight: called when
-        partitions are lost, once they are closed (exactly-once: abort the open transaction, which
-        holds their records, and rewind the partitions kept)."""
+        """live_stores: the stores of aggregations, with their windows' bounds (see
+        `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
+        restore loads the latest one when the planner says that is faster than replaying the
+        changelog. drop_in_flight: called when partitions are lost, once they are closed
+        (exactly-once: abort the open transaction, which holds their records, and rewind the
+        partitions kept)."""
         self._drop_in_flight = drop_in_flight
         self._live_stores = live_stores
         self.config = config

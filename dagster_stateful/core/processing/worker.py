@@ -106,7 +106,7 @@ class Worker:
             activity.hold_shared()
             self.stop.install()
             self._open_clients()
-            plan = provision(config, self.kafka)
+            plan = provision(config, self.kafka, store_configs=self._dataframe.changelog_configs())
             if self.partitions is None:
                 self._consumer.subscribe(
                     [config.source],
@@ -159,6 +159,7 @@ class Worker:
             report.restores = list(self._assignments.restorations.reports)
             report.skipped = self._bad_input.skipped
             report.dead_lettered = self._bad_input.dead_lettered
+            report.late = self._bad_input.late
             try:
                 report.lag = self._group_lag()
             except StatefulError as error:
@@ -224,7 +225,7 @@ class Worker:
             cooperative="cooperative" in strategy,
             snapshots=self._snapshot_store if self.snapshot_root else None,
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
-            live_stores=self._dataframe.aggregated_stores,
+            live_stores=self._dataframe.live_stores,
         )
         self._transactions = self._assignments.transactions
         self._batches = BatchProcessor(

@@ -87,6 +87,15 @@ class StoreCache:
         values[key] = value
         dirty[key] = offset
 
+    def delete_live(self, key: bytes, offset: int) -> None:
+        """A delete in a live cache, undone if the message at `offset` fails."""
+        values, dirty = self.values, self.dirty
+        old = values.get(key, _ABSENT)
+        self.journal.append((key, old, dirty.get(key, -1)))
+        self.bytes += live_entry_bytes(key, None) - (0 if old is _ABSENT else live_entry_bytes(key, old))
+        values[key] = None
+        dirty[key] = offset
+
     def accept(self) -> None:
         """The current message succeeded: its writes stay."""
         self.journal.clear()

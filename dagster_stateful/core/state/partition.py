@@ -209,9 +209,9 @@ class StorePartition:
     def read_checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.path)
 
-    def items(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every stored (key, value), in key order."""
-        return self.db.items()
+    def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Every stored (key, value) from `from_key` (or the first key) on, in key order."""
+        return self.db.items(from_key)
 
     def close(self) -> None:
         """Close the database and release the lock (also when closing the database fails)."""

@@ -12,7 +12,7 @@ returns a freshly deserialized object, so mutating it in place changes nothing u
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any
 
 from dagster_stateful.core.state.cache import Change, StoreCache
@@ -21,6 +21,7 @@ from dagster_stateful.core.state.live import LiveState, live_serializer
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde, fast_dumps
 from dagster_stateful.core.state.view import KeyView
+from dagster_stateful.core.state.windows import WindowBounds, WindowState
 from dagster_stateful.errors import StateSerializationError, StateStoreError
 
 __all__ = ["Change", "PartitionTransaction", "State"]
@@ -99,9 +100,11 @@ class PartitionTransaction:
         stores: dict[str, StorePartition],
         serde: Serde,
         committed_offset: int | None,
-        live_stores: Collection[str] = (),
+        live_stores: Mapping[str, WindowBounds | None] | None = None,
     ) -> None:
-        """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a `State`."""
+        """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a
+        `State`, or, with the bounds of their windows, a `windows.WindowState`."""
+        live_stores = live_stores or {}
         self.partition = partition
         self.stores = stores
         self.caches = {
@@ -111,10 +114,21 @@ class PartitionTransaction:
             name: State(stores[name], self.caches[name], serde) for name in stores if name not in live_stores
         }
         """The key-value stores' state, as stateful steps see it."""
-        self.live = {name: LiveState(stores[name], self.caches[name], serde) for name in stores if name in live_stores}
-        """The aggregations' stores."""
-        self.views: dict[str, State | LiveState] = {**self.states, **self.live}
+        self.live = {
+            name: LiveState(stores[name], self.caches[name], serde)
+            for name, bounds in live_stores.items()
+            if name in stores and bounds is None
+        }
+        """The keyed aggregations' stores."""
+        self.windows = {
+            name: WindowState(stores[name], self.caches[name], serde, bounds)
+            for name, bounds in live_stores.items()
+            if name in stores and bounds is not None
+        }
+        """The windowed aggregations' stores."""
+        self.views: dict[str, State | LiveState | WindowState] = {**self.states, **self.live, **self.windows}
         """Every store, by name: what the steps get."""
+        self.window_list = list(self.windows.values())
         self._state_list = list(self.views.values())
         self._cache_list = list(self.caches.values())
         self.journals = [cache.journal for cache in self._cache_list]
@@ -156,7 +170,10 @@ class PartitionTransaction:
         self.next_offset = offset + 1
 
     def discard_message(self) -> None:
-        """Undo the current message's writes."""
+        """Undo the current message's writes (and forget what windows they opened, closed or expired)."""
+        for window in self.window_list:
+            if window.writing:
+                window.forget()
         for cache in self._cache_list:
             if cache.journal:
                 cache.undo()
@@ -175,6 +192,8 @@ class PartitionTransaction:
         for cache in self.caches.values():
             cache.drop_dirty()
         self.discard_message()
+        for window in self.window_list:
+            window.forget()
         self.next_offset = self.committed_offset
 
     def committed(self) -> None:

@@ -49,7 +49,7 @@ def store(tmp_path) -> Iterator[StorePartition]:
 
 
 def transaction(store: StorePartition, committed: int | None = None) -> PartitionTransaction:
-    return PartitionTransaction(0, {"aggregates": store}, JsonSerde(), committed, live_stores={"aggregates"})
+    return PartitionTransaction(0, {"aggregates": store}, JsonSerde(), committed, live_stores={"aggregates": None})
 
 
 def feed(frame: StreamingDataFrame, txn: PartitionTransaction, orders: list[tuple[str, int]], start: int = 0) -> list:

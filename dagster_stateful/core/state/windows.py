@@ -1,0 +1,204 @@
+"""The state of a windowed aggregation: per message key and time window, one aggregate.
+
+Owns `WindowState` and the window store's key layout. A window store holds the windows of one
+windowed aggregation: each window's aggregate under `window_key(start, message prefix)`, the
+window's start first (8 bytes, big-endian), so that RocksDB keeps windows in time order and the
+windows of a time range are contiguous; and the partition's stream time (the largest event time
+seen, as in Kafka Streams) under `STREAM_TIME_KEY`, which sorts after every window. Both go
+through the live record cache (aggregates as objects, serialized once per commit) and so to the
+changelog, and both are restored from it.
+
+Stream time decides everything else: a window closes once stream time reaches its end plus the
+grace period (a message only for closed windows is late), and expires once stream time reaches
+its start plus the retention period: it is then deleted, locally and with a tombstone in the
+changelog, so a restore never replays it. Which windows are live is indexed in memory (start ->
+message prefixes; read from RocksDB and the record cache at the partition's first message, and
+again after a message or a commit was undone) so that closing and expiring cost nothing while no
+window is due.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_stateful.core.state.cache import StoreCache
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.view import KeyView
+
+__all__ = ["STREAM_TIME_KEY", "Window", "WindowBounds", "WindowState", "split_window_key", "window_key"]
+
+_START_BYTES = 8
+STREAM_TIME_KEY = b"\xff" * _START_BYTES + b"stream-time"
+"""Where a window store keeps its partition's stream time (after every window key)."""
+
+_MISSING: Any = object()
+
+Window = tuple[bytes, int, Any]
+"""A window of one message key: (message key, start in ms, aggregate)."""
+
+
+def window_key(start: int, prefix: bytes) -> bytes:
+    """The store key of the window starting at `start` (ms) for the message key of `prefix`."""
+    return start.to_bytes(_START_BYTES, "big") + prefix
+
+
+def split_window_key(key: bytes) -> tuple[int, bytes]:
+    """(start in ms, message key) of a window store key."""
+    return int.from_bytes(key[:_START_BYTES], "big"), key[_START_BYTES + 4 :]
+
+
+@dataclass(frozen=True)
+class WindowBounds:
+    """How long a window store's windows live, in ms of event time."""
+
+    size: int
+    grace: int
+    retention: int
+
+    def closes_at(self, start: int) -> int:
+        """Stream time at which the window starting at `start` closes."""
+        return start + self.size + self.grace
+
+
+class WindowState(KeyView):
+    """The windows of one window store partition, for the current message key and event time (bound
+    by the partition transaction)."""
+
+    __slots__ = ("_bounds", "_closing", "_expiring", "_index", "_stream_time", "timestamp")
+
+    def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds) -> None:
+        """`cache` must be live (made with `live.live_serializer`)."""
+        super().__init__(partition, cache, serde)
+        if cache.serialize is None:
+            raise ValueError(f"the windows of store {partition.store!r} need a live record cache")
+        self._bounds = bounds
+        self.timestamp = 0
+        """The current message's event time in ms (set before each message)."""
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the in-memory index of live windows (after a roll-back): it is read again when next needed."""
+        self._index: dict[int, set[bytes]] | None = None
+        self._closing: list[int] = []
+        """Starts of windows not yet closed (a heap)."""
+        self._expiring: list[int] = []
+        """Starts of every live window (a heap)."""
+        self._stream_time: int | None = None
+
+    @property
+    def message_key(self) -> bytes:
+        """The current message's key."""
+        return self._prefix[4:]
+
+    @property
+    def writing(self) -> bool:
+        """Whether the current message has changed this store (so far)."""
+        return bool(self._cache.journal)
+
+    @property
+    def stream_time(self) -> int:
+        """The largest event time this partition has seen (-1: none yet)."""
+        self._ensure_index()
+        assert self._stream_time is not None
+        return self._stream_time
+
+    def update(
+        self, starts: list[int], value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]
+    ) -> tuple[list[tuple[int, Any]], list[Window]]:
+        """Fold `value` into the current key's windows starting at `starts` (those not closed yet)
+        and advance stream time to the message's. Returns (start, aggregate) of each window updated
+        (none: the message is late) and the windows that closed, oldest first."""
+        index = self._ensure_index()
+        stream_time = self._stream_time
+        assert stream_time is not None
+        timestamp, bounds, prefix = self.timestamp, self._bounds, self._prefix
+        updated: list[tuple[int, Any]] = []
+        horizon = max(stream_time, timestamp)
+        for start in starts:
+            if bounds.closes_at(start) <= horizon:
+                continue
+            updated.append((start, self._fold(start, prefix, value, first, add)))
+            keys = index.get(start)
+            if keys is None:
+                keys = index[start] = set()
+                heapq.heappush(self._closing, start)
+                heapq.heappush(self._expiring, start)
+            keys.add(prefix)
+        if timestamp <= stream_time:
+            return updated, []
+        self._stream_time = timestamp
+        self._cache.put_live(STREAM_TIME_KEY, timestamp, self._offset)
+        closed = self._close(timestamp)
+        self._expire(timestamp)
+        return updated, closed
+
+    def _fold(self, start: int, prefix: bytes, value: Any, first: Callable, add: Callable) -> Any:
+        key = window_key(start, prefix)
+        current = self._values.get(key, _MISSING)
+        if current is _MISSING:
+            current = self._load(key)
+        aggregate = first(value) if current is None else add(current, value)
+        if aggregate is None:
+            raise ValueError("the aggregator returned None; an aggregate must be a value the state serializer encodes")
+        self._cache.put_live(key, aggregate, self._offset)
+        return aggregate
+
+    def _close(self, stream_time: int) -> list[Window]:
+        closing, index, bounds = self._closing, self._index, self._bounds
+        assert index is not None
+        closed: list[Window] = []
+        while closing and bounds.closes_at(closing[0]) <= stream_time:
+            start = heapq.heappop(closing)
+            for prefix in sorted(index.get(start, ())):
+                aggregate = self._read(window_key(start, prefix))
+                if aggregate is not None:
+                    closed.append((prefix[4:], start, aggregate))
+        return closed
+
+    def _expire(self, stream_time: int) -> None:
+        expiring, index, retention = self._expiring, self._index, self._bounds.retention
+        assert index is not None
+        while expiring and expiring[0] + retention <= stream_time:
+            start = heapq.heappop(expiring)
+            for prefix in index.pop(start, ()):
+                self._cache.delete_live(window_key(start, prefix), self._offset)
+
+    def _read(self, key: bytes) -> Any:
+        current = self._values.get(key, _MISSING)
+        return self._load(key) if current is _MISSING else current
+
+    def _load(self, key: bytes) -> Any:
+        data = self._partition.get(key)
+        current = None if data is None else self._decode(data)
+        self._cache.remember(key, current)
+        return current
+
+    def _ensure_index(self) -> dict[int, set[bytes]]:
+        """The live windows by start, when not known: those in RocksDB, as the record cache has
+        changed them since the last commit."""
+        if self._index is not None:
+            return self._index
+        index: dict[int, set[bytes]] = {}
+        stream_time = -1
+        for key, data in self._partition.items():
+            if key == STREAM_TIME_KEY:
+                stream_time = self._decode(data)
+            else:
+                index.setdefault(int.from_bytes(key[:_START_BYTES], "big"), set()).add(key[_START_BYTES:])
+        for key, value in self._values.items():
+            if key == STREAM_TIME_KEY:
+                stream_time = value
+            elif value is None:
+                index.get(int.from_bytes(key[:_START_BYTES], "big"), set()).discard(key[_START_BYTES:])
+            else:
+                index.setdefault(int.from_bytes(key[:_START_BYTES], "big"), set()).add(key[_START_BYTES:])
+        index = {start: prefixes for start, prefixes in index.items() if prefixes}
+        self._index = index
+        self._stream_time = stream_time
+        self._expiring = sorted(index)
+        self._closing = [start for start in self._expiring if self._bounds.closes_at(start) > stream_time]
+        return index
