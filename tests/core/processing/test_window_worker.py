@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +29,9 @@ from dagster_stateful.core.state.windows import STREAM_TIME_KEY, split_window_ke
 
 PARTITIONS = 2
 CUSTOMERS = 12
-EPOCH = 1_700_000_000_000
 SIZE, GRACE = 10_000, 3_000
+EPOCH = (time.time_ns() // 1_000_000 // SIZE - 3_600) * SIZE
+"""The first order's event time: ten hours ago, so no retention by time deletes the orders under test."""
 AGGRESSIVE_COMPACTION = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}
 
 Window = tuple[str, int]
