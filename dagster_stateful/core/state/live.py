@@ -40,7 +40,10 @@ class LiveState(KeyView):
     def fold(self, suffix: bytes, value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
         """The aggregate under state key `suffix` after `value`: `first(value)` for a key without
         one, else `add(aggregate, value)`; kept (journaled) and returned."""
-        key = self._prefix + suffix
+        return self._fold_key(self._prefix + suffix, value, first, add)
+
+    def _fold_key(self, key: bytes, value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
+        """`fold` under store key `key`."""
         current = self._values.get(key, _MISSING)
         if current is _MISSING:
             current = self._load(key)

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_stateful.core.state.cache import StoreCache
+from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
-from dagster_stateful.core.state.view import KeyView
 
 __all__ = ["STREAM_TIME_KEY", "Window", "WindowBounds", "WindowState", "split_window_key", "window_key"]
 
@@ -64,7 +64,7 @@ class WindowBounds:
         return start + self.size + self.grace
 
 
-class WindowState(KeyView):
+class WindowState(LiveState):
     """The windows of one window store partition, for the current message key and event time (bound
     by the partition transaction)."""
 
@@ -73,8 +73,6 @@ class WindowState(KeyView):
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds) -> None:
         """`cache` must be live (made with `live.live_serializer`)."""
         super().__init__(partition, cache, serde)
-        if cache.serialize is None:
-            raise ValueError(f"the windows of store {partition.store!r} need a live record cache")
         self._bounds = bounds
         self.timestamp = 0
         """The current message's event time in ms (set before each message)."""
@@ -121,7 +119,7 @@ class WindowState(KeyView):
         for start in starts:
             if bounds.closes_at(start) <= horizon:
                 continue
-            updated.append((start, self._fold(start, prefix, value, first, add)))
+            updated.append((start, self._fold_key(window_key(start, prefix), value, first, add)))
             keys = index.get(start)
             if keys is None:
                 keys = index[start] = set()
@@ -135,17 +133,6 @@ class WindowState(KeyView):
         closed = self._close(timestamp)
         self._expire(timestamp)
         return updated, closed
-
-    def _fold(self, start: int, prefix: bytes, value: Any, first: Callable, add: Callable) -> Any:
-        key = window_key(start, prefix)
-        current = self._values.get(key, _MISSING)
-        if current is _MISSING:
-            current = self._load(key)
-        aggregate = first(value) if current is None else add(current, value)
-        if aggregate is None:
-            raise ValueError("the aggregator returned None; an aggregate must be a value the state serializer encodes")
-        self._cache.put_live(key, aggregate, self._offset)
-        return aggregate
 
     def _close(self, stream_time: int) -> list[Window]:
         closing, index, bounds = self._closing, self._index, self._bounds
@@ -170,12 +157,6 @@ class WindowState(KeyView):
     def _read(self, key: bytes) -> Any:
         current = self._values.get(key, _MISSING)
         return self._load(key) if current is _MISSING else current
-
-    def _load(self, key: bytes) -> Any:
-        data = self._partition.get(key)
-        current = None if data is None else self._decode(data)
-        self._cache.remember(key, current)
-        return current
 
     def _ensure_index(self) -> dict[int, set[bytes]]:
         """The live windows by start, when not known: those in RocksDB, as the record cache has
