@@ -15,8 +15,8 @@ from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, 
 from dagster_stateful.core.processing.aggregations import Aggregate, Aggregator, Count, Max, Mean, Min, Reduce, Sum
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
+from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
-from dagster_stateful.core.state.transaction import State
 from dagster_stateful.errors import (
     ConfigurationError,
     DeliveryError,

@@ -44,6 +44,7 @@ from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequ
 from dagster_stateful.core.recovery.verification import Digest, replay_digest
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
+from dagster_stateful.core.state.stores import StoreDeclaration, store_specs
 from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class App:
         self,
         name: str,
         source: str,
-        stores: Iterable[str] = ("default",),
+        stores: Iterable[StoreDeclaration] = ("default",),
         output: str | None = None,
         state_dir: str | Path = "./state",
         kafka: KafkaConnection | None = None,
@@ -83,6 +84,8 @@ class App:
         snapshot_root: str | None = None,
     ) -> None:
         """
+        stores: the state stores, by name, or as `Store(name, ttl=...)` for a store whose entries
+            expire a time-to-live after their last set.
         kafka: connection settings (librdkafka keys), a bootstrap address, or a `KafkaClients`;
             by default `$KAFKA_BOOTSTRAP_SERVERS`.
         on_error: what to do with a message that cannot be deserialized or whose step raises:
@@ -99,10 +102,12 @@ class App:
             (expired or deleted group offsets): "resume-from-state" (from the source offset the local
             state was committed at) or "fail" (stop with the operator's options).
         """
+        specs = store_specs(stores)
         self.config = AppConfig(
             name=name,
             source=source,
-            stores=tuple(stores),
+            stores=tuple(spec.name for spec in specs),
+            store_ttls={spec.name: spec.ttl_ms for spec in specs if spec.ttl_ms is not None},
             output=output,
             key_serde=resolve_serde(key_serde),
             value_serde=resolve_serde(value_serde),
@@ -133,7 +138,7 @@ class App:
         self.snapshot_root = snapshot_root
         self._kafka = None if kafka is None else _kafka_clients(kafka)
         self.listeners = Listeners()
-        self._dataframe = StreamingDataFrame(list(self.config.stores))
+        self._dataframe = StreamingDataFrame(list(self.config.stores), frozenset(self.config.store_ttls))
 
     # What the app is (read from its configuration).
 

@@ -67,6 +67,8 @@ class AppConfig:
     """The consumer group, and the prefix of the app's internal topics."""
     source: str
     stores: tuple[str, ...] = ("default",)
+    store_ttls: Mapping[str, int] = field(default_factory=dict)
+    """The time-to-live (ms of stream time) of the stores whose entries expire (`stores.Store.ttl`)."""
     output: str | None = None
     emits_output: bool = False
     """True once `App.to_topic` routed the steps' results to `output`."""
@@ -102,6 +104,7 @@ class AppConfig:
         for store in stores:
             _check_name(store, what="store name")
         self._set("stores", stores)
+        self._check_ttls(stores)
         for serde_field in ("key_serde", "value_serde", "output_serde", "state_serde"):
             self._set(serde_field, resolve_serde(getattr(self, serde_field)))
         self._set("on_error", choice(ErrorPolicy, self.on_error, "on_error"))
@@ -119,6 +122,26 @@ class AppConfig:
         self._set("producer_config", dict(self.producer_config))
         if self.exactly_once:
             self._check_transactions()
+
+    def _check_ttls(self, stores: tuple[str, ...]) -> None:
+        ttls = dict(self.store_ttls)
+        unknown = sorted(set(ttls) - set(stores))
+        if unknown:
+            raise ConfigurationError(f"app {self.name!r} gives a ttl to stores {unknown} it does not declare")
+        for store, ttl in ttls.items():
+            if ttl <= 0:
+                raise ConfigurationError(f"the ttl of store {store!r} must be positive, got {ttl} ms")
+        self._set("store_ttls", ttls)
+        if ttls and "delete" in str(self.changelog_config.get("cleanup.policy", "")):
+            retention = int(self.changelog_config.get("retention.ms", 7 * 24 * 3600 * 1000))
+            short = sorted(store for store, ttl in ttls.items() if 0 <= retention < ttl)
+            if short:
+                raise ConfigurationError(
+                    f"changelog_config deletes changelog records after retention.ms={retention}, less than the ttl of "
+                    f"stores {short}: a restore would lose entries that have not expired. Expired entries are "
+                    "tombstoned in the changelog, so compaction alone keeps it small: drop 'delete' from "
+                    "cleanup.policy, or keep retention.ms at least the largest ttl."
+                )
 
     @property
     def exactly_once(self) -> bool:

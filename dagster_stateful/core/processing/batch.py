@@ -1,7 +1,7 @@
 """The worker's hot path: running the messages of one consumed batch through the steps.
 
 Owns `BatchProcessor`. For each message, in order: decode its key and value, scope the state of
-its partition's transaction to its key (and, for windows, its timestamp), run the steps, keep its
+its partition's transaction to its key (and, for windows and expiring stores, its timestamp), run the steps, keep its
 writes (or undo them when it fails), send its output (a window step's: one per window result, keyed
 by the window's message key) and count it; a message late for all of its windows goes to the error
 policy's `handle_late`; a message that the codecs or the steps refuse goes to the
@@ -109,6 +109,7 @@ class BatchProcessor:
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
         stateful, output, prefixes = self._stateful, self._output, self._prefixes
         states, begin, journals, windows = txn.views, txn.begin_scoped, txn.journals, txn.window_list
+        expiring = txn.expiring
         done = 0
         try:
             while done < budget and index + done < end:
@@ -138,6 +139,10 @@ class BatchProcessor:
                         timestamp = message.timestamp()[1]
                         for window in windows:
                             window.timestamp = timestamp
+                    if expiring:
+                        timestamp = message.timestamp()[1]
+                        for store in expiring:
+                            store.observe(timestamp)
                 try:
                     result = run_steps(value, states)
                 except StepFailed as failure:

@@ -30,8 +30,8 @@ from dagster_stateful.core.processing.windows import (
     Windows,
     window_result,
 )
+from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
-from dagster_stateful.core.state.transaction import State
 from dagster_stateful.core.state.windows import WindowBounds, WindowState
 from dagster_stateful.errors import ConfigurationError, StateStoreError
 
@@ -159,8 +159,10 @@ def _call_step(step: Step) -> StepCall:
 class StreamingDataFrame:
     """The app's steps, in order. Methods add a step and return the same frame."""
 
-    def __init__(self, store_names: list[str]) -> None:
+    def __init__(self, store_names: list[str], expiring: frozenset[str] = frozenset()) -> None:
+        """expiring: the stores declared with a ttl (only apply, update and filter steps may use them)."""
         self._store_names = store_names
+        self._expiring = expiring
         self._steps: tuple[Step, ...] = ()
         self._chain: tuple[tuple[str, StepCall], ...] = ()
         """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
@@ -218,6 +220,7 @@ class StreamingDataFrame:
             raise TypeError(f"aggregate needs an Aggregator (Count(), Sum(...), Aggregate(...)), got {aggregator!r}")
         name = name or aggregator.name
         resolved = self._resolve_store(store)
+        self._refuse_expiring(resolved, "an aggregation")
         taken = [step for step in self.steps if step.store == resolved]
         if any(step.aggregation is None for step in taken):
             raise self._shared_store(resolved)
@@ -268,6 +271,7 @@ class StreamingDataFrame:
         self, windows: Windows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
     ) -> StreamingDataFrame:
         resolved = self._resolve_store(store)
+        self._refuse_expiring(resolved, "a windowed aggregation")
         if any(step.store == resolved for step in self.steps):
             raise ConfigurationError(
                 f"store {resolved!r} is already used by another step; a windowed aggregation keeps its windows in a "
@@ -275,6 +279,14 @@ class StreamingDataFrame:
             )
         self._refuse_after_windows("a windowed aggregation")
         return self._append(Step("window", aggregator, resolved, name, windows, emit))
+
+    def _refuse_expiring(self, store: str, what: str) -> None:
+        if store in self._expiring:
+            raise ConfigurationError(
+                f"store {store!r} has a ttl, which {what} cannot use: a window store's windows expire by its "
+                "retention, and an aggregate by key lives until deleted. Keep the aggregation in a store without a "
+                "ttl (declare another store and name it with store=...)."
+            )
 
     def _refuse_after_windows(self, what: str) -> None:
         if self.is_windowed:

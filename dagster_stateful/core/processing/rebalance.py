@@ -190,7 +190,12 @@ class PartitionAssignments:
     def activate(self, consumer: Consumer, restored: RestoringPartition) -> None:
         """A partition's stores are restored: process it from its starting offset."""
         self.transactions[restored.partition] = PartitionTransaction(
-            restored.partition, restored.stores, self.config.state_serde, restored.committed, self._live_stores
+            restored.partition,
+            restored.stores,
+            self.config.state_serde,
+            restored.committed,
+            self._live_stores,
+            self.config.store_ttls,
         )
         offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
         if offsets:

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 
 from dagster_stateful.core.processing.aggregations import Aggregator
+from dagster_stateful.core.state.stores import Duration, as_ms
 from dagster_stateful.core.state.windows import WindowBounds
 from dagster_stateful.errors import ConfigurationError
 
 __all__ = ["LATE", "Emitted", "WindowedAggregation", "Windows", "as_ms"]
 
-Duration = timedelta | int
-"""A duration: a timedelta, or an int of milliseconds."""
 Emit = Literal["current", "final"]
 Frame = TypeVar("Frame")
 
@@ -50,18 +48,6 @@ class Emitted(list[tuple[bytes, Any]]):
 
 LATE = Emitted(late=True)
 """The result of a message that arrived after all of its windows closed."""
-
-
-def as_ms(duration: Duration, what: str) -> int:
-    """`duration` in whole milliseconds (a ConfigurationError naming `what` when it is not one)."""
-    if isinstance(duration, timedelta):
-        ms = duration / timedelta(milliseconds=1)
-        if ms != int(ms):
-            raise ConfigurationError(f"{what} must be whole milliseconds, got {duration}")
-        return int(ms)
-    if isinstance(duration, bool) or not isinstance(duration, int):
-        raise ConfigurationError(f"{what} is a timedelta or an int of milliseconds, got {duration!r}")
-    return duration
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 _LENGTH_BYTES = 4
 
+STREAM_TIME_KEY = b"\xff" * 8 + b"stream-time"
+"""Where a store that keeps time (a window or TTL store) keeps its partition's stream time: it sorts
+after every window key and cannot be a scoped key (no message key is 4 GiB long)."""
+
 
 def message_prefix(message_key: bytes) -> bytes:
     return len(message_key).to_bytes(_LENGTH_BYTES, "big") + message_key

@@ -1,91 +1,28 @@
-"""State as a step sees it, and the uncommitted work of one partition between two commits.
+"""The uncommitted work of one partition between two commits.
 
-Owns `State` (get / set / delete / exists, scoped to the current message key) and
-`PartitionTransaction`: per store, a record cache (`cache.StoreCache`) holding the last value
+Owns `PartitionTransaction`: per store, a record cache (`cache.StoreCache`) holding the last value
 written to each key since the last commit (repeated writes to a key cost one changelog record and
-one RocksDB put) and the values read or committed lately. The writes of the message being processed
-are journaled and undone if it fails, so a step that fails half-way leaves no trace. Values are
-serialized by `State.set`, inside the step, so a value the serializer refuses fails that message
-under the app's error policy instead of every commit; the cache keeps bytes, and `State.get`
-returns a freshly deserialized object, so mutating it in place changes nothing until it is `set`.
+one RocksDB put) and the values read or committed lately, and the view each step gets of it
+(`kv.State`, `ttl.TtlState`, `live.LiveState` or `windows.WindowState`). The writes of the message
+being processed are journaled and undone if it fails, so a step that fails half-way leaves no
+trace. Before a commit, expiring stores delete what has expired (`expire`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from dagster_stateful.core.state.cache import Change, StoreCache
-from dagster_stateful.core.state.keys import encode_state_key, message_prefix
+from dagster_stateful.core.state.keys import message_prefix
+from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState, live_serializer
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import Serde, fast_dumps
-from dagster_stateful.core.state.view import KeyView
+from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.windows import WindowBounds, WindowState
-from dagster_stateful.errors import StateSerializationError, StateStoreError
+from dagster_stateful.errors import StateStoreError
 
-__all__ = ["Change", "PartitionTransaction", "State"]
-
-_MISSING: Any = object()
-
-
-class State(KeyView):
-    """Key-value state of one store for the current message key only."""
-
-    __slots__ = ("_dumps",)
-
-    def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
-        super().__init__(partition, cache, serde)
-        self._dumps = fast_dumps(serde)
-
-    def get(self, key: str | bytes, default: Any = None) -> Any:
-        """A new object on every call: change it, then `set` it, for the change to count."""
-        store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
-        data = self._values.get(store_key, _MISSING)
-        if data is _MISSING:
-            data = self._partition.get(store_key)
-            self._cache.remember(store_key, data)
-        if data is None:
-            return default
-        try:
-            return self._loads(data)
-        except Exception:  # noqa: BLE001 - the serde's own loads raises it, described
-            return self._serde.loads(data)
-
-    def set(self, key: str | bytes, value: Any) -> None:
-        """Raises `StateSerializationError` (a failure of the step) when the serializer refuses `value`."""
-        if value is None:
-            raise ValueError("state values cannot be None; use state.delete(key)")
-        store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
-        try:
-            data = self._dumps(value)
-        except Exception as error:
-            raise self._refused(key, value, error) from error
-        self._cache.put(store_key, data if data.__class__ is bytes else self._as_bytes(key, data), self._offset)
-
-    def delete(self, key: str | bytes) -> None:
-        self._cache.put(self._prefix + encode_state_key(key), None, self._offset)
-
-    def exists(self, key: str | bytes) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
-
-    def _serde_name(self) -> str:
-        return getattr(self._serde, "name", type(self._serde).__name__)
-
-    def _refused(self, key: str | bytes, value: Any, error: Exception) -> StateSerializationError:
-        return StateSerializationError(
-            f"cannot store a {type(value).__name__} under state key {key!r} of store {self._partition.store!r}: "
-            f"the {self._serde_name()!r} state serializer refused it ({type(error).__name__}: {error}). Store values "
-            "it can encode (for JSON: dict, list, str, int, float, bool), or give the app a state_serde that can."
-        )
-
-    def _as_bytes(self, key: str | bytes, data: object) -> bytes:
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            return bytes(data)
-        raise StateSerializationError(
-            f"the {self._serde_name()!r} state serializer returned {type(data).__name__}, not bytes, for state key "
-            f"{key!r} of store {self._partition.store!r}; its dumps() must return bytes."
-        )
+__all__ = ["Change", "PartitionTransaction"]
 
 
 class PartitionTransaction:
@@ -101,19 +38,27 @@ class PartitionTransaction:
         serde: Serde,
         committed_offset: int | None,
         live_stores: Mapping[str, WindowBounds | None] | None = None,
+        ttls: Mapping[str, int] | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a
-        `State`, or, with the bounds of their windows, a `windows.WindowState`."""
-        live_stores = live_stores or {}
+        `State`, or, with the bounds of their windows, a `windows.WindowState`; ttls: the TTL (ms)
+        of the key-value stores whose entries expire, whose steps get a `ttl.TtlState`."""
+        live_stores, ttls = live_stores or {}, ttls or {}
         self.partition = partition
         self.stores = stores
         self.caches = {
             name: StoreCache(live_serializer(name, serde) if name in live_stores else None) for name in stores
         }
-        self.states = {
-            name: State(stores[name], self.caches[name], serde) for name in stores if name not in live_stores
+        self.states: dict[str, State] = {
+            name: TtlState(stores[name], self.caches[name], serde, ttls[name])
+            if name in ttls
+            else State(stores[name], self.caches[name], serde)
+            for name in stores
+            if name not in live_stores
         }
         """The key-value stores' state, as stateful steps see it."""
+        self.expiring = [state for state in self.states.values() if isinstance(state, TtlState)]
+        """The stores whose entries expire: each message's timestamp goes to their `observe`."""
         self.live = {
             name: LiveState(stores[name], self.caches[name], serde)
             for name, bounds in live_stores.items()
@@ -183,6 +128,12 @@ class PartitionTransaction:
         self.discard_message()
         self.next_offset = offset + 1
 
+    def expire(self) -> None:
+        """Before a commit: the expiring stores delete what stream time has reached and keep their stream time."""
+        if self.expiring and self.next_offset is not None:
+            for state in self.expiring:
+                state.expire(self.next_offset - 1)
+
     def changes(self, store: str) -> list[Change]:
         """(key, serialized value or None for a delete, source offset), each changed key once."""
         return self.caches[store].changes()
@@ -194,6 +145,8 @@ class PartitionTransaction:
         self.discard_message()
         for window in self.window_list:
             window.forget()
+        for store in self.expiring:
+            store.forget()
         self.next_offset = self.committed_offset
 
     def committed(self) -> None:

@@ -1,6 +1,6 @@
 """What the state views a step gets have in common: one store partition, scoped to the current key.
 
-Owns `KeyView`, the base of `transaction.State` (key-value state) and `live.LiveState` (the
+Owns `KeyView`, the base of `kv.State` (key-value state) and `live.LiveState` (the
 aggregations' state): the store partition, its record cache, the state serializer's decoding, and
 the current message's key prefix and source offset, which the partition transaction binds before
 each message (`_bind`).

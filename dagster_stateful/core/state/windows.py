@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_stateful.core.state.cache import StoreCache
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
@@ -32,8 +33,6 @@ from dagster_stateful.core.state.serialization import Serde
 __all__ = ["STREAM_TIME_KEY", "Window", "WindowBounds", "WindowState", "split_window_key", "window_key"]
 
 _START_BYTES = 8
-STREAM_TIME_KEY = b"\xff" * _START_BYTES + b"stream-time"
-"""Where a window store keeps its partition's stream time (after every window key)."""
 
 _MISSING: Any = object()
 
