@@ -47,9 +47,9 @@ def message(txn: PartitionTransaction, key: str, offset: int, timestamp: int) ->
     txn.begin_message(key.encode(), offset)
     for state in txn.expiring:
         state.observe(timestamp)
-    state = txn.states["seen"]
-    assert isinstance(state, TtlState)
-    return state
+    seen = txn.states["seen"]
+    assert isinstance(seen, TtlState)
+    return seen
 
 
 def commit(txn: PartitionTransaction, store: StorePartition) -> dict[bytes, bytes | None]:
