@@ -1,11 +1,15 @@
-"""One call builds every Dagster definition of a stateful app.
+"""One call builds every Dagster definition of one stateful app, or of several.
 
-Owns `build_stateful_definitions`: the app's assets (source topic, changelogs, state stores,
+Owns `build_stateful_definitions`: each app's assets (source topic, changelogs, state stores,
 snapshots), asset checks, jobs (provision, worker, restore, Spark restore, clear state,
 compaction), the worker and daily compaction schedules and the lag and rebalance sensors, with
 the resources they need under the keys `kafka`, `state_store` and `pyspark` (Spark with the
-Kafka connector, for the Spark jobs).
+Kafka connector, for the Spark jobs), shared by the apps; apps reading one topic share its asset.
 """
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from dagster import (
     AssetSelection,
@@ -23,6 +27,7 @@ from dagster import (
 from dagster_stateful.assets import changelog_assets, snapshot_assets, source_topic_spec, store_assets
 from dagster_stateful.checks import stateful_checks
 from dagster_stateful.core.app import App
+from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.jobs import clear_state_job, provision_job, restore_job, spark_restore_job, worker_job
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
@@ -30,8 +35,8 @@ from dagster_stateful.sensors import lag_sensor, rebalance_sensor
 
 
 def build_stateful_definitions(
-    app: App,
-    source_partitions: int,
+    apps: App | Sequence[App],
+    source_partitions: int | Mapping[str, int],
     kafka: KafkaResource,
     state_store: StateStoreResource,
     worker_every_minutes: int | None = 5,
@@ -43,49 +48,95 @@ def build_stateful_definitions(
     compaction_cron: str = "0 3 * * *",
     max_snapshot_age_hours: float = 48.0,
 ) -> Definitions:
-    """Definitions for `app`, whose source topic has `source_partitions` partitions (a check verifies it).
+    """Definitions for one app or several (their names must differ; apps reading the same source
+    topic share its asset). `source_partitions`: the source topic's partition count, or the count per
+    source topic when the apps read different ones (a check verifies it).
 
     worker_every_minutes: run a bounded worker on this schedule (None: no schedule).
     automation_running: start the schedule and sensors switched on (otherwise a user turns them on in the UI).
     """
+    apps = [apps] if isinstance(apps, App) else list(apps)
+    names = [app.name for app in apps]
+    if not apps or len(set(names)) != len(names):
+        raise ConfigurationError(f"build_stateful_definitions needs one or more apps with distinct names, got {names}")
     schedule_status = DefaultScheduleStatus.RUNNING if automation_running else DefaultScheduleStatus.STOPPED
     sensor_status = DefaultSensorStatus.RUNNING if automation_running else DefaultSensorStatus.STOPPED
-    worker = worker_job(app)
-    assets = [source_topic_spec(app), store_assets(app, source_partitions)]
-    jobs = [worker, restore_job(app), clear_state_job(app)]
-    schedules = [worker_schedule(app, worker, worker_every_minutes, schedule_status)] if worker_every_minutes else []
-    if app.config.use_changelog_topics:
-        compaction = define_asset_job(
-            job_name(app, "compaction"),
-            selection=AssetSelection.assets(*(snapshot_key(app, s) for s in app.stores)),
-            description=f"Spark folds the changelogs of `{app.name}` into new snapshots.",
-        )
-        assets += [changelog_assets(app), snapshot_assets(app)]
-        jobs += [provision_job(app), spark_restore_job(app), compaction]
-        schedules.append(
-            ScheduleDefinition(
-                name=job_name(app, "daily_compaction"),
-                job=compaction,
-                cron_schedule=compaction_cron,
-                default_status=schedule_status,
-                description="Daily snapshot of every store (Spark).",
-            )
-        )
-    return Definitions(
-        assets=assets,
-        asset_checks=stateful_checks(app, max_changelog_lag, max_snapshot_age_hours),
-        jobs=jobs,
-        schedules=schedules,
-        sensors=[
+    parts = _Parts()
+    sources: dict[str, App] = {}
+    for app in apps:
+        sources.setdefault(app.source, app)
+        partitions = _partitions_of(app, source_partitions)
+        parts.add_app(app, partitions, worker_every_minutes, schedule_status, compaction_cron)
+        parts.checks += stateful_checks(app, max_changelog_lag, max_snapshot_age_hours)
+        parts.sensors += [
             lag_sensor(app, lag_threshold, default_status=sensor_status),
             rebalance_sensor(app, restore_threshold, default_status=sensor_status),
-        ],
+        ]
+    return Definitions(
+        assets=[source_topic_spec(app) for app in sources.values()] + parts.assets,
+        asset_checks=parts.checks,
+        jobs=parts.jobs,
+        schedules=parts.schedules,
+        sensors=parts.sensors,
         resources={
             "kafka": kafka,
             "state_store": state_store,
             "pyspark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"}),
         },
     )
+
+
+def _partitions_of(app: App, source_partitions: int | Mapping[str, int]) -> int:
+    if isinstance(source_partitions, int):
+        return source_partitions
+    if app.source not in source_partitions:
+        raise ConfigurationError(
+            f"source_partitions gives no partition count for topic {app.source!r}, the source of app {app.name!r}"
+        )
+    return source_partitions[app.source]
+
+
+@dataclass
+class _Parts:
+    """The definitions of the apps, gathered."""
+
+    assets: list[Any] = field(default_factory=list)
+    checks: list[Any] = field(default_factory=list)
+    jobs: list[Any] = field(default_factory=list)
+    schedules: list[Any] = field(default_factory=list)
+    sensors: list[Any] = field(default_factory=list)
+
+    def add_app(
+        self,
+        app: App,
+        partitions: int,
+        worker_every_minutes: int | None,
+        status: DefaultScheduleStatus,
+        compaction_cron: str,
+    ) -> None:
+        worker = worker_job(app)
+        self.assets.append(store_assets(app, partitions))
+        self.jobs += [worker, restore_job(app), clear_state_job(app)]
+        if worker_every_minutes:
+            self.schedules.append(worker_schedule(app, worker, worker_every_minutes, status))
+        if not app.config.use_changelog_topics:
+            return
+        compaction = define_asset_job(
+            job_name(app, "compaction"),
+            selection=AssetSelection.assets(*(snapshot_key(app, s) for s in app.stores)),
+            description=f"Spark folds the changelogs of `{app.name}` into new snapshots.",
+        )
+        self.assets += [changelog_assets(app), snapshot_assets(app)]
+        self.jobs += [provision_job(app), spark_restore_job(app), compaction]
+        self.schedules.append(
+            ScheduleDefinition(
+                name=job_name(app, "daily_compaction"),
+                job=compaction,
+                cron_schedule=compaction_cron,
+                default_status=status,
+                description="Daily snapshot of every store (Spark).",
+            )
+        )
 
 
 def worker_schedule(app: App, worker, every_minutes: int, status: DefaultScheduleStatus):

@@ -1,16 +1,17 @@
 """Asset checks for what goes wrong with stateful apps in production.
 
 Owns the checks on each changelog asset (partition count equals the source's; cleanup policy is
-compact; no local stored offset beyond the changelog's end, the sign of a recreated changelog;
-the group's committed source offset not below the source's low watermark, the sign of data lost to
-retention), on each state-store asset (local state not too far behind its changelog; up-to-date
-partitions equal a changelog replay, by digest) and on each snapshot asset (not too old). Each
-result says what it found, where, and what to do.
+the store's: compact, or compact,delete for a window store; no local stored offset beyond the
+changelog's end, the sign of a recreated changelog; the group's committed source offset not below
+the source's low watermark, the sign of data lost to retention), on each state-store asset (local
+state not too far behind its changelog; up-to-date partitions equal a changelog replay, by digest)
+and on each snapshot asset (not too old). Each result says what it found, where, and what to do.
 """
 
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka.provisioning import cleanup_policies
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
@@ -51,19 +52,23 @@ def _changelog_checks(app: App, store: str) -> list:
         )
 
     @asset_check(
-        asset=key, name="cleanup_policy_compact", description="The changelog is compacted, not deleted by retention."
+        asset=key,
+        name="cleanup_policy_compact",
+        description="The changelog is compacted (and, for a window store, deleted past the store's retention only).",
     )
     def cleanup_policy(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         clients = state_store.bind(app, kafka).kafka
         if clients.partition_count(topic) is None:
             return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
         policy = clients.topic_config(topic).get("cleanup.policy", "delete")
+        wanted = app.changelog_topic_config(store).get("cleanup.policy", "compact")
+        passed = cleanup_policies(policy) == cleanup_policies(wanted)
         return AssetCheckResult(
-            passed=policy == "compact",
-            metadata={"cleanup.policy": policy},
+            passed=passed,
+            metadata={"cleanup.policy": policy, "expected": wanted},
             description=None
-            if policy == "compact"
-            else f"{topic} has cleanup.policy={policy}; set it to compact or state will be lost.",
+            if passed
+            else f"{topic} has cleanup.policy={policy}; set it to {wanted} or state will be lost.",
         )
 
     @asset_check(

@@ -1,7 +1,7 @@
 """The stateful engine: apps, per-partition RocksDB state stores, changelog topics, recovery and
 bounded workers. Plain Python: never imports dagster or pyspark.
 
-What an engine user imports lives here: `App` (the façade) and `AppConfig`, `State`, the
+What an engine user imports lives here: `App` (the façade) and `AppConfig`, `State`, `Store`, the
 aggregators (`Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Aggregate`), the serializers, the
 listeners, the reports and the error hierarchy. The sub-packages hold the parts:
 `state/` (local storage), `kafka/` (clients and topics), `recovery/` (restores), `processing/`
@@ -17,6 +17,7 @@ from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
+from dagster_stateful.core.state.stores import Store
 from dagster_stateful.errors import (
     ConfigurationError,
     DeliveryError,
@@ -63,6 +64,7 @@ __all__ = [
     "StateStoreError",
     "StatefulError",
     "StopReason",
+    "Store",
     "StrSerde",
     "StreamingDataFrame",
     "Sum",

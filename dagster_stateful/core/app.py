@@ -237,6 +237,12 @@ class App:
     def topic_specs(self) -> list[TopicSpec]:
         return app_topic_specs(self.config, self._dataframe.changelog_configs())
 
+    def changelog_topic_config(self, store: str) -> dict[str, str]:
+        """The topic settings the changelog of `store` is created with (a window store's is also
+        deleted past its retention)."""
+        topic = self.changelog_topic(store)
+        return next(spec.config for spec in self.topic_specs() if spec.name == topic)
+
     def provisioning_plan(self) -> ProvisioningPlan:
         """Every topic the app needs, compared with the cluster (changes nothing; print `.describe()`)."""
         with kafka_errors(f"inspecting the topics of app {self.name!r}"):

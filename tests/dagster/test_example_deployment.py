@@ -1,5 +1,6 @@
-"""The example deployment: the code location loads, its assets materialize against the broker, and
-the README's run command serves the UI and leaves nothing running after Ctrl-C."""
+"""The example deployment: the code location loads, its assets materialize against the broker, its
+order counts drop resent orders and pass on each final minute once, and the README's run command
+serves the UI and leaves nothing running after Ctrl-C."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from dagster import DagsterInstance
-from kafka_helpers import answers_http, free_port, wait_for
+from kafka_helpers import answers_http, free_port, read_messages, wait_for
+
+from dagster_stateful import KafkaResource, StateStoreResource
+from dagster_stateful.core import App
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY, split_store_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +72,57 @@ def test_example_generates_orders_and_keeps_totals(example):
     assert {m.partition for m in materializations} == {str(p) for p in range(example.ORDERS_PARTITIONS)}
     assert sum(m.metadata["keys"].value for m in materializations) >= 2 * 20, "a total and a count per customer"
     assert all(m.metadata["source_lag"].value == 0 for m in materializations)
+
+
+def test_example_drops_resent_orders_and_counts_each_customers_minutes_once(example, kafka_bootstrap, tmp_path):
+    defs = example.defs
+    instance = DagsterInstance.ephemeral()
+    orders_config = {"count": 400, "customers": 10, "spread_seconds": 180, "duplicates": 0.2}
+    generated = defs.resolve_job_def("generate_orders").execute_in_process(
+        instance=instance, run_config={"ops": {"write_orders": {"config": orders_config}}}
+    )
+    assert generated.success
+    assert defs.resolve_job_def("order_counts__provision").execute_in_process(instance=instance).success
+
+    worker = defs.resolve_job_def("order_counts__worker").execute_in_process(
+        instance=instance, run_config={"ops": {"order_counts__run_worker_op": {"config": {"max_seconds": 120}}}}
+    )
+
+    assert worker.success
+    sightings: dict[tuple[str, str], int] = {}
+    ids_by_window: dict[tuple[str, int], set[str]] = {}
+    for message in read_messages(kafka_bootstrap, "orders"):
+        order = orjson.loads(message.value())
+        sightings[(order["customer"], order["id"])] = sightings.get((order["customer"], order["id"]), 0) + 1
+        start = message.timestamp()[1] // 60_000 * 60_000
+        ids_by_window.setdefault((order["customer"], start), set()).add(order["id"])
+    assert any(count > 1 for count in sightings.values()), "some orders were sent twice"
+    app = StateStoreResource(state_dir=str(tmp_path / "state")).bind(
+        example.order_counts, KafkaResource(bootstrap_servers=kafka_bootstrap)
+    )
+    assert _held_ids(app, example.ORDERS_PARTITIONS) == set(sightings), "every order id is held once, within its ttl"
+    counts = [
+        ((message.key().decode(), orjson.loads(message.value())["start"]), orjson.loads(message.value())["value"])
+        for message in read_messages(kafka_bootstrap, "order-counts-per-minute")
+    ]
+    assert counts, "the orders span three minutes: some minutes are final"
+    assert len(dict(counts)) == len(counts), "each customer's minute once"
+    assert all(0 < count <= len(ids_by_window[window]) for window, count in counts), "copies are not counted"
+
+
+def _held_ids(app: App, partitions: int) -> set[tuple[str, str]]:
+    held = set()
+    for partition in range(partitions):
+        store = app.state.partition("seen", partition)
+        store.open()
+        try:
+            for key, _ in store.items():
+                if key != STREAM_TIME_KEY:
+                    customer, order_id = split_store_key(key)
+                    held.add((customer.decode(), order_id.decode()))
+        finally:
+            store.close()
+    return held
 
 
 def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):

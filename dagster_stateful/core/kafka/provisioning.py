@@ -209,7 +209,7 @@ def _check_replication(spec: TopicSpec, found: int, check: TopicCheck) -> None:
 
 def _check_changelog_config(spec: TopicSpec, found: dict[str, str], check: TopicCheck) -> None:
     policy, wanted_policy = found.get("cleanup.policy", "delete"), spec.config.get("cleanup.policy", "compact")
-    if _policies(policy) != _policies(wanted_policy):
+    if cleanup_policies(policy) != cleanup_policies(wanted_policy):
         check.problems.append(
             f"changelog topic {spec.name} has cleanup.policy={policy}, expected {wanted_policy}: "
             + (
@@ -225,7 +225,8 @@ def _check_changelog_config(spec: TopicSpec, found: dict[str, str], check: Topic
             check.warnings.append(f"{key} is {found.get(key)}, the app asks for {wanted} (left unchanged)")
 
 
-def _policies(policy: str) -> frozenset[str]:
+def cleanup_policies(policy: str) -> frozenset[str]:
+    """The policies of a `cleanup.policy` value ("compact,delete", "[compact, delete]", ...)."""
     return frozenset(part.strip() for part in policy.strip("[]").split(",") if part.strip())
 
 

@@ -25,10 +25,9 @@ from confluent_kafka import Producer
 from core_helpers import FAST_COMMITS, FAST_GROUP
 from kafka_helpers import create_topic, read_committed, read_messages
 
-from dagster_stateful.core import App, State
+from dagster_stateful.core import App, State, Store
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, split_store_key
-from dagster_stateful.core.state.stores import Store
 from dagster_stateful.core.state.ttl import split_expiry
 
 PARTITIONS = 2

@@ -11,12 +11,11 @@ from datetime import timedelta
 import orjson
 import pytest
 
-from dagster_stateful.core import App, AppConfig, ConfigurationError, Count, JsonSerde
+from dagster_stateful.core import App, AppConfig, ConfigurationError, Count, JsonSerde, Store
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.stores import Store
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.ttl import TtlState, decode_stream_time, split_expiry
 
