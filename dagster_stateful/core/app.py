@@ -3,9 +3,9 @@
 Owns what a user holds: an `AppConfig` (validated settings), the steps (`dataframe()`,
 `to_topic()`), listeners, the Kafka connection and the state directory, and the operations users
 call: `provisioning_plan()` / `provision()`, `run_worker()` (or `worker()` for one to stop from
-another thread), `restore_partitions()`, `describe_partitions()`, `replay_digest()` and
-`clear_state()`. Lower layers get the parts they need, never the App; Kafka errors leave the
-engine as `KafkaOperationError`s.
+another thread), `restore_partitions()`, `describe_partitions()`, `replay_digest()`,
+`read_state()` and `clear_state()`. Lower layers get the parts they need, never the App; Kafka
+errors leave the engine as `KafkaOperationError`s.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from dagster_stateful.core.recovery.planner import RestoreMethod
 from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequest, SstWriter, restore_partitions
 from dagster_stateful.core.recovery.verification import Digest, replay_digest
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.query import StoreReader, StoreShape
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
 from dagster_stateful.core.state.stores import StoreDeclaration, store_specs
 from dagster_stateful.errors import ConfigurationError
@@ -325,6 +326,16 @@ class App:
         """Digest of a store partition rebuilt from its changelog alone, in a scratch directory."""
         with kafka_errors(f"replaying {self.changelog_topic(store)}[{partition}]"):
             return replay_digest(self.config, self.kafka, store, partition)
+
+    def read_state(self, store: str, partitions: Iterable[int] | None = None) -> StoreReader:
+        """A reader of `store`'s local partitions (all, or `partitions`) that takes no lock, so it reads
+        a running worker's state as well as a stopped one's: `get(message_key, state_key)`,
+        `items(...)`, or a window store's `windows(...)`. Close it when done (it is a context manager)."""
+        if store not in self.config.stores:
+            raise ConfigurationError(f"unknown store {store!r}; app {self.name!r} declares {self.stores}")
+        bounds = self._dataframe.live_stores.get(store)
+        shape = StoreShape(store, self.config.store_ttls.get(store), None if bounds is None else bounds.size)
+        return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)
 
     def clear_state(self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None) -> list[Path]:
         """Delete local state (all, or some stores / partitions). Refused while a worker of the app runs here."""

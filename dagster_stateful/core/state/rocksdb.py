@@ -3,7 +3,8 @@
 Owns how one state partition is laid out in RocksDB: raw bytes keys and values in the default
 column family, and the partition's offsets in a `__meta__` column family, written in the same
 WriteBatch as the data so data and offsets can never disagree. Also bulk loading through sorted
-SST files (`SortedSstWriter`), used when a store is rebuilt from scratch, locally or by Spark tasks.
+SST files (`SortedSstWriter`), used when a store is rebuilt from scratch, locally or by Spark tasks,
+and reading a partition from outside the worker that owns it (`SecondaryDatabase`).
 
 Memory is bounded per process, however many store partitions are open: every database shares one
 LRU block cache (`BLOCK_CACHE_BYTES`) that also holds index and filter blocks and is charged for
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from rocksdict import (
+    AccessType,
     BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
@@ -291,6 +293,56 @@ class PartitionDatabase:
             self._db.close()
         except Exception as error:
             raise self._write_error("closing", error) from error
+
+
+class SecondaryDatabase:
+    """A read-only view of a partition's RocksDB that another process (a running worker) may be
+    writing: a RocksDB secondary instance, which takes no lock and sees what the primary has
+    written (write-ahead log included) when opened and after each `catch_up()`. Its own few files
+    (an info log) go to `scratch`."""
+
+    def __init__(self, path: Path, scratch: Path, store: str, partition: int) -> None:
+        self.path = path
+        options = Options(raw_mode=True)
+        options.set_max_open_files(-1)  # a secondary instance keeps every table file open
+        try:
+            self._db = Rdict(
+                str(path),
+                options,
+                column_families={META_COLUMN_FAMILY: Options(raw_mode=True)},
+                access_type=AccessType.secondary(str(scratch)),
+            )
+        except Exception as error:
+            raise StateStoreError(
+                f"cannot read the RocksDB state of store {store!r} partition {partition} at {path}: {error}. Nothing "
+                "was changed; check that the directory is readable and holds a store (a worker or restore made it)."
+            ) from error
+
+    def catch_up(self) -> None:
+        """See what the primary has written since."""
+        self._db.try_catch_up_with_primary()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) from `from_key` (or the first key) on, in key order."""
+        iterator = self._db.iter()
+        if from_key is None:
+            iterator.seek_to_first()
+        else:
+            iterator.seek(from_key)
+        while iterator.valid():
+            yield iterator.key(), iterator.value()
+            iterator.next()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def holds_database(path: Path) -> bool:
+    """Whether `path` holds a RocksDB database (an empty partition directory does not)."""
+    return (path / "CURRENT").is_file()
 
 
 def _is_corruption_status(error: Exception) -> bool:

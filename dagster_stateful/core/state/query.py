@@ -1,0 +1,233 @@
+"""Reading state from outside the stream (Kafka Streams' interactive queries), running worker or not.
+
+Owns `StoreReader`: the local partitions of one store, each opened as a RocksDB secondary instance
+(`rocksdb.SecondaryDatabase`), which never takes the partition's lock, so a running worker keeps
+its partitions and a stopped one's, or the warm copies the rebalance sensor keeps, read the same.
+A reader sees what was committed when it was opened and after each `refresh()`. It reads:
+- one key's state (`get`: the message key is looked up in every local partition, since which one
+  holds it depends on the producers' partitioner);
+- a partition's entries (`items`: all, or one message key's), decoded with the state serializer,
+  the expiring stores' expired entries left out;
+- a window store's windows (`windows`: all, one message key's, or those starting in a range).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key, message_prefix, split_store_key
+from dagster_stateful.core.state.rocksdb import SecondaryDatabase, holds_database
+from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.ttl import decode_stream_time, split_expiry
+from dagster_stateful.core.state.windows import split_window_key
+from dagster_stateful.errors import ConfigurationError
+
+__all__ = ["StateEntry", "StoreReader", "WindowEntry"]
+
+_START_BYTES = 8
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One state value of a key-value (or aggregation) store."""
+
+    partition: int
+    message_key: Any
+    """The message key, decoded with the app's key serializer."""
+    state_key: str
+    """The state key (`state.set(state_key, ...)`; an aggregation's name), as text (bytes keys as their repr)."""
+    value: Any
+    expires_at: int | None = None
+    """An expiring store's: the stream time (ms) at which the entry expires."""
+
+
+@dataclass(frozen=True)
+class WindowEntry:
+    """One window of a window store."""
+
+    partition: int
+    message_key: Any
+    start: int
+    end: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class StoreShape:
+    """What a reader must know of a store to decode it."""
+
+    name: str
+    ttl: int | None = None
+    window_size: int | None = None
+    """A window store's window size (ms); None for a key-value or aggregation store."""
+
+
+class StoreReader:
+    """Every local partition of one store, read without its lock. Close it (or use it as a context manager)."""
+
+    def __init__(
+        self,
+        directory: StateDirectory,
+        shape: StoreShape,
+        key_serde: Serde,
+        state_serde: Serde,
+        partitions: Iterable[int] | None = None,
+    ) -> None:
+        """partitions: which local partitions to read (default: every one on disk)."""
+        self.store = shape.name
+        self._shape = shape
+        self._key_serde = key_serde
+        self._state_serde = state_serde
+        local = [
+            partition
+            for partition in directory.local_partitions(shape.name)
+            if holds_database(directory.partition_path(shape.name, partition))
+        ]
+        chosen = local if partitions is None else sorted(set(partitions))
+        missing = sorted(set(chosen) - set(local))
+        if missing:
+            raise ConfigurationError(
+                f"store {shape.name!r} has no local state for partitions {missing} under "
+                f"{directory.store_dir(shape.name)} (local partitions: {local}); run a worker or a restore of them on "
+                "this machine first"
+            )
+        self._stream_times: dict[int, int] = {}
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"state-reader-{shape.name}-"))
+        self._databases: dict[int, SecondaryDatabase] = {}
+        try:
+            for partition in chosen:
+                self._databases[partition] = SecondaryDatabase(
+                    directory.partition_path(shape.name, partition),
+                    self._scratch / str(partition),
+                    shape.name,
+                    partition,
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._databases)
+
+    def refresh(self) -> None:
+        """See what the owner has committed since the reader was opened or last refreshed."""
+        for database in self._databases.values():
+            database.catch_up()
+        self._stream_times.clear()
+
+    def stream_time(self, partition: int) -> int:
+        """A window or expiring store's stream time in `partition` (-1: none yet)."""
+        known = self._stream_times.get(partition)
+        if known is None:
+            known = self._stream_times[partition] = decode_stream_time(self._database(partition).get(STREAM_TIME_KEY))
+        return known
+
+    def get(self, message_key: Any, state_key: str | bytes, default: Any = None) -> Any:
+        """The value of `state_key` for `message_key` (as the app's key serializer takes it, or bytes),
+        from whichever local partition holds it; `default` when none does (or it has expired)."""
+        self._refuse_windows("get")
+        store_key = message_prefix(self._key_bytes(message_key)) + encode_state_key(state_key)
+        for partition, database in self._databases.items():
+            data = database.get(store_key)
+            if data is not None:
+                entry = self._entry(partition, store_key, data)
+                return default if entry is None else entry.value
+        return default
+
+    def items(self, message_key: Any = None, partitions: Iterable[int] | None = None) -> Iterator[StateEntry]:
+        """The entries of the chosen partitions (default: all), in key order within each; only
+        `message_key`'s when given."""
+        self._refuse_windows("items")
+        prefix = None if message_key is None else message_prefix(self._key_bytes(message_key))
+        for partition in self._chosen(partitions):
+            for store_key, data in self._database(partition).items(prefix):
+                if prefix is not None and not store_key.startswith(prefix):
+                    break
+                if store_key != STREAM_TIME_KEY:
+                    entry = self._entry(partition, store_key, data)
+                    if entry is not None:
+                        yield entry
+
+    def windows(
+        self,
+        message_key: Any = None,
+        start_from: int | None = None,
+        start_to: int | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> Iterator[WindowEntry]:
+        """The windows of a window store, oldest first within each partition: those starting in
+        [start_from, start_to] (ms; either bound optional), only `message_key`'s when given."""
+        size = self._shape.window_size
+        if size is None:
+            raise ConfigurationError(f"store {self.store!r} is not a window store; read it with get() or items()")
+        wanted = None if message_key is None else self._key_bytes(message_key)
+        first = None if start_from is None else max(start_from, 0).to_bytes(_START_BYTES, "big")
+        for partition in self._chosen(partitions):
+            for store_key, data in self._database(partition).items(first):
+                if store_key == STREAM_TIME_KEY:
+                    continue
+                start, key = split_window_key(store_key)
+                if start_to is not None and start > start_to:
+                    break
+                if wanted is None or key == wanted:
+                    yield WindowEntry(partition, self._decode_key(key), start, start + size, self._decode(data))
+
+    def _entry(self, partition: int, store_key: bytes, data: bytes) -> StateEntry | None:
+        expiry, payload = split_expiry(data) if self._shape.ttl is not None else (None, data)
+        if expiry is not None and expiry <= self.stream_time(partition):
+            return None
+        key, state_key = split_store_key(store_key)
+        return StateEntry(partition, self._decode_key(key), _text(state_key), self._decode(payload), expiry)
+
+    def _decode(self, data: bytes) -> Any:
+        return self._state_serde.loads(data)
+
+    def _decode_key(self, key: bytes) -> Any:
+        try:
+            return self._key_serde.loads(key)
+        except Exception:  # noqa: BLE001 - a key the serializer cannot read is shown as its bytes
+            return key
+
+    def _key_bytes(self, message_key: Any) -> bytes:
+        return message_key if isinstance(message_key, bytes) else self._key_serde.dumps(message_key)
+
+    def _chosen(self, partitions: Iterable[int] | None) -> list[int]:
+        return self.partitions if partitions is None else sorted(set(partitions))
+
+    def _database(self, partition: int) -> SecondaryDatabase:
+        database = self._databases.get(partition)
+        if database is None:
+            raise ConfigurationError(
+                f"store {self.store!r} partition {partition} is not open in this reader (it reads {self.partitions})"
+            )
+        return database
+
+    def _refuse_windows(self, what: str) -> None:
+        if self._shape.window_size is not None:
+            raise ConfigurationError(f"store {self.store!r} is a window store: read it with windows(), not {what}()")
+
+    def close(self) -> None:
+        for database in self._databases.values():
+            database.close()
+        self._databases.clear()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _text(state_key: bytes) -> str:
+    try:
+        return state_key.decode()
+    except UnicodeDecodeError:
+        return repr(state_key)
