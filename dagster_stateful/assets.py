@@ -30,6 +30,7 @@ from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, topic_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.state_rows import state_sample
 
 SHOWN_TOPIC_CONFIGS = (
     "cleanup.policy",
@@ -142,6 +143,7 @@ def store_assets(app: App, source_partitions: int):
                 metadata={
                     **worker_metadata(report),
                     **partitions_metadata(d for d in descriptions if d.store == store),
+                    "state_sample": MetadataValue.json(state_sample(bound, store, chosen)),
                 },
             )
 

@@ -1,8 +1,8 @@
 """One call builds every Dagster definition of one stateful app, or of several.
 
 Owns `build_stateful_definitions`: each app's assets (source topic, changelogs, state stores,
-snapshots), asset checks, jobs (provision, worker, restore, Spark restore, clear state,
-compaction), the worker and daily compaction schedules and the lag and rebalance sensors, with
+snapshots), asset checks, jobs (provision, worker, restore, Spark restore, query state, clear
+state, compaction), the worker and daily compaction schedules and the lag and rebalance sensors, with
 the resources they need under the keys `kafka`, `state_store` and `pyspark` (Spark with the
 Kafka connector, for the Spark jobs), shared by the apps; apps reading one topic share its asset.
 """
@@ -28,7 +28,14 @@ from dagster_stateful.assets import changelog_assets, snapshot_assets, source_to
 from dagster_stateful.checks import stateful_checks
 from dagster_stateful.core.app import App
 from dagster_stateful.errors import ConfigurationError
-from dagster_stateful.jobs import clear_state_job, provision_job, restore_job, spark_restore_job, worker_job
+from dagster_stateful.jobs import (
+    clear_state_job,
+    provision_job,
+    query_state_job,
+    restore_job,
+    spark_restore_job,
+    worker_job,
+)
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor
@@ -116,7 +123,7 @@ class _Parts:
     ) -> None:
         worker = worker_job(app)
         self.assets.append(store_assets(app, partitions))
-        self.jobs += [worker, restore_job(app), clear_state_job(app)]
+        self.jobs += [worker, restore_job(app), query_state_job(app), clear_state_job(app)]
         if worker_every_minutes:
             self.schedules.append(worker_schedule(app, worker, worker_every_minutes, status))
         if not app.config.use_changelog_topics:

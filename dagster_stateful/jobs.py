@@ -3,7 +3,8 @@
 Owns the provision job (materializes the changelog assets), the worker job (one bounded worker in
 the app's consumer group, recording a materialization of every store partition it touched), the
 restore jobs (bring chosen partitions up to date by the planner's path: changelog replay or local
-snapshot load, or with Spark writing the SST files) and the clear-state job (delete local state;
+snapshot load, or with Spark writing the SST files), the query-state job (a store's state on this
+machine, read without a lock, in the run's metadata) and the clear-state job (delete local state;
 refused without `confirm` and while a worker runs).
 """
 
@@ -26,6 +27,7 @@ from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, job_name, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.state_rows import state_rows, state_sample
 
 
 class RestoreConfig(Config):
@@ -35,6 +37,14 @@ class RestoreConfig(Config):
         default=True, description="Skip partitions a running worker holds (it restores them itself) instead of failing."
     )
     method: str = Field(default="auto", description="auto (the planner picks), changelog or snapshot.")
+
+
+class QueryStateConfig(Config):
+    store: str = Field(description="The store to read.")
+    key: str | None = Field(default=None, description="A message key (as text); empty reads every key.")
+    state_key: str | None = Field(default=None, description="One state key of the message key; empty reads all.")
+    partitions: list[int] = Field(default_factory=list, description="Kafka partitions to read; empty reads all.")
+    limit: int = Field(default=100, description="Rows to show at most.")
 
 
 class ClearStateConfig(Config):
@@ -70,6 +80,9 @@ def worker_job(app: App):
                     metadata={
                         **partition_metadata(description),
                         "messages_processed": report.messages_processed.get(description.partition, 0),
+                        "state_sample": MetadataValue.json(
+                            state_sample(bound, description.store, [description.partition])
+                        ),
                     },
                 )
             )
@@ -176,6 +189,34 @@ def _record_restores(
             "paths": MetadataValue.json({f"{r.store}/{r.partition}": r.plan.path for r in results}),
         }
     )
+
+
+def query_state_job(app: App):
+    @op(name=job_name(app, "query_state_op"))
+    def query_state_op(
+        context: OpExecutionContext, config: QueryStateConfig, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> None:
+        bound = state_store.bind(app, kafka)
+        if config.store not in app.stores:
+            raise Failure(description=f"App {app.name!r} has no store {config.store!r}; its stores are {app.stores}.")
+        rows = state_rows(
+            bound, config.store, config.partitions or None, config.key, config.state_key, max(config.limit, 1)
+        )
+        read = config.partitions or bound.state.local_partitions(config.store)
+        context.log.info("Read %d rows of store %s (partitions %s)", len(rows), config.store, read)
+        context.add_output_metadata(
+            {"rows": len(rows), "partitions_read": MetadataValue.json(read), "state": MetadataValue.json(rows)}
+        )
+
+    @job(
+        name=job_name(app, "query_state"),
+        description=f"Read the state of a store of app `{app.name}` on this machine (one message key, or all), "
+        "without taking any lock: a running worker's, a stopped one's, or the warm copies kept here.",
+    )
+    def query_state():
+        query_state_op()
+
+    return query_state
 
 
 def clear_state_job(app: App):

@@ -75,6 +75,9 @@ def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
     assert metadata["keys"].value == 12 and integer(metadata["bytes_on_disk"].value) > 0
     assert sum(json_object(metadata["committed_offsets"].value).values()) == len(orders)
     assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+    sample = metadata["state_sample"].value
+    assert isinstance(sample, list) and len(sample) == 5, "a sample of the store's state"
+    assert all(row["value"] == expected_totals(orders)[row["key"]] and row["state_key"] == "total" for row in sample)
 
 
 def test_one_partition_of_the_state_store_can_be_materialized_alone(deployment):
@@ -102,6 +105,9 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
     assert sorted(m.partition for m in events) == [str(p) for p in range(PARTITIONS)]
     assert sum(m.metadata["messages_processed"].value for m in events) == len(orders)
     assert all(m.metadata["changelog_lag"].value == 0 for m in events)
+    samples = [row for m in events for row in m.metadata["state_sample"].value]
+    assert {row["partition"] for row in samples} == set(range(PARTITIONS)), "each partition's own sample"
+    assert all(row["value"] == expected_totals(orders)[row["key"]] for row in samples)
     changelog_checks = [
         c for c in stateful_checks(app) if {k.asset_key for k in c.check_keys} == {changelog_key(app, "totals")}
     ]
@@ -143,6 +149,33 @@ def test_restore_and_clear_state_jobs(deployment):
     assert event.partition == "2" and event.metadata["changelog_lag"].value == 0
     assert event.metadata["records_restored"].value > 0
     assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+
+
+def test_query_state_job_shows_a_keys_state_or_every_keys(deployment):
+    defs, app, bound, _resources, orders = deployment
+    bound.run_worker(max_seconds=120)
+    query = defs.resolve_job_def(job_name(app, "query_state"))
+
+    def rows(**config) -> tuple[bool, list]:
+        result = query.execute_in_process(
+            instance=DagsterInstance.ephemeral(),
+            raise_on_error=False,
+            run_config={"ops": {job_name(app, "query_state_op"): {"config": config}}},
+        )
+        if not result.success:
+            return False, []
+        [materialized] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+        return True, materialized.event_specific_data.metadata["state"].value
+
+    totals = expected_totals(orders)
+    ok, one = rows(store="totals", key="c3")
+    assert ok and [(row["key"], row["state_key"], row["value"]) for row in one] == [("c3", "total", totals["c3"])]
+    ok, every = rows(store="totals")
+    assert ok and {row["key"]: row["value"] for row in every} == totals
+    ok, limited = rows(store="totals", limit=4, partitions=[0])
+    assert ok and len(limited) == 4 and {row["partition"] for row in limited} == {0}
+    assert rows(store="totals", key="nobody") == (True, [])
+    assert rows(store="nope") == (False, [])
 
 
 def test_changelog_checks_fail_with_what_to_do(deployment):

@@ -116,6 +116,10 @@ class StoreReader:
     def partitions(self) -> list[int]:
         return sorted(self._databases)
 
+    @property
+    def is_window_store(self) -> bool:
+        return self._shape.window_size is not None
+
     def refresh(self) -> None:
         """See what the owner has committed since the reader was opened or last refreshed."""
         for database in self._databases.values():
@@ -196,7 +200,16 @@ class StoreReader:
             return key
 
     def _key_bytes(self, message_key: Any) -> bytes:
-        return message_key if isinstance(message_key, bytes) else self._key_serde.dumps(message_key)
+        """A message key as stored: bytes as they are, else the key serializer's bytes (text it cannot
+        take as it is, such as "42" for the int serializer, is read the way the serializer reads text)."""
+        if isinstance(message_key, bytes):
+            return message_key
+        try:
+            return self._key_serde.dumps(message_key)
+        except (TypeError, ValueError):
+            if not isinstance(message_key, str):
+                raise
+            return self._key_serde.dumps(self._key_serde.loads(message_key.encode()))
 
     def _chosen(self, partitions: Iterable[int] | None) -> list[int]:
         return self.partitions if partitions is None else sorted(set(partitions))

@@ -33,11 +33,13 @@ def test_a_running_workers_committed_totals_are_read_without_its_lock(kafka_boot
         second = make_orders(1_500, 40, start=2_000)
         produce(kafka_bootstrap, source, second)
         with app.read_state("totals") as reader:
-            wait_for(
-                lambda: reader.refresh() or reader.get("c7", "total") == expected_totals(first + second)["c7"],
-                60,
-                "c7's total after the second orders, through refresh()",
-            )
+
+            def refreshed_total() -> int:
+                reader.refresh()
+                return reader.get("c7", "total")
+
+            wanted = expected_totals(first + second)["c7"]
+            wait_for(lambda: refreshed_total() == wanted, 60, "c7's total after the second orders, through refresh()")
             with_lock = app.state.partition("totals", 0)
             try:
                 with_lock.open(lock_timeout=0)
