@@ -2,8 +2,8 @@
 bounded workers. Plain Python: never imports dagster or pyspark.
 
 What an engine user imports lives here: `App` (the façade) and `AppConfig`, `State`, `Store`, the
-aggregators (`Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Aggregate`), the serializers, the
-listeners, the reports and the error hierarchy. The sub-packages hold the parts:
+aggregators (`Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Collect`, `Aggregate`), the serializers,
+the listeners, the reports and the error hierarchy. The sub-packages hold the parts:
 `state/` (local storage), `kafka/` (clients and topics), `recovery/` (restores), `processing/`
 (steps and the worker) and `monitoring/` (reports, listeners, lag).
 """
@@ -12,7 +12,17 @@ from dagster_stateful.core.app import App
 from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
 from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
-from dagster_stateful.core.processing.aggregations import Aggregate, Aggregator, Count, Max, Mean, Min, Reduce, Sum
+from dagster_stateful.core.processing.aggregations import (
+    Aggregate,
+    Aggregator,
+    Collect,
+    Count,
+    Max,
+    Mean,
+    Min,
+    Reduce,
+    Sum,
+)
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
 from dagster_stateful.core.state.kv import State
@@ -38,6 +48,7 @@ __all__ = [
     "AppConfig",
     "AppState",
     "BytesSerde",
+    "Collect",
     "ConfigurationError",
     "Count",
     "DeliveryError",

@@ -3,8 +3,9 @@
 Owns `Aggregator` (the contract: `first` makes the aggregate of a key's first value, `add` folds
 one more value into it, `result` turns it into what flows downstream) and the built-in ones, in
 the manner of Kafka Streams' `groupByKey().count()` / `reduce` / `aggregate` and Quix Streams'
-window aggregations: `Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce` and `Aggregate` (an initializer
-and a function, like Kafka Streams' `aggregate(initializer, aggregator)`).
+window aggregations: `Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Collect` (every value, in
+order) and `Aggregate` (an initializer and a function, like Kafka Streams' `aggregate(initializer,
+aggregator)`).
 
 An aggregate lives in its store as its state serializer's bytes (JSON by default), but between
 commits the engine keeps it as the object `add` returned and serializes it once per commit, so
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Aggregate", "Aggregator", "Count", "Max", "Mean", "Min", "Reduce", "Sum"]
+__all__ = ["Aggregate", "Aggregator", "Collect", "Count", "Max", "Mean", "Min", "Reduce", "Sum"]
 
 Extract = Callable[[Any], Any]
 """The number (or value) an aggregator takes from a message's value."""
@@ -114,6 +115,20 @@ class Mean(_OfValue):
 
     def result(self, aggregate: list[Any]) -> float:
         return aggregate[0] / aggregate[1]
+
+
+class Collect(_OfValue):
+    """Every `of(value)` of the key's messages (of a window's, with a window), in the order they came
+    (Quix Streams' `collect()`). The list is copied on each message, so keep it for windows or
+    keys with a bounded number of messages."""
+
+    name = "collect"
+
+    def first(self, value: Any) -> list[Any]:
+        return [self._of(value)]
+
+    def add(self, aggregate: list[Any], value: Any) -> list[Any]:
+        return [*aggregate, self._of(value)]
 
 
 class Reduce(Aggregator):

@@ -12,6 +12,7 @@ import pytest
 from dagster_stateful.core import (
     Aggregate,
     AppConfig,
+    Collect,
     ConfigurationError,
     Count,
     JsonSerde,
@@ -97,9 +98,10 @@ def recomputed(orders: list[tuple[str, int]], fold) -> tuple[list, dict[str, Any
         (Max(amount), max),
         (Mean(amount), lambda values: sum(values) / len(values)),
         (Reduce(lambda kept, order: {**kept, "amount": kept["amount"] * order["amount"]}), None),
+        (Collect(amount), list),
         (Aggregate(list, lambda kept, order: [*kept, order["amount"]]), list),
     ],
-    ids=["count", "sum", "min", "max", "mean", "reduce", "aggregate"],
+    ids=["count", "sum", "min", "max", "mean", "reduce", "collect", "aggregate"],
 )
 def test_each_aggregator_passes_on_the_running_result_and_commits_the_aggregate(store, aggregator: Aggregator, fold):
     frame = StreamingDataFrame(["aggregates", "other"]).aggregate(aggregator, store="aggregates")

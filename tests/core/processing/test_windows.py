@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from dagster_stateful.core import AppConfig, ConfigurationError, Count, JsonSerde, Sum
+from dagster_stateful.core import AppConfig, Collect, ConfigurationError, Count, JsonSerde, Sum
 from dagster_stateful.core.processing.dataframe import StepFailed, StreamingDataFrame
 from dagster_stateful.core.processing.windows import Emitted, Windows
 from dagster_stateful.core.state.directory import StateDirectory
@@ -118,6 +118,16 @@ def test_final_passes_on_each_window_once_when_stream_time_passes_its_end_plus_g
     assert results(outputs) == [("a", 0, 4), ("b", 0, 2), ("a", 1000, 4), ("b", 1000, 11)]
     assert [len(out) for out in outputs] == [0, 0, 0, 0, 0, 2, 2], "each window closes at end + grace, once"
     assert all(item["end"] == item["start"] + SIZE for out in outputs for _, item in out)
+
+
+def test_collect_passes_on_each_windows_values_in_the_order_they_came(store):
+    frame = StreamingDataFrame(["windows"])
+    frame.tumbling_window(SIZE, grace=GRACE, store="windows").aggregate(Collect(amount)).final()
+    txn = transaction(store, frame)
+
+    outputs = feed(frame, txn, [("a", 500, 3), ("a", 100, 1), ("b", 900, 2), ("a", 999, 5), ("a", 2300, 7)])
+
+    assert results(outputs) == [("a", 0, [3, 1, 5]), ("b", 0, [2])]
 
 
 def test_current_passes_on_every_update_and_a_hopping_message_updates_each_of_its_windows(store):
