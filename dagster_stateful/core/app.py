@@ -42,10 +42,11 @@ from dagster_stateful.core.processing.worker import RunLimits, Worker
 from dagster_stateful.core.recovery.planner import RestoreMethod
 from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequest, SstWriter, restore_partitions
 from dagster_stateful.core.recovery.verification import Digest, replay_digest
+from dagster_stateful.core.state.backend import BackendFactory
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.query import StoreReader, StoreShape
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
-from dagster_stateful.core.state.stores import StoreDeclaration, store_specs
+from dagster_stateful.core.state.stores import Store, StoreDeclaration, store_specs
 from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,8 @@ class App:
         snapshot_root: str | None = None,
     ) -> None:
         """
-        stores: the state stores, by name, or as `Store(name, ttl=...)` for a store whose entries
-            expire a time-to-live after their last set.
+        stores: the state stores, by name, or as `Store(name, ...)` for a store whose entries expire
+            (ttl), or held in memory (kind="memory", or "lru" with max_entries), or by a backend of your own.
         kafka: connection settings (librdkafka keys), a bootstrap address, or a `KafkaClients`;
             by default `$KAFKA_BOOTSTRAP_SERVERS`.
         on_error: what to do with a message that cannot be deserialized or whose step raises:
@@ -109,6 +110,7 @@ class App:
             source=source,
             stores=tuple(spec.name for spec in specs),
             store_ttls={spec.name: spec.ttl_ms for spec in specs if spec.ttl_ms is not None},
+            store_backends=_backends(specs),
             output=output,
             key_serde=resolve_serde(key_serde),
             value_serde=resolve_serde(value_serde),
@@ -129,6 +131,7 @@ class App:
             processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
             missing_offsets=choice(MissingOffsets, missing_offsets, "missing_offsets"),
         )
+        _warn_in_memory(specs, use_changelog_topics)
         if not use_changelog_topics:
             log.warning(
                 "App %r runs without changelog topics: its local state cannot be recovered if the disk "
@@ -139,7 +142,11 @@ class App:
         self.snapshot_root = snapshot_root
         self._kafka = None if kafka is None else _kafka_clients(kafka)
         self.listeners = Listeners()
-        self._dataframe = StreamingDataFrame(list(self.config.stores), frozenset(self.config.store_ttls))
+        self._dataframe = StreamingDataFrame(
+            list(self.config.stores),
+            frozenset(self.config.store_ttls),
+            frozenset(spec.name for spec in specs if spec.kind == "lru"),
+        )
 
     # What the app is (read from its configuration).
 
@@ -356,3 +363,25 @@ def _kafka_clients(kafka: KafkaConnection | None) -> KafkaClients:
     if not bootstrap:
         raise ConfigurationError(f"no Kafka connection: pass kafka= to App or set {BOOTSTRAP_ENV}")
     return KafkaClients({"bootstrap.servers": bootstrap})
+
+
+def _backends(specs: Iterable[Store]) -> dict[str, BackendFactory]:
+    backends = {}
+    for spec in specs:
+        factory = spec.backend_factory()
+        if factory is not None:
+            backends[spec.name] = factory
+    return backends
+
+
+def _warn_in_memory(specs: Iterable[Store], use_changelog_topics: bool) -> None:
+    for spec in specs:
+        if spec.kind in ("memory", "lru"):
+            log.warning(
+                "Store %r is held in memory: every assignment of one of its partitions (each worker run, each "
+                "rebalance) restores it in full from its changelog%s",
+                spec.name,
+                ""
+                if use_changelog_topics
+                else ", and without changelog topics its state is lost whenever a worker stops",
+            )

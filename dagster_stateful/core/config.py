@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from dagster_stateful.core.state.backend import BackendFactory
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
 from dagster_stateful.errors import ConfigurationError
 
@@ -69,6 +70,8 @@ class AppConfig:
     stores: tuple[str, ...] = ("default",)
     store_ttls: Mapping[str, int] = field(default_factory=dict)
     """The time-to-live (ms of stream time) of the stores whose entries expire (`stores.Store.ttl`)."""
+    store_backends: Mapping[str, BackendFactory] = field(default_factory=dict)
+    """What holds the stores not kept in RocksDB (`stores.Store.kind` and `backend`)."""
     output: str | None = None
     emits_output: bool = False
     """True once `App.to_topic` routed the steps' results to `output`."""
@@ -125,9 +128,10 @@ class AppConfig:
 
     def _check_ttls(self, stores: tuple[str, ...]) -> None:
         ttls = dict(self.store_ttls)
-        unknown = sorted(set(ttls) - set(stores))
+        unknown = sorted((set(ttls) | set(self.store_backends)) - set(stores))
         if unknown:
-            raise ConfigurationError(f"app {self.name!r} gives a ttl to stores {unknown} it does not declare")
+            raise ConfigurationError(f"app {self.name!r} sets options of stores {unknown} it does not declare")
+        self._set("store_backends", dict(self.store_backends))
         for store, ttl in ttls.items():
             if ttl <= 0:
                 raise ConfigurationError(f"the ttl of store {store!r} must be positive, got {ttl} ms")

@@ -1,7 +1,8 @@
 """The one place a commit happens, in the order that makes a crash at any point lose nothing.
 
 Owns `Committer` and `DeliveryTracker`. A commit of a set of partition transactions (after their
-expiring stores deleted what has expired, which the commit then carries like any change):
+expiring and bounded stores deleted what has expired or would not fit, which the commit then
+carries like any change):
 1. produces each changed key to the store's changelog (value, or a tombstone for a delete) with
    the processed source offset in a header (outputs were produced while processing);
 2. waits until Kafka acknowledged every changelog and output record (a failure stops here:
@@ -160,7 +161,7 @@ class Committer:
         if not pending:
             return {}
         for txn in pending:
-            txn.expire()
+            txn.prepare_commit()
         prepared = {txn.partition: {store: txn.changes(store) for store in txn.stores} for txn in pending}
         if self._changelog_topics is not None:
             for txn in pending:

@@ -159,10 +159,14 @@ def _call_step(step: Step) -> StepCall:
 class StreamingDataFrame:
     """The app's steps, in order. Methods add a step and return the same frame."""
 
-    def __init__(self, store_names: list[str], expiring: frozenset[str] = frozenset()) -> None:
-        """expiring: the stores declared with a ttl (only apply, update and filter steps may use them)."""
+    def __init__(
+        self, store_names: list[str], expiring: frozenset[str] = frozenset(), evicting: frozenset[str] = frozenset()
+    ) -> None:
+        """expiring: the stores declared with a ttl (only apply, update and filter steps may use them);
+        evicting: the LRU stores (windows may not use them)."""
         self._store_names = store_names
         self._expiring = expiring
+        self._evicting = evicting
         self._steps: tuple[Step, ...] = ()
         self._chain: tuple[tuple[str, StepCall], ...] = ()
         """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
@@ -272,6 +276,11 @@ class StreamingDataFrame:
     ) -> StreamingDataFrame:
         resolved = self._resolve_store(store)
         self._refuse_expiring(resolved, "a windowed aggregation")
+        if resolved in self._evicting:
+            raise ConfigurationError(
+                f"store {resolved!r} is an LRU store, which would evict windows before they close: keep the windows in "
+                "a store of their own (a window store expires its windows by its retention)"
+            )
         if any(step.store == resolved for step in self.steps):
             raise ConfigurationError(
                 f"store {resolved!r} is already used by another step; a windowed aggregation keeps its windows in a "

@@ -21,6 +21,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, AppActivityLock
 from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.errors import ConfigurationError, StateLockedError, StateStoreError
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class StateDirectory:
             self.config.source,
             quarantine=self._move_aside,
             lock_timeout=self.lock_timeout_seconds,
+            backend=self.config.store_backends.get(store, PartitionDatabase),
         )
 
     def read_checkpoint(self, store: str, partition: int) -> Checkpoint | None:

@@ -1,11 +1,11 @@
-"""Store partitions: one RocksDB per (app, store, Kafka partition), with its lock and offsets.
+"""Store partitions: one database per (app, store, Kafka partition), with its lock and offsets.
 
-Owns one partition directory's content (RocksDB files, `.lock`, `.checkpoint`), opening it safely
-(exclusive lock, waited for within a bound; a corrupted database is handed to the state directory's
-quarantine and the partition starts empty, to be fully restored, while any other failure to open
-raises and moves nothing), the partition's two offsets kept inside the database, committing data
-and offsets in one WriteBatch before publishing the `.checkpoint` mirror, and finishing a restore
-so that its offsets become durable only after its data.
+Owns one partition directory's content (the backend's files, RocksDB's by default, `.lock`,
+`.checkpoint`), opening it safely (exclusive lock, waited for within a bound; a corrupted database
+is handed to the state directory's quarantine and the partition starts empty, to be fully
+restored, while any other failure to open raises and moves nothing), the partition's two offsets
+kept inside the database, committing data and offsets in one atomic write before publishing the
+`.checkpoint` mirror, and finishing a restore so that its offsets become durable only after its data.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from dagster_stateful.core.state.backend import BackendFactory, StoreBackend
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
@@ -60,8 +61,10 @@ class StorePartition:
         source_topic: str,
         quarantine: Quarantine,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
+        backend: BackendFactory = PartitionDatabase,
     ) -> None:
-        """lock_timeout: seconds `open()` waits for another holder of the partition's lock to let go."""
+        """lock_timeout: seconds `open()` waits for another holder of the partition's lock to let go;
+        backend: what holds the data (RocksDB unless the store is declared otherwise)."""
         self.store = store
         self.partition = partition
         self.changelog_topic = changelog_topic
@@ -70,13 +73,14 @@ class StorePartition:
         self.lock_timeout = _checked_timeout(lock_timeout)
         self._quarantine = quarantine
         self._lock = PartitionLock(self.path / ".lock", f"state partition {partition} of store {store!r}")
-        self._db: PartitionDatabase | None = None
+        self._backend = backend
+        self._db: StoreBackend | None = None
         self.changelog_offset: int | None = None
         self.source_offset: int | None = None
         self.recovered_from_corruption = False
 
     @property
-    def db(self) -> PartitionDatabase:
+    def db(self) -> StoreBackend:
         if self._db is None:
             raise StateStoreError(f"state partition {self.path} is not open")
         return self._db
@@ -98,12 +102,12 @@ class StorePartition:
             raise
         self._load_offsets()
 
-    def _open_database(self) -> PartitionDatabase:
+    def _open_database(self) -> StoreBackend:
         try:
-            return PartitionDatabase(self.path, self.store, self.partition)
+            return self._backend(self.path, self.store, self.partition)
         except StoreCorruptedError as error:
             self._move_aside(error)
-            return PartitionDatabase(self.path, self.store, self.partition)
+            return self._backend(self.path, self.store, self.partition)
 
     def _load_offsets(self) -> None:
         self.changelog_offset = _decode_offset(self.db.get_meta(CHANGELOG_OFFSET_KEY))
@@ -136,9 +140,18 @@ class StorePartition:
             except StateStoreError as failure:
                 log.warning("Closing the damaged store %s before moving it aside failed: %s", self.path, failure)
         aside = self._move_aside(error)
-        self._db = PartitionDatabase(self.path, self.store, self.partition)
+        self._db = self._backend(self.path, self.store, self.partition)
         self._load_offsets()
         return aside
+
+    @property
+    def evicts(self) -> bool:
+        """Whether commits may push entries out of this (bounded) store (see `evictions`)."""
+        return self.db.evicts
+
+    def evictions(self, changes: Iterable[tuple[bytes, bytes | None]]) -> list[bytes]:
+        """The keys a commit of `changes` must also delete (and tombstone) to keep a bounded store in bounds."""
+        return self.db.evictions(changes)
 
     def get(self, key: bytes) -> bytes | None:
         """The stored value of `key`; raises `StoreCorruptedError` when RocksDB finds the data damaged

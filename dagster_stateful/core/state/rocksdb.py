@@ -117,7 +117,11 @@ def _options() -> Options:
 
 
 class PartitionDatabase:
-    """One open RocksDB database holding one store partition (`store`, `partition` name it in errors)."""
+    """One open RocksDB database holding one store partition (`store`, `partition` name it in errors):
+    the engine's default `backend.StoreBackend`."""
+
+    persistent = True
+    evicts = False
 
     def __init__(self, path: Path, store: str | None = None, partition: int | None = None) -> None:
         self.path = path
@@ -236,6 +240,10 @@ class PartitionDatabase:
 
     def estimated_keys(self) -> int:
         return self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def evictions(self, changes: Iterable[tuple[bytes, bytes | None]]) -> list[bytes]:
+        """Nothing: a RocksDB store keeps every key until it is deleted."""
+        return []
 
     def rocksdb_property(self, name: str, meta: bool = False) -> str | None:
         """A RocksDB property of the data (`meta`: of the offsets' column family), e.g.

@@ -1,8 +1,11 @@
 """What an app declares about each of its state stores beyond its name.
 
-Owns `Store`: a store's name and its time-to-live (`ttl`): entries of a store with a TTL expire
-that long, in stream time, after their last `set`. An app lists its stores by name, or as a `Store`
-where it needs more than the defaults; `store_specs` turns that list into one `Store` per name.
+Owns `Store`: a store's name, its time-to-live (`ttl`: entries expire that long, in stream time,
+after their last `set`) and what holds it: RocksDB on disk (the default), a dict in memory
+(`kind="memory"`), a dict of at most `max_entries` keys per partition evicting the least recently
+used (`kind="lru"`), or a backend of the user's own (`backend=`, a `backend.BackendFactory`). An app
+lists its stores by name, or as a `Store` where it needs more than the defaults; `store_specs`
+turns that list into one `Store` per name.
 """
 
 from __future__ import annotations
@@ -11,9 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from dagster_stateful.core.state.backend import BackendFactory
+from dagster_stateful.core.state.memory import lru_backend, memory_backend
 from dagster_stateful.errors import ConfigurationError
 
-__all__ = ["Duration", "Store", "StoreDeclaration", "as_ms", "store_specs"]
+__all__ = ["STORE_KINDS", "Duration", "Store", "StoreDeclaration", "as_ms", "store_specs"]
+
+STORE_KINDS = ("rocksdb", "memory", "lru")
 
 
 Duration = timedelta | int
@@ -34,16 +41,47 @@ def as_ms(duration: Duration, what: str) -> int:
 
 @dataclass(frozen=True)
 class Store:
-    """A state store: `Store("seen", ttl=timedelta(hours=1))`.
+    """A state store: `Store("seen", ttl=timedelta(hours=1))`, `Store("recent", kind="lru", max_entries=10_000)`.
 
     ttl: how long an entry lives after its last `state.set`, in stream time (the largest message
     timestamp its partition has seen, as for windows): once stream time passes it, the entry reads
     as missing, and the next commit deletes it locally and tombstones it in the changelog. None
     (the default): entries live until deleted.
+    kind: "rocksdb" (on disk, the default), "memory" (a dict: fast, but restored in full from the
+    changelog on every assignment) or "lru" (a dict of at most `max_entries` keys per partition;
+    the least recently used go, each with a tombstone in the changelog).
+    backend: a `backend.BackendFactory` of your own, instead of a kind.
     """
 
     name: str
     ttl: Duration | None = None
+    kind: str = "rocksdb"
+    max_entries: int | None = None
+    backend: BackendFactory | None = None
+
+    def backend_factory(self) -> BackendFactory | None:
+        """What holds the store's partitions; None for RocksDB (the engine's default)."""
+        if self.kind not in STORE_KINDS:
+            raise ConfigurationError(f"store {self.name!r} has kind={self.kind!r}; the kinds are {list(STORE_KINDS)}")
+        if (self.max_entries is not None) != (self.kind == "lru"):
+            raise ConfigurationError(
+                f"store {self.name!r}: max_entries bounds an LRU store, and an LRU store needs it: declare "
+                f'Store({self.name!r}, kind="lru", max_entries=...) or drop max_entries'
+            )
+        if self.kind == "lru" and self.ttl is not None:
+            raise ConfigurationError(
+                f"store {self.name!r} cannot both expire (ttl) and evict (lru): choose one, or keep them in two stores"
+            )
+        if self.backend is not None:
+            if self.kind != "rocksdb":
+                raise ConfigurationError(f"store {self.name!r} gives both kind={self.kind!r} and a backend: give one")
+            return self.backend
+        if self.kind == "memory":
+            return memory_backend()
+        if self.kind == "lru":
+            assert self.max_entries is not None
+            return lru_backend(self.max_entries)
+        return None
 
     @property
     def ttl_ms(self) -> int | None:
@@ -67,6 +105,7 @@ def store_specs(declared: Iterable[StoreDeclaration]) -> tuple[Store, ...]:
             specs.append(Store(store))
         elif isinstance(store, Store):
             store.ttl_ms  # noqa: B018 - validates the ttl now, with the store's name
+            store.backend_factory()
             specs.append(store)
         else:
             raise ConfigurationError(f"a store is declared by its name or as a Store(...), got {store!r}")

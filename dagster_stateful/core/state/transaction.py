@@ -5,7 +5,8 @@ written to each key since the last commit (repeated writes to a key cost one cha
 one RocksDB put) and the values read or committed lately, and the view each step gets of it
 (`kv.State`, `ttl.TtlState`, `live.LiveState` or `windows.WindowState`). The writes of the message
 being processed are journaled and undone if it fails, so a step that fails half-way leaves no
-trace. Before a commit, expiring stores delete what has expired (`expire`).
+trace. Before a commit, expiring stores delete what has expired and bounded stores what the commit
+would push out (`prepare_commit`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class PartitionTransaction:
         }
         """The key-value stores' state, as stateful steps see it."""
         self.expiring = [state for state in self.states.values() if isinstance(state, TtlState)]
+        self._evicting = [name for name, store in stores.items() if store.evicts]
         """The stores whose entries expire: each message's timestamp goes to their `observe`."""
         self.live = {
             name: LiveState(stores[name], self.caches[name], serde)
@@ -128,11 +130,27 @@ class PartitionTransaction:
         self.discard_message()
         self.next_offset = offset + 1
 
-    def expire(self) -> None:
-        """Before a commit: the expiring stores delete what stream time has reached and keep their stream time."""
-        if self.expiring and self.next_offset is not None:
-            for state in self.expiring:
-                state.expire(self.next_offset - 1)
+    def prepare_commit(self) -> None:
+        """Before a commit: the expiring stores delete what stream time has reached (and keep their
+        stream time), and the bounded stores delete what the commit would push out of them; the
+        commit carries those deletes (and their tombstones) with the rest."""
+        if self.next_offset is None:
+            return
+        offset = self.next_offset - 1
+        for state in self.expiring:
+            state.expire(offset)
+        for name in self._evicting:
+            self._evict(name, offset)
+
+    def _evict(self, name: str, offset: int) -> None:
+        cache = self.caches[name]
+        values = cache.values
+        for key in self.stores[name].evictions((key, values[key]) for key in cache.dirty):
+            if cache.serialize is None:
+                cache.put(key, None, offset)
+            else:
+                cache.delete_live(key, offset)
+        cache.accept()
 
     def changes(self, store: str) -> list[Change]:
         """(key, serialized value or None for a delete, source offset), each changed key once."""

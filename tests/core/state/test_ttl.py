@@ -53,7 +53,7 @@ def message(txn: PartitionTransaction, key: str, offset: int, timestamp: int) ->
 
 def commit(txn: PartitionTransaction, store: StorePartition) -> dict[bytes, bytes | None]:
     """Commit as the worker does (expiry first); the changes the changelog got."""
-    txn.expire()
+    txn.prepare_commit()
     changes = txn.changes("seen")
     store.commit(((key, value) for key, value, _ in changes), None, txn.offset_to_commit)
     txn.committed()
