@@ -191,7 +191,8 @@ def _local_digest(app: App, store: str, partition: int) -> Digest | None:
     except StateLockedError:
         return None  # a running worker holds it
     try:
-        return partition_digest(part)
+        # An in-memory store has nothing outside its worker's process.
+        return partition_digest(part) if part.has_local_state else None
     finally:
         part.close()
 

@@ -340,6 +340,11 @@ class App:
         `items(...)`, or a window store's `windows(...)`. Close it when done (it is a context manager)."""
         if store not in self.config.stores:
             raise ConfigurationError(f"unknown store {store!r}; app {self.name!r} declares {self.stores}")
+        if store in self.config.store_backends:
+            raise ConfigurationError(
+                f"store {store!r} is not kept in RocksDB (an in-memory store lives only inside its worker), so it "
+                "cannot be read from outside: read its changelog topic, or keep it in RocksDB to query it"
+            )
         bounds = self._dataframe.live_stores.get(store)
         shape = StoreShape(store, self.config.store_ttls.get(store), None if bounds is None else bounds.size)
         return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)

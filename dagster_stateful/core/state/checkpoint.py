@@ -2,7 +2,8 @@
 
 Owns its format and its atomic publication (write a temporary file, then rename). The database
 holds the authoritative offsets; this file exists so another process (a Dagster sensor, an
-operator) can read a partition's progress without opening RocksDB.
+operator) can read a partition's progress without opening RocksDB. A store kept in memory has one
+only while a worker holds its data.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def write_checkpoint(directory: Path, checkpoint: Checkpoint) -> None:
     temporary = directory / f"{CHECKPOINT_FILE}.tmp"
     temporary.write_text(json.dumps(asdict(checkpoint)))
     os.replace(temporary, directory / CHECKPOINT_FILE)
+
+
+def remove_checkpoint(directory: Path) -> None:
+    """No checkpoint: the partition holds no local state (an in-memory store once its worker let go)."""
+    (directory / CHECKPOINT_FILE).unlink(missing_ok=True)
 
 
 def read_checkpoint(directory: Path) -> Checkpoint | None:

@@ -161,13 +161,16 @@ def commits_and_restores_through_a_partition(factory: BackendFactory, directory:
         _expect((partition.changelog_offset, partition.source_offset) == (12, 40), "a restore should set offsets")
         partition.commit([(b"a", None), (b"e", b"5")], 15, 41)
         _expect([key for key, _ in partition.items()] == [b"b", b"c", b"e"], "a commit should apply its changes")
+        checkpoint = partition.read_checkpoint()
+        _expect(checkpoint is not None and checkpoint.source_offset == 41, "a commit should publish the checkpoint")
         persistent = partition.db.persistent
         partition.close()
         partition.open()
         expected = (15, 41) if persistent else (None, None)
         found = (partition.changelog_offset, partition.source_offset)
         _expect(found == expected, f"offsets after a reopen should be {expected}, got {found}")
-        _expect(partition.read_checkpoint() is not None, "a commit should publish the checkpoint file")
+        kept = partition.read_checkpoint() is not None
+        _expect(kept == persistent, "the checkpoint file should say whether the partition holds state")
     finally:
         partition.close()
 

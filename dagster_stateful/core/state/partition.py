@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dagster_stateful.core.state.backend import BackendFactory, StoreBackend
-from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.errors import ConfigurationError, StateStoreError, StoreCorruptedError
@@ -100,6 +100,8 @@ class StorePartition:
         except BaseException:
             self._lock.release()
             raise
+        if not self._db.persistent:
+            remove_checkpoint(self.path)  # a crashed worker's: its state went with it
         self._load_offsets()
 
     def _open_database(self) -> StoreBackend:
@@ -231,6 +233,8 @@ class StorePartition:
         database, self._db = self._db, None
         try:
             if database is not None:
+                if not database.persistent:
+                    remove_checkpoint(self.path)
                 database.close()
         finally:
             self._lock.release()

@@ -89,3 +89,5 @@ def test_windows_cannot_live_in_an_lru_store_and_memory_stores_warn(caplog) -> N
     assert "restores it in full from its changelog" in caplog.text
     with pytest.raises(ConfigurationError, match="LRU store"):
         app.dataframe().tumbling_window(1000).aggregate(Count()).final()
+    with pytest.raises(ConfigurationError, match="cannot be read from outside"):
+        app.read_state("recent")
