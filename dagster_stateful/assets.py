@@ -109,10 +109,11 @@ def store_assets(app: App, source_partitions: int):
             store_key(app, store),
             deps=[changelog_key(app, store)] if app.config.use_changelog_topics else [source_key(app)],
             group_name=group_name(app),
-            kinds={"rocksdb"},
+            kinds={"rocksdb" if app.store_profile(store)["kind"] == "rocksdb" else "python"},
             partitions_def=partitions_def,
-            description=f"RocksDB state store `{store}` of app `{app.name}`, one database per Kafka "
-            "partition. Materializing runs a bounded worker on the chosen partitions.",
+            description=f"State store `{store}` of app `{app.name}` ({app.store_profile(store)['kind']}), one "
+            "database per Kafka partition. Materializing runs a bounded worker on the chosen partitions.",
+            metadata={f"store_{name}": value for name, value in app.store_profile(store).items()},
         )
         for store in app.stores
     ]

@@ -105,6 +105,7 @@ class App:
             state was committed at) or "fail" (stop with the operator's options).
         """
         specs = store_specs(stores)
+        self._store_specs = {spec.name: spec for spec in specs}
         self.config = AppConfig(
             name=name,
             source=source,
@@ -333,6 +334,25 @@ class App:
         """Digest of a store partition rebuilt from its changelog alone, in a scratch directory."""
         with kafka_errors(f"replaying {self.changelog_topic(store)}[{partition}]"):
             return replay_digest(self.config, self.kafka, store, partition)
+
+    def store_profile(self, store: str) -> dict[str, str | int]:
+        """What `store` is, for people: its kind (rocksdb, memory, lru or custom), what it holds
+        (key-value state, aggregates or windows), and its ttl, bound, or windows' size, grace and
+        retention (ms) where it has them."""
+        spec = self._store_specs[store]
+        profile: dict[str, str | int] = {"kind": "custom" if spec.backend is not None else spec.kind}
+        live = self._dataframe.live_stores
+        bounds = live.get(store)
+        profile["holds"] = "key-value state" if store not in live else "aggregates" if bounds is None else "windows"
+        if spec.ttl_ms is not None:
+            profile["ttl_ms"] = spec.ttl_ms
+        if spec.max_entries is not None:
+            profile["max_entries"] = spec.max_entries
+        if bounds is not None:
+            profile["window_size_ms"] = bounds.size
+            profile["window_grace_ms"] = bounds.grace
+            profile["window_retention_ms"] = bounds.retention
+        return profile
 
     def read_state(self, store: str, partitions: Iterable[int] | None = None) -> StoreReader:
         """A reader of `store`'s local partitions (all, or `partitions`) that takes no lock, so it reads

@@ -225,3 +225,54 @@ def test_worker_schedule_waits_for_the_source_topic(kafka_bootstrap, unique_name
     bound_app.kafka.create_topic(app.source, 2, 1, {})
     requested = schedule(build_schedule_context(resources={"kafka": kafka}))
     assert isinstance(requested, RunRequest), "once the topic exists, the schedule runs the worker"
+
+
+def test_store_assets_say_what_each_store_is_and_apps_share_their_source(tmp_path):
+    from dagster_stateful.core import App, Count, Store
+
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:1")
+    counts = App(
+        "counts",
+        "orders",
+        stores=[Store("seen", ttl=60_000), "per_minute", Store("recent", kind="lru", max_entries=100)],
+        kafka="127.0.0.1:1",
+    )
+    counts.dataframe().filter(lambda order, seen: True, store="seen").update(
+        lambda order, recent: None, store="recent"
+    ).tumbling_window(60_000, grace=5_000, store="per_minute").aggregate(Count()).final()
+    totals = App("totals", "orders", kafka="127.0.0.1:1")
+
+    defs = build_stateful_definitions([counts, totals], 2, kafka, StateStoreResource(state_dir=str(tmp_path)))
+
+    def metadata(app, store: str) -> dict:
+        key = store_key(app, store)
+        return dict(defs.get_assets_def(key).specs_by_key[key].metadata)
+
+    assert metadata(counts, "seen") == {
+        "store_kind": "rocksdb",
+        "store_holds": "key-value state",
+        "store_ttl_ms": 60_000,
+    }
+    assert metadata(counts, "recent") == {
+        "store_kind": "lru",
+        "store_holds": "key-value state",
+        "store_max_entries": 100,
+    }
+    assert metadata(counts, "per_minute") == {
+        "store_kind": "rocksdb",
+        "store_holds": "windows",
+        "store_window_size_ms": 60_000,
+        "store_window_grace_ms": 5_000,
+        "store_window_retention_ms": 65_000,
+    }
+    assert defs.resolve_job_def(job_name(totals, "query_state")) is not None
+    assert (
+        len(
+            [
+                key
+                for key in defs.resolve_asset_graph().get_all_asset_keys()
+                if key == AssetKey(["kafka", "topics", "orders"])
+            ]
+        )
+        == 1
+    )
