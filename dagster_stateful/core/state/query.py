@@ -145,14 +145,28 @@ class StoreReader:
                 return default if entry is None else entry.value
         return default
 
-    def items(self, message_key: Any = None, partitions: Iterable[int] | None = None) -> Iterator[StateEntry]:
-        """The entries of the chosen partitions (default: all), in key order within each; only
-        `message_key`'s when given."""
+    def items(
+        self,
+        message_key: Any = None,
+        partitions: Iterable[int] | None = None,
+        from_key: Any = None,
+        to_key: Any = None,
+    ) -> Iterator[StateEntry]:
+        """The entries of the chosen partitions (default: all), in the store's order within each:
+        message keys by length, then byte by byte, each key's state keys in byte order. Only
+        `message_key`'s when given; else those of message keys from `from_key` to `to_key`
+        (inclusive; either optional), as Kafka Streams' `range(from, to)`."""
         self._refuse_windows("items")
-        prefix = None if message_key is None else message_prefix(self._key_bytes(message_key))
+        first: bytes | None
+        last: bytes | None
+        if message_key is not None:
+            first = last = message_prefix(self._key_bytes(message_key))
+        else:
+            first = None if from_key is None else message_prefix(self._key_bytes(from_key))
+            last = None if to_key is None else message_prefix(self._key_bytes(to_key))
         for partition in self._chosen(partitions):
-            for store_key, data in self._database(partition).items(prefix):
-                if prefix is not None and not store_key.startswith(prefix):
+            for store_key, data in self._database(partition).items(first):
+                if last is not None and store_key[: len(last)] > last:
                     break
                 if store_key != STREAM_TIME_KEY:
                     entry = self._entry(partition, store_key, data)
