@@ -2,7 +2,9 @@
 
 Owns the app every fault case runs (`count_order` keeps per customer a count of orders and their
 total in the store "totals"; when the spec says `aggregate`, an aggregation keeps them there as one
-aggregate, `TALLY`; `build_app` builds it from a `WorkerSpec`) and this file's use as a
+aggregate, `TALLY`; when it says `windowed`, a tumbling window aggregation keeps a `TALLY` per
+customer and window of event time there and sends each window's final tally to the output topic
+once it closes; `build_app` builds it from a `WorkerSpec`) and this file's use as a
 script: `python fault_worker.py '<WorkerSpec as JSON>'` runs one bounded worker and prints one line
 `EVENT <kind> <JSON>` per observable step on stdout: `started`, `state` (each state transition),
 `restore_start` / `batch` / `restore_end` / `restore_suspended` (a restore listener), `commit` (each
@@ -28,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -120,6 +122,13 @@ class WorkerSpec:
     aggregate: bool = False
     """Keep the count and total with an aggregation (`tally_order`) instead of `count_order` (no output
     topic then: an aggregation passes on its aggregate, not the order)."""
+    windowed: bool = False
+    """Keep the count and total per customer and tumbling window of event time (the message
+    timestamp), `tally_order` folded into `window_size_ms` windows with `window_grace_ms` of grace
+    (retention: size + grace), and send each window's final tally to `output` (required) once it
+    closes, as `{"start", "end", "value"}` keyed by the customer."""
+    window_size_ms: int = 5_000
+    window_grace_ms: int = 1_000
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -129,8 +138,10 @@ class WorkerSpec:
         return cls(**json.loads(text))
 
 
-def build_app(spec: WorkerSpec) -> App:
-    """The counting app of `spec` (also used by the test to read its state or clear it)."""
+def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -> App:
+    """The counting app of `spec` (also used by the test to read its state or clear it). `observe`:
+    a stateless step every order goes through (the worker's progress): after the counting, or
+    before the windows of a windowed app (after them only the windows that closed flow)."""
     kafka = KafkaClients(
         {"bootstrap.servers": spec.bootstrap, "log_level": 2}, admin_timeout_seconds=spec.admin_timeout_seconds
     )
@@ -153,7 +164,14 @@ def build_app(spec: WorkerSpec) -> App:
         },
     )
     frame = app.dataframe()
-    if spec.aggregate:
+    if spec.windowed:
+        if not spec.output or spec.aggregate:
+            raise ValueError("a windowed worker sends its closed windows to an output topic, and aggregates nothing else")
+        if observe is not None:
+            frame.update(observe)
+        windows = frame.tumbling_window(spec.window_size_ms, grace=spec.window_grace_ms)
+        windows.aggregate(Aggregate(empty_tally, tally_order), name=TALLY).final()
+    elif spec.aggregate:
         if spec.output:
             raise ValueError("an aggregating worker passes on tallies, not orders: it cannot fill an output topic")
         frame.aggregate(Aggregate(empty_tally, tally_order), name=TALLY)
@@ -161,6 +179,8 @@ def build_app(spec: WorkerSpec) -> App:
         frame.apply(count_order, stateful=True)
     if spec.output:
         app.to_topic(frame, spec.output)
+    if observe is not None and not spec.windowed:
+        frame.update(observe)
     return app
 
 
@@ -253,9 +273,6 @@ def _install_commit_faults(spec: WorkerSpec) -> None:
 def _worker_main(spec: WorkerSpec) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _install_commit_faults(spec)
-    app = build_app(spec)
-    app.add_restore_listener(_PrintingRestoreListener(spec.restore_delay))
-    app.add_state_listener(lambda new, old: _emit("state", str(new)))
     processed = [0]
 
     def progress(order: dict) -> None:
@@ -265,7 +282,9 @@ def _worker_main(spec: WorkerSpec) -> int:
             if spec.step_delay:
                 time.sleep(spec.step_delay)
 
-    app.dataframe().update(progress)
+    app = build_app(spec, observe=progress)
+    app.add_restore_listener(_PrintingRestoreListener(spec.restore_delay))
+    app.add_state_listener(lambda new, old: _emit("state", str(new)))
     _emit("started", os.getpid())
     try:
         report = app.run_worker(max_seconds=spec.max_seconds, until_caught_up=spec.until_caught_up)
@@ -286,6 +305,7 @@ def _worker_main(spec: WorkerSpec) -> int:
             "partitions_lost": report.partitions_lost,
             "skipped": report.skipped,
             "dead_lettered": report.dead_lettered,
+            "late": report.late,
             "aborted": report.transactions_aborted,
             "rebalances": report.rebalances,
             "seconds": report.seconds,
@@ -296,6 +316,8 @@ def _worker_main(spec: WorkerSpec) -> int:
 
 def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if spec.windowed:
+        raise ValueError("a windowed worker's store holds windows, not customers: read it with fault_harness.read_windows")
     app = build_app(spec)
     looked: dict[str, dict[str, int]] = {}
     iterated: dict[str, dict[str, int]] = {}

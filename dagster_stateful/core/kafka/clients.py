@@ -6,7 +6,8 @@ writes the engine needs: topic layouts (partitions, replication) and configs, to
 low/high watermarks, a consumer group's committed offsets and members. Every admin call waits out
 transient failures (brokers down or unreachable, partitions without a leader yet, coordinators
 loading) with capped exponential backoff for up to `admin_timeout_seconds`, so a worker survives a
-broker restart; past that it raises a retriable `KafkaOperationError`.
+broker restart; past that it raises a retriable `KafkaOperationError`. librdkafka's own log lines
+go through Python logging (`ClientLog`), not raw to stderr.
 """
 
 from __future__ import annotations
@@ -105,6 +106,22 @@ _MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _T = TypeVar("_T")
 
 
+class ClientLog:
+    """Where librdkafka's own log lines go (given to every client as its `logger`): the Python
+    logger `dagster_stateful.core.kafka.librdkafka`, at most at WARNING, since what librdkafka
+    reports as an error (a refused connection, a broker gone) is retried by the client, and the
+    engine raises what it cannot get past with its own error."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        self.logger.log(min(level, logging.WARNING), message, *args)
+
+
+CLIENT_LOG = ClientLog(logging.getLogger(f"{__name__.rsplit('.', 1)[0]}.librdkafka"))
+
+
 def describe_replication(replication_factor: int) -> str:
     """A replication factor as an operator reads it: -1 is the brokers' default."""
     return "default" if replication_factor == DEFAULT_REPLICATION else str(replication_factor)
@@ -133,14 +150,15 @@ class KafkaClients:
 
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(self.settings)
+            config: dict[str, Any] = {"logger": CLIENT_LOG, **self.settings}  # the stub omits `logger`
+            self._admin = AdminClient(config)
         return self._admin
 
     def producer(self, config: Mapping[str, Any] | None = None) -> Producer:
-        return Producer({**self.settings, **(config or {})})
+        return Producer({"logger": CLIENT_LOG, **self.settings, **(config or {})})
 
     def consumer(self, config: Mapping[str, Any]) -> Consumer:
-        return Consumer({**self.settings, **config})
+        return Consumer({"logger": CLIENT_LOG, **self.settings, **config})
 
     def partition_count(self, topic: str) -> int | None:
         """The topic's partition count, or None when it does not exist."""
