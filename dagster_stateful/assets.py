@@ -31,6 +31,7 @@ from dagster_stateful.metadata import partitions_metadata, topic_metadata, worke
 from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 from dagster_stateful.state_rows import state_sample
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 SHOWN_TOPIC_CONFIGS = (
     "cleanup.policy",
@@ -56,22 +57,22 @@ def kafka_partitions(count: int) -> StaticPartitionsDefinition:
     return StaticPartitionsDefinition([str(p) for p in range(count)])
 
 
-def source_topic_spec(app: App) -> AssetSpec:
+def source_topic_spec(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetSpec:
     return AssetSpec(
-        source_key(app),
-        group_name=group_name(app),
+        source_key(app, translator),
+        group_name=group_name(app, translator),
         kinds={"kafka"},
         description=f"Kafka topic `{app.source}`: the input of app `{app.name}`, written by its producers.",
         metadata={"topic": app.source, "consumer_group": app.consumer_group},
     )
 
 
-def changelog_assets(app: App):
+def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     specs = [
         AssetSpec(
-            changelog_key(app, store),
-            deps=[source_key(app)],
-            group_name=group_name(app),
+            changelog_key(app, store, translator),
+            deps=[source_key(app, translator)],
+            group_name=group_name(app, translator),
             kinds={"kafka"},
             description=f"Compacted changelog of store `{store}`: every state change, the source of "
             "truth for restoring the store.",
@@ -93,7 +94,7 @@ def changelog_assets(app: App):
             config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
             store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
             yield MaterializeResult(
-                asset_key=changelog_key(app, store),
+                asset_key=changelog_key(app, store, translator),
                 metadata=topic_metadata(
                     partitions, config, bound.kafka.watermarks(topic, range(partitions)), check.status.value
                 ),
@@ -102,13 +103,15 @@ def changelog_assets(app: App):
     return changelogs
 
 
-def store_assets(app: App, source_partitions: int):
+def store_assets(app: App, source_partitions: int, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     partitions_def = kafka_partitions(source_partitions)
     specs = [
         AssetSpec(
-            store_key(app, store),
-            deps=[changelog_key(app, store)] if app.config.use_changelog_topics else [source_key(app)],
-            group_name=group_name(app),
+            store_key(app, store, translator),
+            deps=[changelog_key(app, store, translator)]
+            if app.config.use_changelog_topics
+            else [source_key(app, translator)],
+            group_name=group_name(app, translator),
             kinds={"rocksdb" if app.store_profile(store)["kind"] == "rocksdb" else "python"},
             partitions_def=partitions_def,
             description=f"State store `{store}` of app `{app.name}` ({app.store_profile(store)['kind']}), one "
@@ -140,7 +143,7 @@ def store_assets(app: App, source_partitions: int):
         descriptions = bound.describe_partitions(chosen)
         for store in app.stores:
             yield MaterializeResult(
-                asset_key=store_key(app, store),
+                asset_key=store_key(app, store, translator),
                 metadata={
                     **worker_metadata(report),
                     **partitions_metadata(d for d in descriptions if d.store == store),
@@ -155,12 +158,12 @@ class SnapshotConfig(Config):
     keep: int = Field(default=3, description="Snapshots kept per store; older ones are deleted.")
 
 
-def snapshot_assets(app: App):
+def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     specs = [
         AssetSpec(
-            snapshot_key(app, store),
-            deps=[changelog_key(app, store)],
-            group_name=group_name(app),
+            snapshot_key(app, store, translator),
+            deps=[changelog_key(app, store, translator)],
+            group_name=group_name(app, translator),
             kinds={"spark", "parquet"},
             description=f"Compacted snapshot of store `{store}`'s changelog (Parquet per Kafka partition, "
             "keys sorted), built by Spark; bulk restores load it and replay only the tail.",
@@ -205,7 +208,7 @@ def snapshot_assets(app: App):
                     cut_short,
                 )
             yield MaterializeResult(
-                asset_key=snapshot_key(app, store),
+                asset_key=snapshot_key(app, store, translator),
                 metadata={
                     "snapshot_id": manifest.snapshot_id,
                     "location": snapshot_store.snapshot_location(manifest.snapshot_id),

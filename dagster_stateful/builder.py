@@ -39,6 +39,7 @@ from dagster_stateful.jobs import (
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 
 def build_stateful_definitions(
@@ -54,6 +55,7 @@ def build_stateful_definitions(
     spark: StatefulSparkResource | None = None,
     compaction_cron: str = "0 3 * * *",
     max_snapshot_age_hours: float = 48.0,
+    translator: StatefulTranslator = DEFAULT_TRANSLATOR,
 ) -> Definitions:
     """Definitions for one app or several (their names must differ; apps reading the same source
     topic share its asset). `source_partitions`: the source topic's partition count, or the count per
@@ -61,6 +63,7 @@ def build_stateful_definitions(
 
     worker_every_minutes: run a bounded worker on this schedule (None: no schedule).
     automation_running: start the schedule and sensors switched on (otherwise a user turns them on in the UI).
+    translator: names the assets and their groups (subclass `StatefulTranslator` to choose your own).
     """
     apps = [apps] if isinstance(apps, App) else list(apps)
     names = [app.name for app in apps]
@@ -68,19 +71,19 @@ def build_stateful_definitions(
         raise ConfigurationError(f"build_stateful_definitions needs one or more apps with distinct names, got {names}")
     schedule_status = DefaultScheduleStatus.RUNNING if automation_running else DefaultScheduleStatus.STOPPED
     sensor_status = DefaultSensorStatus.RUNNING if automation_running else DefaultSensorStatus.STOPPED
-    parts = _Parts()
+    parts = _Parts(translator)
     sources: dict[str, App] = {}
     for app in apps:
         sources.setdefault(app.source, app)
         partitions = _partitions_of(app, source_partitions)
         parts.add_app(app, partitions, worker_every_minutes, schedule_status, compaction_cron)
-        parts.checks += stateful_checks(app, max_changelog_lag, max_snapshot_age_hours)
+        parts.checks += stateful_checks(app, max_changelog_lag, max_snapshot_age_hours, translator)
         parts.sensors += [
-            lag_sensor(app, lag_threshold, default_status=sensor_status),
-            rebalance_sensor(app, restore_threshold, default_status=sensor_status),
+            lag_sensor(app, lag_threshold, default_status=sensor_status, translator=translator),
+            rebalance_sensor(app, restore_threshold, default_status=sensor_status, translator=translator),
         ]
     return Definitions(
-        assets=[source_topic_spec(app) for app in sources.values()] + parts.assets,
+        assets=[source_topic_spec(app, translator) for app in sources.values()] + parts.assets,
         asset_checks=parts.checks,
         jobs=parts.jobs,
         schedules=parts.schedules,
@@ -107,6 +110,7 @@ def _partitions_of(app: App, source_partitions: int | Mapping[str, int]) -> int:
 class _Parts:
     """The definitions of the apps, gathered."""
 
+    translator: StatefulTranslator
     assets: list[Any] = field(default_factory=list)
     checks: list[Any] = field(default_factory=list)
     jobs: list[Any] = field(default_factory=list)
@@ -121,20 +125,21 @@ class _Parts:
         status: DefaultScheduleStatus,
         compaction_cron: str,
     ) -> None:
-        worker = worker_job(app)
-        self.assets.append(store_assets(app, partitions))
-        self.jobs += [worker, restore_job(app), query_state_job(app), clear_state_job(app)]
+        translator = self.translator
+        worker = worker_job(app, translator)
+        self.assets.append(store_assets(app, partitions, translator))
+        self.jobs += [worker, restore_job(app, translator), query_state_job(app), clear_state_job(app)]
         if worker_every_minutes:
             self.schedules.append(worker_schedule(app, worker, worker_every_minutes, status))
         if not app.config.use_changelog_topics:
             return
         compaction = define_asset_job(
             job_name(app, "compaction"),
-            selection=AssetSelection.assets(*(snapshot_key(app, s) for s in app.stores)),
+            selection=AssetSelection.assets(*(snapshot_key(app, s, translator) for s in app.stores)),
             description=f"Spark folds the changelogs of `{app.name}` into new snapshots.",
         )
-        self.assets += [changelog_assets(app), snapshot_assets(app)]
-        self.jobs += [provision_job(app), spark_restore_job(app), compaction]
+        self.assets += [changelog_assets(app, translator), snapshot_assets(app, translator)]
+        self.jobs += [provision_job(app, translator), spark_restore_job(app, translator), compaction]
         self.schedules.append(
             ScheduleDefinition(
                 name=job_name(app, "daily_compaction"),

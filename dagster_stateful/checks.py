@@ -17,22 +17,28 @@ from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
 from dagster_stateful.naming import changelog_key, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 
-def stateful_checks(app: App, max_changelog_lag: int = 100_000, max_snapshot_age_hours: float = 48.0) -> list:
+def stateful_checks(
+    app: App,
+    max_changelog_lag: int = 100_000,
+    max_snapshot_age_hours: float = 48.0,
+    translator: StatefulTranslator = DEFAULT_TRANSLATOR,
+) -> list:
     checks = []
     for store in app.stores:
         if app.config.use_changelog_topics:
-            checks += _changelog_checks(app, store)
-            checks.append(_replay_verification_check(app, store))
-            checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours))
-        checks.append(_state_freshness_check(app, store, max_changelog_lag))
+            checks += _changelog_checks(app, store, translator)
+            checks.append(_replay_verification_check(app, store, translator))
+            checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours, translator))
+        checks.append(_state_freshness_check(app, store, max_changelog_lag, translator))
     return checks
 
 
-def _changelog_checks(app: App, store: str) -> list:
+def _changelog_checks(app: App, store: str, translator: StatefulTranslator) -> list:
     topic = app.changelog_topic(store)
-    key = changelog_key(app, store)
+    key = changelog_key(app, store, translator)
 
     @asset_check(
         asset=key, name="partition_parity", description="The changelog has as many partitions as the source topic."
@@ -116,9 +122,9 @@ def _changelog_checks(app: App, store: str) -> list:
     return [partition_parity, cleanup_policy, stored_offsets, committed_retained]
 
 
-def _state_freshness_check(app: App, store: str, max_changelog_lag: int):
+def _state_freshness_check(app: App, store: str, max_changelog_lag: int, translator: StatefulTranslator):
     @asset_check(
-        asset=store_key(app, store),
+        asset=store_key(app, store, translator),
         name="local_state_fresh",
         description=f"Local state is at most {max_changelog_lag} changelog records behind.",
     )
@@ -142,9 +148,9 @@ def _state_freshness_check(app: App, store: str, max_changelog_lag: int):
     return local_state_fresh
 
 
-def _replay_verification_check(app: App, store: str):
+def _replay_verification_check(app: App, store: str, translator: StatefulTranslator):
     @asset_check(
-        asset=store_key(app, store),
+        asset=store_key(app, store, translator),
         name="matches_changelog_replay",
         description="Each local partition that is up to date (a bulk restore, say) has the same content as "
         "the store a replay of the changelog gives (SHA-256 digests).",
@@ -197,9 +203,9 @@ def _local_digest(app: App, store: str, partition: int) -> Digest | None:
         part.close()
 
 
-def _snapshot_age_check(app: App, store: str, max_age_hours: float):
+def _snapshot_age_check(app: App, store: str, max_age_hours: float, translator: StatefulTranslator):
     @asset_check(
-        asset=snapshot_key(app, store),
+        asset=snapshot_key(app, store, translator),
         name="snapshot_fresh",
         description=f"The latest snapshot is younger than {max_age_hours:g} hours.",
     )

@@ -28,6 +28,7 @@ from dagster_stateful.metadata import partition_metadata, restore_metadata, work
 from dagster_stateful.naming import changelog_key, job_name, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 from dagster_stateful.state_rows import state_rows, state_sample
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 
 class RestoreConfig(Config):
@@ -55,15 +56,15 @@ class ClearStateConfig(Config):
     )
 
 
-def provision_job(app: App):
+def provision_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     return define_asset_job(
         job_name(app, "provision"),
-        selection=AssetSelection.assets(*(changelog_key(app, s) for s in app.stores)),
+        selection=AssetSelection.assets(*(changelog_key(app, s, translator) for s in app.stores)),
         description=f"Create or validate the changelog topics of app `{app.name}`.",
     )
 
 
-def worker_job(app: App):
+def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     @op(name=job_name(app, "run_worker_op"))
     def run_worker_op(
         context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
@@ -74,7 +75,7 @@ def worker_job(app: App):
         for description in bound.describe_partitions(touched):
             context.log_event(
                 AssetMaterialization(
-                    asset_key=store_key(app, description.store),
+                    asset_key=store_key(app, description.store, translator),
                     partition=str(description.partition),
                     description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
                     metadata={
@@ -99,7 +100,7 @@ def worker_job(app: App):
     return worker
 
 
-def restore_job(app: App):
+def restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     @op(name=job_name(app, "restore_op"))
     def restore_op(
         context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource, state_store: StateStoreResource
@@ -112,7 +113,7 @@ def restore_job(app: App):
             snapshot_root=state_store.snapshot_root,
             method=config.method,
         )
-        _record_restores(context, app, bound, config.partitions, results)
+        _record_restores(context, app, bound, config.partitions, results, translator)
 
     @job(
         name=job_name(app, "restore"),
@@ -126,7 +127,7 @@ def restore_job(app: App):
     return restore
 
 
-def spark_restore_job(app: App):
+def spark_restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     @op(name=job_name(app, "spark_restore_op"))
     def spark_restore_op(
         context: OpExecutionContext,
@@ -150,7 +151,7 @@ def spark_restore_job(app: App):
                 session, snapshots, manifest, partitions, out
             ),
         )
-        _record_restores(context, app, bound, config.partitions, results)
+        _record_restores(context, app, bound, config.partitions, results, translator)
 
     @job(
         name=job_name(app, "spark_restore"),
@@ -165,14 +166,19 @@ def spark_restore_job(app: App):
 
 
 def _record_restores(
-    context: OpExecutionContext, app: App, bound: App, partitions: list[int], results: list[PartitionRestore]
+    context: OpExecutionContext,
+    app: App,
+    bound: App,
+    partitions: list[int],
+    results: list[PartitionRestore],
+    translator: StatefulTranslator,
 ) -> None:
     for description in bound.describe_partitions(partitions):
         mine = [r for r in results if r.partition == description.partition and r.store == description.store]
         reports = [report for result in mine for report in result.reports]
         context.log_event(
             AssetMaterialization(
-                asset_key=store_key(app, description.store),
+                asset_key=store_key(app, description.store, translator),
                 partition=str(description.partition),
                 description="restore: " + "; ".join(f"{r.plan.path}: {r.plan.reason}" for r in mine),
                 metadata={

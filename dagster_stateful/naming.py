@@ -1,45 +1,51 @@
 """Names of the Dagster objects built for an app, so assets, jobs, checks and sensors agree.
 
-Owns asset keys (topics under `kafka/topics/<topic>`, stores under `state/<app>/<store>`, snapshots
-under `snapshots/<app>/<store>`), the app's asset group, and job, schedule and sensor names. Dagster
-object names allow only letters, digits and underscores, so app names are folded to that.
+Owns the functions every module of the Dagster layer names things with: asset keys and groups,
+as the app's `translator.StatefulTranslator` says (the default one unless given), and job,
+schedule and sensor names (`<app>__<purpose>`, the app's name folded to what Dagster allows).
 """
 
 from __future__ import annotations
 
-import re
-
 from dagster import AssetKey
 
 from dagster_stateful.core.app import App
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator, python_name
+
+__all__ = [
+    "changelog_key",
+    "group_name",
+    "job_name",
+    "python_name",
+    "snapshot_key",
+    "source_key",
+    "store_key",
+    "topic_key",
+]
 
 
-def python_name(app: App) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", app.name)
+def topic_key(topic: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_topic_key(topic)
 
 
-def topic_key(topic: str) -> AssetKey:
-    return AssetKey(["kafka", "topics", topic])
+def source_key(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_source_key(app)
 
 
-def source_key(app: App) -> AssetKey:
-    return topic_key(app.source)
+def changelog_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_changelog_key(app, store)
 
 
-def changelog_key(app: App, store: str) -> AssetKey:
-    return topic_key(app.changelog_topic(store))
+def store_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_store_key(app, store)
 
 
-def store_key(app: App, store: str) -> AssetKey:
-    return AssetKey(["state", app.name, store])
+def snapshot_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_snapshot_key(app, store)
 
 
-def snapshot_key(app: App, store: str) -> AssetKey:
-    return AssetKey(["snapshots", app.name, store])
-
-
-def group_name(app: App) -> str:
-    return python_name(app)
+def group_name(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> str:
+    return translator.get_group_name(app)
 
 
 def job_name(app: App, purpose: str) -> str:

@@ -13,6 +13,9 @@ Owns the mechanics the fault suite (tests/faults/) and bench/bench_faults.py sha
   per customer recomputed from the source topic read back (`expected_from_source`), the store's
   content (`read_counts`), and `compare`: "lost" = sum over customers of max(0, expected - count),
   "doubled" = sum of max(0, count - expected).
+- For a windowed worker: orders with event times (`TimedOrders`), the tumbling windows recomputed
+  from the source topic (`replay_windows`), and `check_windows`: every closed window in the output
+  topic with its recomputed tally, the store's windows and stream times, the late orders dead-lettered.
 - What a failed run must not have changed (`progress_of`, `changes`), run summaries, and
   `FaultResult`: a line of the bench's table and what a test asserts on.
 - `RestartableBroker`: a broker of one's own, stopped and started again on the same ports.
@@ -45,6 +48,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fault_worker import STORE, CommitPhase, WorkerSpec, build_app
 from kafka_helpers import read_committed, read_messages, wait_for
 
+from dagster_stateful.core.state.windows import STREAM_TIME_KEY, split_window_key
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
 WORKER_SCRIPT = Path(fault_worker.__file__).resolve()
@@ -67,6 +71,48 @@ def make_orders(count: int, customers: int, start: int = 0) -> list[tuple[bytes,
     ]
 
 
+TimedOrder = tuple[bytes, bytes, int]
+"""(key, value, message timestamp in ms): an order with its event time."""
+
+
+class TimedOrders:
+    """Orders with event times, as a windowed app sees them: each order's timestamp `step_ms` (a
+    random range) after the last one's, a `lag_share` of them lagging up to `max_lag_ms` behind
+    (some within a window's grace, some past it: late). Keyed by a random customer of `customers`,
+    ids counting up, amounts 1..7 (as `make_orders`). Successive `next` calls go on where the last
+    one stopped, so orders produced between runs carry on the event time."""
+
+    def __init__(
+        self,
+        customers: int,
+        rng: random.Random,
+        start_ms: int,
+        step_ms: tuple[int, int] = (20, 50),
+        lag_share: float = 0.1,
+        max_lag_ms: int = 3_000,
+    ) -> None:
+        self.customers, self.rng, self.clock = customers, rng, start_ms
+        self.step_ms, self.lag_share, self.max_lag_ms = step_ms, lag_share, max_lag_ms
+        self.produced = 0
+
+    def next(self, count: int) -> list[TimedOrder]:
+        orders = []
+        for i in range(self.produced, self.produced + count):
+            self.clock += self.rng.randint(*self.step_ms)
+            lag = self.rng.randrange(self.max_lag_ms) if self.rng.random() < self.lag_share else 0
+            customer = f"c{self.rng.randrange(self.customers)}"
+            value = orjson.dumps({"id": i, "customer": customer, "amount": 1 + i % 7})
+            orders.append((customer.encode(), value, self.clock - lag))
+        self.produced += count
+        return orders
+
+
+def hours_ago(hours: float) -> int:
+    """Now minus `hours`, in ms since the epoch: event times old enough to be clearly past, young
+    enough that the broker's time retention (7 days) deletes none of their records."""
+    return time.time_ns() // 1_000_000 - int(hours * 3_600_000)
+
+
 def create_topic(bootstrap: str, name: str, partitions: int, config: Mapping[str, str] | None = None) -> None:
     """`kafka_helpers.create_topic` with a quiet admin client (it may outlive a broker outage)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
@@ -77,6 +123,12 @@ def create_topic(bootstrap: str, name: str, partitions: int, config: Mapping[str
 
 def produce_orders(bootstrap: str, topic: str, orders: Iterable[tuple[bytes, bytes]]) -> None:
     """Produce and wait until Kafka acknowledged every order (fails otherwise)."""
+    produce_timed_orders(bootstrap, topic, ((key, value, 0) for key, value in orders))
+
+
+def produce_timed_orders(bootstrap: str, topic: str, orders: Iterable[TimedOrder]) -> None:
+    """Produce orders with their timestamps (0: now) and wait until Kafka acknowledged every one
+    (fails otherwise)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **QUIET})
     errors: list[str] = []
 
@@ -84,10 +136,10 @@ def produce_orders(bootstrap: str, topic: str, orders: Iterable[tuple[bytes, byt
         if error is not None:
             errors.append(error.str())
 
-    for key, value in orders:
+    for key, value, timestamp in orders:
         while True:
             try:
-                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                producer.produce(topic, key=key, value=value, timestamp=timestamp, on_delivery=on_delivery)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -403,6 +455,200 @@ def inject(
             raise AssertionError(f"the worker failed instead of being killed: {outcome.error}\n{worker.log_tail()}")
     restores = sum(1 for event in worker.events if event.kind == "restore_start")
     return Injection(point, outcome.killed, seen, worker.processed(), restores, outcome)
+
+
+# ---------------------------------------------------------------------------------------------
+# Windows: recomputed from the source, and what the windowed app emitted and kept
+
+Window = tuple[str, int]
+"""(customer, window start in ms)."""
+
+
+@dataclass
+class ReplayedWindows:
+    """The tumbling windows recomputed from the source topic (`replay_windows`)."""
+
+    final: dict[Window, dict] = field(default_factory=dict)
+    """Every window that closed, with its final tally: what the output topic must hold."""
+    kept: dict[Window, dict] = field(default_factory=dict)
+    """Windows not expired yet, with their tallies: what the store must hold."""
+    late_ids: set[int] = field(default_factory=set)
+    """Orders that came after every window they belong to had closed."""
+    stream_times: dict[int, int] = field(default_factory=dict)
+    """Per partition, the largest event time seen."""
+
+
+def replay_windows(messages: Iterable[Message], size: int, grace: int, retention: int | None = None) -> ReplayedWindows:
+    """Tumbling windows of `size` ms with `grace`, kept for `retention` (default size + grace), over
+    `messages` (the source as Kafka has it): per partition, in offset order, stream time = the
+    largest timestamp seen so far; an order counts in its window unless the window closed already
+    (start + size + grace <= the stream time the order brings), else it is late; a window closes
+    once stream time reaches start + size + grace, and expires once it reaches start + retention.
+    Never computed by the code under test."""
+    retention = size + grace if retention is None else retention
+    by_partition: dict[int, list[Message]] = {}
+    for message in messages:
+        by_partition.setdefault(message.partition() or 0, []).append(message)
+    replayed = ReplayedWindows()
+    for partition, in_partition in by_partition.items():
+        stream_time, windows = -1, dict[Window, dict]()
+        for message in sorted(in_partition, key=lambda m: m.offset() or 0):
+            timestamp, order = message.timestamp()[1], orjson.loads(message.value() or b"null")
+            start = timestamp - timestamp % size
+            if start + size + grace > max(stream_time, timestamp):
+                window = (order["customer"], start)
+                kept = windows.get(window, {"count": 0, "total": 0})
+                windows[window] = {"count": kept["count"] + 1, "total": kept["total"] + order["amount"]}
+            else:
+                replayed.late_ids.add(order["id"])
+            if timestamp <= stream_time:
+                continue
+            stream_time = timestamp
+            for window in list(windows):
+                if window[1] + size + grace <= stream_time:
+                    replayed.final.setdefault(window, windows[window])
+                if window[1] + retention <= stream_time:
+                    del windows[window]
+        replayed.kept.update(windows)
+        replayed.stream_times[partition] = stream_time
+    return replayed
+
+
+def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
+    """A windowed app's store (no worker may run): the tally of every window it holds, and each
+    partition's stream time (-1: none stored)."""
+    app = build_app(spec)
+    windows: dict[Window, dict] = {}
+    stream_times: dict[int, int] = {}
+    for partition in range(spec.partitions):
+        part = app.state.partition(STORE, partition)
+        part.open()
+        try:
+            stream_times[partition] = -1
+            for key, value in part.items():
+                if key == STREAM_TIME_KEY:
+                    stream_times[partition] = orjson.loads(value)
+                else:
+                    start, customer = split_window_key(key)
+                    windows[(customer.decode(), start)] = orjson.loads(value)
+        finally:
+            part.close()
+    return windows, stream_times
+
+
+@dataclass(frozen=True)
+class WindowCheck:
+    """A windowed app's outputs, store and dead letters against the windows recomputed from the source."""
+
+    closed: int
+    """Windows that closed, by the recomputation."""
+    emitted: int
+    """Final window results in the output topic (read_committed)."""
+    missing: tuple[Window, ...]
+    """Closed windows never emitted."""
+    repeated: tuple[Window, ...]
+    """Windows emitted more than once (one entry per extra appearance)."""
+    wrong: tuple[Window, ...]
+    """Closed windows emitted (at least once) with a tally other than the recomputed one."""
+    unexpected: tuple[Window, ...]
+    """Windows emitted that never closed (or that no order names), or whose result is malformed."""
+    kept: int
+    """Windows left unexpired, by the recomputation."""
+    store_missing: tuple[Window, ...]
+    store_unexpected: tuple[Window, ...]
+    store_wrong: tuple[Window, ...]
+    stream_times_wrong: tuple[int, ...]
+    """Partitions whose stored stream time is not the largest event time of their source partition."""
+    late: int
+    """Late orders, by the recomputation."""
+    late_missing: tuple[int, ...]
+    """Late orders never dead-lettered."""
+    late_repeated: tuple[int, ...]
+    late_unexpected: tuple[int, ...]
+    """Orders dead-lettered that were not late."""
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "windows closed (recomputed)": self.closed,
+            "final windows emitted": self.emitted,
+            "closed windows missing from the output": len(self.missing),
+            "windows emitted more than once": len(self.repeated),
+            "windows emitted with a wrong tally": len(self.wrong),
+            "windows emitted that never closed": len(self.unexpected),
+            "windows kept (recomputed)": self.kept,
+            "kept windows missing from the store": len(self.store_missing),
+            "windows in the store not kept": len(self.store_unexpected),
+            "windows in the store with a wrong tally": len(self.store_wrong),
+            "partitions with a wrong stream time": len(self.stream_times_wrong),
+            "late orders (recomputed)": self.late,
+            "late orders never dead-lettered": len(self.late_missing),
+            "late orders dead-lettered more than once": len(self.late_repeated),
+            "orders dead-lettered that were not late": len(self.late_unexpected),
+        }
+
+    def examples(self) -> list[str]:
+        """The first few of each kind of mismatch, for an assertion message."""
+        kinds = {
+            "missing from the output": self.missing,
+            "emitted more than once": self.repeated,
+            "emitted with a wrong tally": self.wrong,
+            "emitted, never closed": self.unexpected,
+            "missing from the store": self.store_missing,
+            "in the store, not kept": self.store_unexpected,
+            "in the store with a wrong tally": self.store_wrong,
+            "partitions with a wrong stream time": self.stream_times_wrong,
+            "late, never dead-lettered": self.late_missing,
+            "late, dead-lettered more than once": self.late_repeated,
+            "dead-lettered, not late": self.late_unexpected,
+        }
+        return [f"windows check: {what}: {list(found[:8])}" for what, found in kinds.items() if found]
+
+
+def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
+    """Compare a windowed app's output topic (read_committed), store and dead-letter topic with `replayed`.
+    Every appearance of a window in the output must carry its recomputed final tally."""
+    size = spec.window_size_ms
+    appearances: Counter[Window] = Counter()
+    wrong: set[Window] = set()
+    unexpected: list[Window] = []
+    for message in read_committed(spec.bootstrap, spec.output, timeout=60):
+        result = orjson.loads(message.value() or b"null")
+        window = ((message.key() or b"").decode(), result["start"])
+        appearances[window] += 1
+        if window not in replayed.final or result["end"] != result["start"] + size:
+            unexpected.append(window)
+        elif result["value"] != replayed.final[window]:
+            wrong.add(window)
+    missing = tuple(sorted(set(replayed.final) - set(appearances)))
+    repeated = tuple(sorted(window for window, seen in appearances.items() for _ in range(seen - 1)))
+    stored, stream_times = read_windows(spec)
+    store_wrong = tuple(sorted(w for w in set(stored) & set(replayed.kept) if stored[w] != replayed.kept[w]))
+    stream_times_wrong = tuple(
+        sorted(p for p in range(spec.partitions) if stream_times.get(p, -1) != replayed.stream_times.get(p, -1))
+    )
+    dead = Counter(orjson.loads(m.value() or b"null")["id"] for m in read_committed(spec.bootstrap, dead_letters(spec)))
+    return WindowCheck(
+        closed=len(replayed.final),
+        emitted=sum(appearances.values()),
+        missing=missing,
+        repeated=repeated,
+        wrong=tuple(sorted(wrong)),
+        unexpected=tuple(unexpected),
+        kept=len(replayed.kept),
+        store_missing=tuple(sorted(set(replayed.kept) - set(stored))),
+        store_unexpected=tuple(sorted(set(stored) - set(replayed.kept))),
+        store_wrong=store_wrong,
+        stream_times_wrong=stream_times_wrong,
+        late=len(replayed.late_ids),
+        late_missing=tuple(sorted(replayed.late_ids - set(dead))),
+        late_repeated=tuple(sorted(i for i, seen in dead.items() for _ in range(seen - 1))),
+        late_unexpected=tuple(sorted(set(dead) - replayed.late_ids)),
+    )
+
+
+def dead_letters(spec: WorkerSpec) -> str:
+    """The app's dead-letter topic."""
+    return build_app(spec).dead_letter_topic
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ bench/bench_faults.py runs them at scale and prints the table. The cases:
 1. `sigkill_storm`: SIGKILL at random points (mid-batch, inside the commit, mid-restore), many
    times in a row, with the local state deleted before some restarts; compaction aggressive.
    Under exactly-once (case 1e) the counted orders also go to an output topic, checked order by order.
+   `windowed_sigkill_storm`: the same storm on a windowed aggregation, checked window by window
+   against the windows recomputed from the source.
 2. `alternating_kills`: two workers of one app (separate state directories) killed in turn while
    orders keep coming: rebalances while processing.
 3. `broker_outage`: the broker stopped and started on the same ports while two apps' workers run
@@ -50,19 +52,24 @@ from fault_harness import (
     KillPoint,
     OrderFeeder,
     RestartableBroker,
+    TimedOrders,
     WorkerProcess,
     changes,
+    check_windows,
     committed_offsets,
     compare,
     create_topic,
     expected_from_source,
+    hours_ago,
     inject,
     make_orders,
     outputs_checked,
     produce_orders,
+    produce_timed_orders,
     progress_of,
     read_counts,
     read_store,
+    replay_windows,
     run_worker,
     source_messages,
     summarize,
@@ -176,9 +183,37 @@ def sigkill_storm(
         output=output,
         aggregate=aggregate,
     )
+
+    def more_orders(count: int) -> None:
+        nonlocal produced
+        produce_orders(lab.bootstrap, source, make_orders(count, customers, start=produced))
+        produced += count
+
+    changelog = storm(lab, result, spec, kills, max(MIN_SHARE, orders // (kills + 2)), wipe_share, more_orders)
+    finish_with(result, spec, lab)
+    result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
+    if output:
+        count_outputs(result, spec)
+    return result
+
+
+def storm(
+    lab: Lab,
+    result: FaultResult,
+    spec: WorkerSpec,
+    kills: int,
+    share: int,
+    wipe_share: float,
+    more_orders: Callable[[int], None],
+) -> str:
+    """The storm of `sigkill_storm` (and `windowed_sigkill_storm`): run a worker of `spec` again and
+    again until `kills` kills landed, at the points of `kill_schedule`, a mid-batch kill after about
+    `share` messages of the run. Before every mid-restore kill (and a `wipe_share` of the others,
+    once the changelog holds something) the local state is deleted. A worker that catches up before
+    its kill is not killed: `more_orders(2 * share)` then produces more. Records the kills, where
+    they landed and the restores in `result`; returns the store's changelog topic."""
     app = build_app(spec)
     schedule = kill_schedule(kills, lab.rng)
-    share = max(MIN_SHARE, orders // (kills + 2))
     counters = {"state deleted before a restart": 0, "restores begun": 0, "full restores begun": 0}
     app.provision()  # the changelog exists from the start: it is read before every run
     changelog = app.changelog_topic(STORE)
@@ -187,7 +222,7 @@ def sigkill_storm(
             break
         point = schedule[0]
         # Deleting the state before anything was committed to the changelog leaves nothing to restore.
-        committed_state = any(high for _, high in watermarks(lab.bootstrap, changelog, partitions).values())
+        committed_state = any(high for _, high in watermarks(lab.bootstrap, changelog, spec.partitions).values())
         wiped = committed_state and (point is KillPoint.MID_RESTORE or lab.rng.random() < wipe_share)
         if wiped:
             app.clear_state()
@@ -202,13 +237,73 @@ def sigkill_storm(
             result.count_point(f"{point.value} (seen: {injection.seen.split(' (')[0]})")
         else:
             result.runs.append(summarize("caught up before its kill", injection.outcome))
-            produce_orders(lab.bootstrap, source, make_orders(share * 2, customers, start=produced))
-            produced += share * 2
+            more_orders(share * 2)
     result.counters.update(counters)
-    finish_with(result, spec, lab)
+    return changelog
+
+
+WINDOW_SIZE_MS = 5_000
+WINDOW_GRACE_MS = 1_000
+
+
+def windowed_sigkill_storm(
+    lab: Lab,
+    orders: int = 4_000,
+    customers: int = 24,
+    partitions: int = 3,
+    kills: int = 10,
+    wipe_share: float = 0.25,
+    guarantee: str = EXACTLY_ONCE,
+) -> FaultResult:
+    """`sigkill_storm` for a windowed aggregation: the worker folds each order into its customer's
+    tumbling window of event time (the message timestamp; windows of `WINDOW_SIZE_MS` with
+    `WINDOW_GRACE_MS` of grace, deleted as they close) and sends each window's final tally to an
+    output topic once it closes; late orders are dead-lettered. Orders carry event times 20-50 ms
+    apart from three hours ago on, one in ten lagging up to three graces behind (`TimedOrders`), so
+    windows close all through the storm. Judged against the windows recomputed from the source
+    topic (`replay_windows`, `check_windows`, recorded in counters): under exactly-once every closed
+    window appears in the output (read_committed) exactly once with its recomputed tally, no other
+    window does, and every late order is dead-lettered exactly once; under at-least-once each
+    appears at least once, every appearance with the recomputed tally. Either way the store holds
+    exactly the unexpired windows with their tallies, and each partition's stream time. `lost` and
+    `doubled` count windows here: closed windows missing from the output, and extra appearances."""
+    exactly_once = guarantee == EXACTLY_ONCE
+    result = FaultResult("1w SIGKILL at random points, windowed" + (" (exactly-once)" if exactly_once else ""))
+    timed = TimedOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3), max_lag_ms=3 * WINDOW_GRACE_MS)
+    source = lab.unique("orders")
+    create_topic(lab.bootstrap, source, partitions)
+    produce_timed_orders(lab.bootstrap, source, timed.next(orders))
+    output = lab.unique("windows")
+    create_topic(lab.bootstrap, output, partitions)
+    spec = lab.spec(
+        source,
+        partitions,
+        step_delay=0.01,
+        restore_delay=0.03,
+        restore_batch_size=20,  # a restore of the few live windows still takes several batches to strike in
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=guarantee,
+        output=output,
+        on_error="dead-letter",
+        windowed=True,
+        window_size_ms=WINDOW_SIZE_MS,
+        window_grace_ms=WINDOW_GRACE_MS,
+    )
+
+    def more_orders(count: int) -> None:
+        produce_timed_orders(lab.bootstrap, source, timed.next(count))
+
+    changelog = storm(lab, result, spec, kills, max(MIN_SHARE, orders // (kills + 2)), wipe_share, more_orders)
+    outcome = run_worker(spec, lab.log("final"))
+    result.runs.append(summarize("final", outcome, spec))
+    result.recovery_seconds = outcome.seconds
     result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
-    if output:
-        count_outputs(result, spec)
+    messages = source_messages(lab.bootstrap, source)
+    result.messages = len(messages)
+    check = check_windows(spec, replay_windows(messages, WINDOW_SIZE_MS, WINDOW_GRACE_MS))
+    result.counters.update(check.counters())
+    result.lost, result.doubled = len(check.missing), len(check.repeated)
+    result.notes += check.examples()
     return result
 
 

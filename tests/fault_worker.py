@@ -166,7 +166,9 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
     frame = app.dataframe()
     if spec.windowed:
         if not spec.output or spec.aggregate:
-            raise ValueError("a windowed worker sends its closed windows to an output topic, and aggregates nothing else")
+            raise ValueError(
+                "a windowed worker sends its closed windows to an output topic and aggregates nothing else"
+            )
         if observe is not None:
             frame.update(observe)
         windows = frame.tumbling_window(spec.window_size_ms, grace=spec.window_grace_ms)
@@ -317,7 +319,7 @@ def _worker_main(spec: WorkerSpec) -> int:
 def _read_main(spec: WorkerSpec, customers: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if spec.windowed:
-        raise ValueError("a windowed worker's store holds windows, not customers: read it with fault_harness.read_windows")
+        raise ValueError("a windowed worker's store holds windows: read it with fault_harness.read_windows")
     app = build_app(spec)
     looked: dict[str, dict[str, int]] = {}
     iterated: dict[str, dict[str, int]] = {}

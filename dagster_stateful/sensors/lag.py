@@ -27,6 +27,7 @@ from dagster_stateful.core.monitoring.lag import LagSample, LagWindow, evaluate,
 from dagster_stateful.naming import job_name, source_key, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -42,6 +43,7 @@ def lag_sensor(
     window_seconds: float = 900.0,
     minimum_interval_seconds: int = 30,
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
+    translator: StatefulTranslator = DEFAULT_TRANSLATOR,
 ):
     worker = job_name(app, "worker")
 
@@ -68,7 +70,7 @@ def lag_sensor(
         total = sum(e.lag for e in evaluations.values())
         events = [
             AssetObservation(
-                asset_key=store_key(app, store),
+                asset_key=store_key(app, store, translator),
                 partition=str(p),
                 metadata={
                     "lag": e.lag,
@@ -83,7 +85,7 @@ def lag_sensor(
         ]
         events.append(
             AssetObservation(
-                asset_key=source_key(app),
+                asset_key=source_key(app, translator),
                 metadata={"consumer_group": app.consumer_group, "total_lag": total, "group_status": group_status.value},
             )
         )

@@ -27,6 +27,7 @@ from dagster_stateful.naming import job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
 from dagster_stateful.sensors.lag import IN_PROGRESS
+from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 
 def rebalance_sensor(
@@ -34,6 +35,7 @@ def rebalance_sensor(
     restore_threshold: int = 1000,
     minimum_interval_seconds: int = 15,
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
+    translator: StatefulTranslator = DEFAULT_TRANSLATOR,
 ):
     restore = job_name(app, "restore")
 
@@ -59,7 +61,7 @@ def rebalance_sensor(
             rebalances += 1 if previous else 0
             events = [
                 AssetObservation(
-                    asset_key=store_key(app, store),
+                    asset_key=store_key(app, store, translator),
                     metadata={
                         "group_state": group.state,
                         "members": len(group.members),

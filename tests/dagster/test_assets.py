@@ -276,3 +276,31 @@ def test_store_assets_say_what_each_store_is_and_apps_share_their_source(tmp_pat
         )
         == 1
     )
+
+
+def test_a_translator_chooses_the_keys_and_groups_and_every_definition_follows(tmp_path):
+    from dagster import AssetKey
+
+    from dagster_stateful import StatefulTranslator
+
+    class Warehouse(StatefulTranslator):
+        def get_store_key(self, app, store):
+            return AssetKey(["streaming", app.name, store])
+
+        def get_group_name(self, app):
+            return "streaming"
+
+    app = totals_app("127.0.0.1:1", "orders", tmp_path, "totals")
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:1")
+    defs = build_stateful_definitions(
+        app, 2, kafka, StateStoreResource(state_dir=str(tmp_path)), translator=Warehouse()
+    )
+
+    keys = defs.resolve_asset_graph().get_all_asset_keys()
+    assert AssetKey(["streaming", "totals", "totals"]) in keys
+    assert AssetKey(["snapshots", "totals", "totals_snapshot"]) in keys, "the default for what is not overridden"
+    assert not any(key.path[0] == "state" for key in keys)
+    checked = {key.asset_key for check in stateful_checks(app, translator=Warehouse()) for key in check.check_keys}
+    assert AssetKey(["streaming", "totals", "totals"]) in checked
+    store = defs.get_assets_def(AssetKey(["streaming", "totals", "totals"]))
+    assert store.group_names_by_key[AssetKey(["streaming", "totals", "totals"])] == "streaming"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fault_harness import FaultResult, KillPoint, RestartableBroker
 from fault_scenarios import (
+    AT_LEAST_ONCE,
     EXACTLY_ONCE,
     Lab,
     ReadOnlyMoment,
@@ -30,6 +31,7 @@ from fault_scenarios import (
     retention_cut,
     shadowed_corruption,
     sigkill_storm,
+    windowed_sigkill_storm,
     zombie_fenced,
 )
 from fault_worker import WORKER_FAILED
@@ -41,6 +43,29 @@ STORM_KILLS = 12
 """Kills per storm: every kill point at least twice (bench/bench_faults.py runs longer storms)."""
 MID_RESTORE_KILLS = sum(1 for point in kill_schedule(STORM_KILLS, random.Random(0)) if point is KillPoint.MID_RESTORE)
 """Each follows a deletion of the local state, so each begins a full restore."""
+
+WINDOWED_KILLS = 10
+"""Kills of the windowed storm: every kill point twice."""
+WINDOWED_MID_RESTORE_KILLS = sum(
+    1 for point in kill_schedule(WINDOWED_KILLS, random.Random(0)) if point is KillPoint.MID_RESTORE
+)
+WINDOW_MISMATCHES = (
+    "closed windows missing from the output",
+    "windows emitted more than once",
+    "windows emitted with a wrong tally",
+    "windows emitted that never closed",
+    "kept windows missing from the store",
+    "windows in the store not kept",
+    "windows in the store with a wrong tally",
+    "partitions with a wrong stream time",
+    "late orders never dead-lettered",
+    "late orders dead-lettered more than once",
+    "orders dead-lettered that were not late",
+)
+"""What `windowed_sigkill_storm` finds against the windows recomputed from the source (all 0 under
+exactly-once; at-least-once may repeat an output, never change one)."""
+REPLAYS = ("windows emitted more than once", "late orders dead-lettered more than once")
+"""Mismatches at-least-once allows: work redone after a kill is sent again (with the same result)."""
 
 SEED = int(os.environ.get("FAULT_SEED") or random.SystemRandom().randrange(2**32))
 
@@ -101,6 +126,34 @@ def test_exactly_once_sigkill_at_random_points_a_dozen_times_is_exact_and_each_o
     assert_caught_up(result, "final")
     assert (result.lost, result.doubled) == (0, 0), f"exactly-once state is exact:\n{explain(result)}"
     assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
+
+
+@pytest.mark.parametrize("guarantee", [EXACTLY_ONCE, AT_LEAST_ONCE])
+def test_a_windowed_aggregation_killed_at_random_points_emits_every_closed_window_with_its_exact_tally(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    """Under exactly-once each closed window appears once (read_committed), none other does, and each
+    late order is dead-lettered once; under at-least-once each appears at least once, never with
+    another tally. Either way the store holds exactly the unexpired windows and the stream times."""
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    result = windowed_sigkill_storm(
+        lab, orders=4_000, customers=24, partitions=3, kills=WINDOWED_KILLS, guarantee=guarantee
+    )
+    counters = result.counters
+
+    assert result.faults == WINDOWED_KILLS, explain(result)
+    landed = " ".join(result.points)
+    for point in KillPoint:
+        assert point.value in landed, f"no kill aimed at {point.value}:\n{explain(result)}"
+    assert counters["full restores begun"] >= WINDOWED_MID_RESTORE_KILLS, explain(result)
+    assert_caught_up(result, "final")
+    assert counters["windows closed (recomputed)"] >= 300, f"too few windows closed to judge:\n{explain(result)}"
+    assert counters["windows kept (recomputed)"] > 0 and counters["late orders (recomputed)"] > 0, explain(result)
+    allowed = REPLAYS if guarantee == AT_LEAST_ONCE else ()
+    found = {name: counters[name] for name in WINDOW_MISMATCHES if name not in allowed and counters[name]}
+    assert not found, f"the windows differ from those recomputed from the source: {found}\n{explain(result)}"
+    if guarantee == EXACTLY_ONCE:
+        assert counters["final windows emitted"] == counters["windows closed (recomputed)"], explain(result)
 
 
 def test_a_zombie_worker_is_fenced_and_none_of_its_writes_appear(kafka_bootstrap, tmp_path):
