@@ -57,6 +57,7 @@ def partitions_metadata(descriptions: Iterable[PartitionDescription]) -> dict[st
     descriptions = list(descriptions)
     return {
         "keys": sum(d.keys or 0 for d in descriptions),
+        "keys_exact": all(d.keys_exact for d in descriptions),
         "bytes_on_disk": sum(d.bytes_on_disk for d in descriptions),
         "changelog_lag": sum(d.changelog_lag for d in descriptions),
         "keys_per_partition": MetadataValue.json({str(d.partition): d.keys for d in descriptions}),
@@ -73,6 +74,7 @@ def partitions_metadata(descriptions: Iterable[PartitionDescription]) -> dict[st
 def partition_metadata(description: PartitionDescription) -> dict[str, Any]:
     return {
         "keys": description.keys if description.keys is not None else -1,
+        "keys_exact": description.keys_exact,
         "bytes_on_disk": description.bytes_on_disk,
         "local_changelog_offset": description.local_changelog_offset
         if description.local_changelog_offset is not None

@@ -2,8 +2,9 @@
 
 Owns `describe_partitions`: what an operator or a sensor wants to know about each store
 partition: local checkpoint, changelog and source offsets, how far the local state is behind its
-changelog, keys and bytes on disk. Offsets come through the Kafka adapter, local progress from
-`.checkpoint` files (RocksDB is opened only to estimate keys, and not when a worker holds it).
+changelog, keys (counted in small partitions, RocksDB's estimate in large ones) and bytes on disk.
+Offsets come through the Kafka adapter, local progress from `.checkpoint` files (RocksDB is opened
+only to count keys, and not when a worker holds it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.errors import StateLockedError
+
+EXACT_KEYS_UP_TO = 200_000
+"""Partitions estimated to hold at most this many keys have them counted (a fraction of a second)."""
 
 
 @dataclass
@@ -33,8 +37,10 @@ class PartitionDescription:
     source_high: int
     source_lag: int
     keys: int | None
-    """RocksDB's estimate; None when a running worker holds the partition."""
+    """Keys in the partition: counted when `keys_exact`, else RocksDB's estimate (which counts
+    overwritten and deleted keys until compaction drops them); None when a running worker holds it."""
     bytes_on_disk: int
+    keys_exact: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,22 +81,26 @@ def describe_partitions(
                     committed_source_offset=committed_offset,
                     source_high=source_high,
                     source_lag=max(0, source_high - (committed_offset or source_low)),
-                    keys=_estimated_keys(state, name, partition),
+                    **_keys(state, name, partition),
                     bytes_on_disk=state.bytes_on_disk(name, partition),
                 )
             )
     return descriptions
 
 
-def _estimated_keys(state: StateDirectory, store: str, partition: int) -> int | None:
+def _keys(state: StateDirectory, store: str, partition: int) -> dict[str, Any]:
+    """`keys` and `keys_exact` of a partition: counted up to `EXACT_KEYS_UP_TO`, else estimated."""
     if not state.partition_path(store, partition).exists():
-        return 0
+        return {"keys": 0, "keys_exact": True}
     part = state.partition(store, partition)
     try:
-        part.open()
+        part.open(lock_timeout=0)
     except StateLockedError:
-        return None
+        return {"keys": None, "keys_exact": False}
     try:
-        return part.db.estimated_keys()
+        estimate = part.db.estimated_keys()
+        if estimate > EXACT_KEYS_UP_TO:
+            return {"keys": estimate, "keys_exact": False}
+        return {"keys": sum(1 for _ in part.items()), "keys_exact": True}
     finally:
         part.close()
