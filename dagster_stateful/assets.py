@@ -30,6 +30,7 @@ from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, topic_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
@@ -139,6 +140,7 @@ def store_assets(app: App, source_partitions: int, translator: StatefulTranslato
             app.name,
             f"partitions {pinned}" if pinned else "every partition (joining the consumer group)",
         )
+        bound.add_restore_listener(RestoreProgressLog(context.log))
         report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up, pinned)
         descriptions = bound.describe_partitions(chosen)
         for store in app.stores:

@@ -27,6 +27,7 @@ from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, job_name, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_rows, state_sample
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
@@ -70,6 +71,7 @@ def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
         context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
     ) -> None:
         bound = state_store.bind(app, kafka)
+        bound.add_restore_listener(RestoreProgressLog(context.log))
         report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
         touched = sorted(set(report.messages_processed) | {r.partition for r in report.restores} | set(report.lag))
         for description in bound.describe_partitions(touched):
@@ -106,6 +108,7 @@ def restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
         context: OpExecutionContext, config: RestoreConfig, kafka: KafkaResource, state_store: StateStoreResource
     ) -> None:
         bound = state_store.bind(app, kafka)
+        bound.add_restore_listener(RestoreProgressLog(context.log))
         results = bound.restore_partitions(
             config.partitions,
             from_scratch=config.from_scratch,
@@ -140,6 +143,7 @@ def spark_restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLA
 
         session = pyspark.spark_session
         bound = state_store.bind(app, kafka)
+        bound.add_restore_listener(RestoreProgressLog(context.log))
         results = bound.restore_partitions(
             config.partitions,
             from_scratch=config.from_scratch,

@@ -209,9 +209,10 @@ class App:
         """A copy of this app (same steps and listeners) with another connection or state directory.
 
         Lets a deployment declare an app once and give it the connection and disk of the place it
-        runs (a Dagster resource, a test) later.
+        runs (a Dagster resource, a test) later. Listeners added to the copy are the copy's alone.
         """
         bound = copy.copy(self)
+        bound.listeners = self.listeners.copy()  # a listener added to the copy stays the copy's
         if kafka is not None:
             bound._kafka = _kafka_clients(kafka)
         if state_dir is not None:

@@ -150,6 +150,9 @@ def test_restore_and_clear_state_jobs(deployment):
     assert event.partition == "2" and event.metadata["changelog_lag"].value == 0
     assert event.metadata["records_restored"].value > 0
     assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+    messages = [entry.user_message for entry in instance.all_logs(restored.run_id)]
+    assert any(message.startswith("Restoring store 'totals' partition 2: changelog offsets") for message in messages)
+    assert any(message.startswith("Restored store 'totals' partition 2:") for message in messages), messages
 
 
 def test_query_state_job_shows_a_keys_state_or_every_keys(deployment):

@@ -47,6 +47,12 @@ class Listeners:
         self.state: list[StateListener] = []
         self.current = AppState.CREATED
 
+    def copy(self) -> Listeners:
+        """Listeners with the same callbacks, to which more can be added without changing these."""
+        copied = Listeners()
+        copied.restore, copied.state, copied.current = list(self.restore), list(self.state), self.current
+        return copied
+
     def transition(self, new: AppState) -> None:
         old, self.current = self.current, new
         if old is new:
