@@ -2,9 +2,10 @@
 
 Owns `build_stateful_definitions`: each app's assets (source topic, changelogs, state stores,
 snapshots), asset checks, jobs (provision, worker, restore, Spark restore, query state, clear
-state, compaction), the worker and daily compaction schedules and the lag and rebalance sensors, with
-the resources they need under the keys `kafka`, `state_store` and `pyspark` (Spark with the
-Kafka connector, for the Spark jobs), shared by the apps; apps reading one topic share its asset.
+state, compaction), the worker and daily compaction schedules, the lag and rebalance sensors and
+the sensor that evaluates the checks on a schedule, with the resources they need under the keys
+`kafka`, `state_store` and `pyspark` (Spark with the Kafka connector, for the Spark jobs), shared
+by the apps; apps reading one topic share its asset.
 """
 
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from dagster import (
 )
 
 from dagster_stateful.assets import changelog_assets, snapshot_assets, source_topic_spec, store_assets
-from dagster_stateful.checks import stateful_checks
+from dagster_stateful.checks import checks_sensor, stateful_checks
 from dagster_stateful.core.app import App
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.jobs import (
@@ -56,6 +57,7 @@ def build_stateful_definitions(
     compaction_cron: str = "0 3 * * *",
     max_snapshot_age_hours: float = 48.0,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
+    check_cron: str | None = "*/10 * * * *",
 ) -> Definitions:
     """Definitions for one app or several (their names must differ; apps reading the same source
     topic share its asset). `source_partitions`: the source topic's partition count, or the count per
@@ -64,6 +66,7 @@ def build_stateful_definitions(
     worker_every_minutes: run a bounded worker on this schedule (None: no schedule).
     automation_running: start the schedule and sensors switched on (otherwise a user turns them on in the UI).
     translator: names the assets and their groups (subclass `StatefulTranslator` to choose your own).
+    check_cron: when a sensor evaluates the asset checks (None: only when a user launches them).
     """
     apps = [apps] if isinstance(apps, App) else list(apps)
     names = [app.name for app in apps]
@@ -77,7 +80,10 @@ def build_stateful_definitions(
         sources.setdefault(app.source, app)
         partitions = _partitions_of(app, source_partitions)
         parts.add_app(app, partitions, worker_every_minutes, schedule_status, compaction_cron)
-        parts.checks += stateful_checks(app, max_changelog_lag, max_snapshot_age_hours, translator)
+        checks = stateful_checks(app, max_changelog_lag, max_snapshot_age_hours, translator, check_cron)
+        parts.checks += checks
+        if check_cron is not None:
+            parts.sensors.append(checks_sensor(app, checks, sensor_status))
         parts.sensors += [
             lag_sensor(app, lag_threshold, default_status=sensor_status, translator=translator),
             rebalance_sensor(app, restore_threshold, default_status=sensor_status, translator=translator),

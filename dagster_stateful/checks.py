@@ -6,18 +6,30 @@ changelog's end, the sign of a recreated changelog; the group's committed source
 the source's low watermark, the sign of data lost to retention), on each state-store asset (local
 state not too far behind its changelog; up-to-date partitions equal a changelog replay, by digest)
 and on each snapshot asset (not too old). Each result says what it found, where, and what to do.
+With a cron, an automation-condition sensor (`checks_sensor`) evaluates them on that schedule.
 """
 
-from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    MetadataValue,
+    asset_check,
+)
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import cleanup_policies
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
-from dagster_stateful.naming import changelog_key, snapshot_key, store_key
+from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
+
+Condition = AutomationCondition | None
 
 
 def stateful_checks(
@@ -25,23 +37,47 @@ def stateful_checks(
     max_changelog_lag: int = 100_000,
     max_snapshot_age_hours: float = 48.0,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
+    check_cron: str | None = None,
 ) -> list:
+    """The checks of every store of `app`; with `check_cron`, each is evaluated on that schedule by a
+    Dagster automation-condition sensor (see `checks_sensor`), so it never stays "Not evaluated"."""
+    automation = _automation(check_cron)
     checks = []
     for store in app.stores:
         if app.config.use_changelog_topics:
-            checks += _changelog_checks(app, store, translator)
-            checks.append(_replay_verification_check(app, store, translator))
-            checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours, translator))
-        checks.append(_state_freshness_check(app, store, max_changelog_lag, translator))
+            checks += _changelog_checks(app, store, translator, automation)
+            checks.append(_replay_verification_check(app, store, translator, automation))
+            checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours, translator, automation))
+        checks.append(_state_freshness_check(app, store, max_changelog_lag, translator, automation))
     return checks
 
 
-def _changelog_checks(app: App, store: str, translator: StatefulTranslator) -> list:
+def _automation(check_cron: str | None) -> AutomationCondition | None:
+    """At each tick of `check_cron`, unless the check is running already."""
+    if check_cron is None:
+        return None
+    return AutomationCondition.cron_tick_passed(check_cron) & ~AutomationCondition.in_progress()
+
+
+def checks_sensor(app: App, checks: list, default_status: DefaultSensorStatus) -> AutomationConditionSensorDefinition:
+    """The sensor that evaluates the automation conditions of `app`'s checks (and launches them)."""
+    return AutomationConditionSensorDefinition(
+        job_name(app, "checks_sensor"),
+        target=AssetSelection.checks(*checks),
+        default_status=default_status,
+        description=f"Evaluates the checks of app `{app.name}` on their schedule.",
+    )
+
+
+def _changelog_checks(app: App, store: str, translator: StatefulTranslator, automation: Condition) -> list:
     topic = app.changelog_topic(store)
     key = changelog_key(app, store, translator)
 
     @asset_check(
-        asset=key, name="partition_parity", description="The changelog has as many partitions as the source topic."
+        asset=key,
+        name="partition_parity",
+        description="The changelog has as many partitions as the source topic.",
+        automation_condition=automation,
     )
     def partition_parity(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         clients = state_store.bind(app, kafka).kafka
@@ -61,6 +97,7 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator) -> l
         asset=key,
         name="cleanup_policy_compact",
         description="The changelog is compacted (and, for a window store, deleted past the store's retention only).",
+        automation_condition=automation,
     )
     def cleanup_policy(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         clients = state_store.bind(app, kafka).kafka
@@ -81,6 +118,7 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator) -> l
         asset=key,
         name="stored_offsets_within_changelog",
         description="No local store claims a changelog offset beyond the changelog's end (a recreated changelog).",
+        automation_condition=automation,
     )
     def stored_offsets(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
@@ -102,6 +140,7 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator) -> l
         asset=key,
         name="committed_offsets_retained",
         description="The group's committed source offsets are not below the source's low watermark.",
+        automation_condition=automation,
     )
     def committed_retained(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
@@ -122,11 +161,14 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator) -> l
     return [partition_parity, cleanup_policy, stored_offsets, committed_retained]
 
 
-def _state_freshness_check(app: App, store: str, max_changelog_lag: int, translator: StatefulTranslator):
+def _state_freshness_check(
+    app: App, store: str, max_changelog_lag: int, translator: StatefulTranslator, automation: Condition
+):
     @asset_check(
         asset=store_key(app, store, translator),
         name="local_state_fresh",
         description=f"Local state is at most {max_changelog_lag} changelog records behind.",
+        automation_condition=automation,
     )
     def local_state_fresh(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
@@ -148,12 +190,13 @@ def _state_freshness_check(app: App, store: str, max_changelog_lag: int, transla
     return local_state_fresh
 
 
-def _replay_verification_check(app: App, store: str, translator: StatefulTranslator):
+def _replay_verification_check(app: App, store: str, translator: StatefulTranslator, automation: Condition):
     @asset_check(
         asset=store_key(app, store, translator),
         name="matches_changelog_replay",
         description="Each local partition that is up to date (a bulk restore, say) has the same content as "
         "the store a replay of the changelog gives (SHA-256 digests).",
+        automation_condition=automation,
     )
     def matches_changelog_replay(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
         bound = state_store.bind(app, kafka)
@@ -203,11 +246,14 @@ def _local_digest(app: App, store: str, partition: int) -> Digest | None:
         part.close()
 
 
-def _snapshot_age_check(app: App, store: str, max_age_hours: float, translator: StatefulTranslator):
+def _snapshot_age_check(
+    app: App, store: str, max_age_hours: float, translator: StatefulTranslator, automation: Condition
+):
     @asset_check(
         asset=snapshot_key(app, store, translator),
         name="snapshot_fresh",
         description=f"The latest snapshot is younger than {max_age_hours:g} hours.",
+        automation_condition=automation,
     )
     def snapshot_fresh(state_store: StateStoreResource) -> AssetCheckResult:
         if not state_store.snapshot_root:

@@ -308,3 +308,30 @@ def test_a_translator_chooses_the_keys_and_groups_and_every_definition_follows(t
     assert AssetKey(["streaming", "totals", "totals"]) in checked
     store = defs.get_assets_def(AssetKey(["streaming", "totals", "totals"]))
     assert store.group_names_by_key[AssetKey(["streaming", "totals", "totals"])] == "streaming"
+
+
+def test_the_checks_are_requested_at_each_tick_of_their_schedule(tmp_path):
+    import datetime
+
+    from dagster import evaluate_automation_conditions
+
+    app = totals_app("127.0.0.1:1", "orders", tmp_path, "totals")
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:1")
+    state_store = StateStoreResource(state_dir=str(tmp_path))
+    defs = build_stateful_definitions(app, 2, kafka, state_store, check_cron="*/10 * * * *")
+    instance = DagsterInstance.ephemeral()
+    start = datetime.datetime(2026, 1, 1, 0, 5, tzinfo=datetime.UTC)
+
+    first = evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=start)
+    ticked = evaluate_automation_conditions(
+        defs=defs, instance=instance, cursor=first.cursor, evaluation_time=start + datetime.timedelta(minutes=6)
+    )
+    quiet = evaluate_automation_conditions(
+        defs=defs, instance=instance, cursor=ticked.cursor, evaluation_time=start + datetime.timedelta(minutes=8)
+    )
+
+    requested = {result.key.name for result in ticked.results if result.true_subset.size}
+    every_check = {key.name for check in stateful_checks(app) for key in check.check_keys}
+    assert requested == every_check and len(every_check) == 7
+    assert first.total_requested == 0 and quiet.total_requested == 0, "once per tick"
+    assert defs.resolve_sensor_def(job_name(app, "checks_sensor")) is not None
