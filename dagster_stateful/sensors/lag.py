@@ -64,7 +64,8 @@ def lag_sensor(
         marks = bound.kafka.watermarks(app.source, partitions)
         now = time.time()
         for partition in partitions:
-            window.add(partition, LagSample(now, committed.get(partition), marks[partition][1]), now)
+            low, high = marks[partition]
+            window.add(partition, LagSample(now, committed.get(partition), high, low), now)
         evaluations = {p: evaluate(window.get(p), now, window_seconds, idle_by_design=True) for p in partitions}
         group_status = evaluate_group(evaluations)
         total = sum(e.lag for e in evaluations.values())

@@ -15,6 +15,7 @@ from typing import Any
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.monitoring.lag import partition_lag
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 from dagster_stateful.errors import StateLockedError
@@ -81,7 +82,7 @@ def describe_partitions(
                     changelog_lag=max(0, high - (local if local is not None else low)),
                     committed_source_offset=committed_offset,
                     source_high=source_high,
-                    source_lag=max(0, source_high - (committed_offset or source_low)),
+                    source_lag=partition_lag(committed_offset, source_low, source_high),
                     **_keys(state, name, partition),
                     bytes_on_disk=state.bytes_on_disk(name, partition),
                 )

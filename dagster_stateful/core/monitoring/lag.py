@@ -23,6 +23,13 @@ _JSON_VERSION = 1
 IDLE_REASON = "idle between bounded runs"
 
 
+def partition_lag(committed: int | None, low: int, high: int) -> int:
+    """Messages left in a partition: from the committed offset, or, when the group never committed
+    one, from the earliest message the partition still holds (where a new group starts). The one
+    definition the worker, its reports, `describe_partitions` and the lag sensor all use."""
+    return max(0, high - (low if committed is None else committed))
+
+
 @dataclass(frozen=True)
 class LagSample:
     timestamp: float
@@ -31,10 +38,12 @@ class LagSample:
     """The group's committed offset (the next message to process); None when never committed."""
     high: int
     """The partition's high watermark."""
+    low: int = 0
+    """The partition's low watermark (where a group that never committed starts)."""
 
     @property
     def lag(self) -> int:
-        return max(0, self.high - (self.committed or 0))
+        return partition_lag(self.committed, self.low, self.high)
 
 
 class PartitionStatus(StrEnum):
@@ -96,7 +105,8 @@ class LagWindow:
         return {
             "version": _JSON_VERSION,
             "partitions": {
-                str(p): [[s.timestamp, s.committed, s.high] for s in kept] for p, kept in sorted(self.samples.items())
+                str(p): [[s.timestamp, s.committed, s.high, s.low] for s in kept]
+                for p, kept in sorted(self.samples.items())
             },
         }
 
@@ -135,14 +145,14 @@ def _partitions_from_json(data: object) -> dict[int, list[LagSample]]:
 
 
 def _sample_from_json(item: object) -> LagSample:
-    if not isinstance(item, list) or len(item) != 3:
+    if not isinstance(item, list) or len(item) not in (3, 4):
         raise ValueError(f"not a sample: {item!r}")
-    timestamp, committed, high = item
+    timestamp, committed, high, low = item if len(item) == 4 else [*item, 0]  # 3: written before `low` was kept
     if not (_is_int(timestamp) or isinstance(timestamp, float)) or not math.isfinite(timestamp):
         raise ValueError(f"bad timestamp: {timestamp!r}")
-    if not (committed is None or _is_int(committed)) or not _is_int(high):
+    if not (committed is None or _is_int(committed)) or not _is_int(high) or not _is_int(low):
         raise ValueError(f"bad offsets: {item!r}")
-    return LagSample(float(timestamp), committed, high)
+    return LagSample(float(timestamp), committed, high, low)
 
 
 def evaluate(samples: list[LagSample], now: float, window_seconds: float, idle_by_design: bool) -> PartitionEvaluation:

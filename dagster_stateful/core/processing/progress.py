@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.monitoring.lag import partition_lag
 from dagster_stateful.core.state.transaction import PartitionTransaction
 
 
@@ -59,7 +60,7 @@ def group_lag(
     committed = kafka.committed_offsets(config.consumer_group, config.source, partitions)
     marks = kafka.watermarks(config.source, partitions)
     held = held_lag(kafka, consumer, config.source, transactions)
-    lag = {p: max(0, high - _or(committed.get(p), low)) for p, (low, high) in marks.items()}
+    lag = {p: partition_lag(committed.get(p), low, high) for p, (low, high) in marks.items()}
     return {p: min(lag[p], held.get(p, lag[p])) for p in lag}
 
 

@@ -34,6 +34,7 @@ def judge(points: list[LagSample], now: float | None = None, idle: bool = False)
 def test_lag_is_high_minus_committed_floored_at_zero():
     assert LagSample(0.0, 40, 100).lag == 60
     assert LagSample(0.0, None, 100).lag == 100
+    assert LagSample(0.0, None, 100, low=30).lag == 70, "a group that never committed starts at the low watermark"
     assert LagSample(0.0, 120, 100).lag == 0
 
 
@@ -298,3 +299,11 @@ def test_window_from_junk_is_empty(junk):
 def test_window_from_json_accepts_integer_timestamps_and_empty_partitions():
     loaded = LagWindow.from_json({"version": 1, "partitions": {"0": [[5, 1, 2]], "1": []}})
     assert loaded.samples == {0: [LagSample(5.0, 1, 2)]}
+
+
+def test_a_window_keeps_low_watermarks_and_reads_samples_stored_before_them():
+    window = LagWindow(window_seconds=10_000.0)
+    window.add(0, LagSample(1.0, None, 100, low=40))
+    assert LagWindow.from_json(window.to_json()).get(0)[0].lag == 60
+    older = {"version": 1, "partitions": {"0": [[1.0, None, 100]]}}
+    assert LagWindow.from_json(older, window_seconds=10_000.0).get(0) == [LagSample(1.0, None, 100, 0)]
