@@ -1,10 +1,11 @@
 """The `dagster-stateful` command line.
 
 Owns argument parsing and what the commands print. `dagster-stateful kafka start | stop | status`
-runs a local development broker: `start` prints only the bootstrap address on stdout, so
-`export KAFKA_BOOTSTRAP_SERVERS=$(dagster-stateful kafka start)` works; progress and errors go to
-stderr. Exit codes: 0 success (for `status`: running), 1 error (for `status`: alive but not
-answering), 3 not running.
+runs a local development broker, or with `start --brokers 3` a cluster of three: `start` prints
+only the bootstrap address on stdout, so `export KAFKA_BOOTSTRAP_SERVERS=$(dagster-stateful kafka
+start)` works; progress and errors go to stderr. Exit codes: 0 success (for `status`: running,
+every node of a cluster), 1 error (for `status`: alive but not answering, or a cluster with a node
+down), 3 not running.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster_stateful.errors import StatefulError
+
+if TYPE_CHECKING:
+    from dagster_stateful.local_kafka.broker import BrokerSettings
 
 DEFAULT_KAFKA_HOME = Path(".dagster-stateful") / "kafka"
 KAFKA_HOME_ENV = "DAGSTER_STATEFUL_KAFKA_HOME"
@@ -42,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dagster-stateful", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    kafka = commands.add_parser("kafka", help="run a local single-node Kafka broker for development")
+    kafka = commands.add_parser("kafka", help="run a local Kafka broker (or a cluster of them) for development")
     actions = kafka.add_subparsers(required=True, metavar="ACTION")
 
     home_help = f"broker home: config, data, logs (default ${KAFKA_HOME_ENV} or ./{DEFAULT_KAFKA_HOME})"
@@ -52,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--controller-port", type=int, help="KRaft controller port; default: a free port")
     start.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="extra server.properties entry (repeatable)"
+    )
+    start.add_argument(
+        "--brokers", type=int, default=1, help="1: one broker; 3 or more: a KRaft cluster with replication factor 3"
     )
     start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the broker to answer")
     start.set_defaults(handler=_start)
@@ -75,6 +83,8 @@ def _start(arguments: argparse.Namespace) -> int:
     from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
     properties = dict(_key_value(entry) for entry in arguments.set)
+    if arguments.brokers != 1:
+        return _start_cluster(arguments, BrokerSettings(properties=properties))
     settings = BrokerSettings(port=arguments.port, controller_port=arguments.controller_port, properties=properties)
     broker = LocalKafkaBroker(_home(arguments), settings)
     print(f"starting Kafka broker in {broker.home} ...", file=sys.stderr)
@@ -84,9 +94,32 @@ def _start(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _start_cluster(arguments: argparse.Namespace, settings: BrokerSettings) -> int:
+    from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
+
+    if arguments.port or arguments.controller_port:
+        raise SystemExit("error: --port and --controller-port choose one broker's ports; a cluster picks its own")
+    cluster = LocalKafkaCluster(_home(arguments), arguments.brokers, settings)
+    print(f"starting a Kafka cluster of {arguments.brokers} brokers in {cluster.home} ...", file=sys.stderr)
+    bootstrap = cluster.start(timeout=arguments.timeout)
+    print(f"Kafka cluster running at {bootstrap}\n{cluster.describe()}", file=sys.stderr)
+    print(bootstrap)
+    return 0
+
+
 def _stop(arguments: argparse.Namespace) -> int:
     from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+    from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
 
+    if LocalKafkaCluster.exists(_home(arguments)):
+        cluster = LocalKafkaCluster.at(_home(arguments))
+        stopped = cluster.stop(timeout=arguments.timeout)
+        print(
+            f"stopped the Kafka cluster in {cluster.home}"
+            if stopped
+            else f"no Kafka broker was running in {cluster.home}"
+        )
+        return 0
     broker = LocalKafkaBroker(_home(arguments))
     stopped = broker.stop(timeout=arguments.timeout)
     print(f"stopped the Kafka broker in {broker.home}" if stopped else f"no Kafka broker was running in {broker.home}")
@@ -95,7 +128,15 @@ def _stop(arguments: argparse.Namespace) -> int:
 
 def _status(arguments: argparse.Namespace) -> int:
     from dagster_stateful.local_kafka.broker import BrokerState, LocalKafkaBroker
+    from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
 
+    if LocalKafkaCluster.exists(_home(arguments)):
+        cluster = LocalKafkaCluster.at(_home(arguments))
+        states = [status.state for status in cluster.statuses()]
+        print(cluster.describe())
+        if all(state is BrokerState.RUNNING for state in states):
+            return 0
+        return EXIT_NOT_RUNNING if all(state is not BrokerState.RUNNING for state in states) else 1
     status = LocalKafkaBroker(_home(arguments)).status()
     print(status.describe())
     if status.state is BrokerState.RUNNING:

@@ -91,6 +91,11 @@ class BrokerSettings:
     kafka_version: str = KAFKA_VERSION
     properties: Mapping[str, str] = field(default_factory=dict)
     """Extra or overriding `server.properties` entries."""
+    node_id: int = 1
+    quorum_voters: str | None = None
+    """The controller quorum ("id@host:port,...") of a cluster this node belongs to; None: alone."""
+    cluster_id: str | None = None
+    """The KRaft cluster id to format storage with (every node of a cluster shares one); None: a new one."""
 
 
 def new_cluster_id() -> str:
@@ -138,8 +143,15 @@ class LocalKafkaBroker:
         if current.state is BrokerState.RUNNING:
             log.info("Kafka broker already %s", current.describe())
             return current.bootstrap_servers or ""
-        if current.state is BrokerState.UNRESPONSIVE:
-            raise BrokerStartError(f"a broker from {self.home} is {current.describe()}; stop it first")
+        bootstrap = self.launch(tie_to_parent)
+        self.wait_until_ready(timeout)
+        return bootstrap
+
+    def launch(self, tie_to_parent: bool = False) -> str:
+        """Start the broker's process without waiting for it to answer (the nodes of a cluster must
+        all be launched before any can answer); returns its bootstrap address."""
+        if self.status().state is BrokerState.UNRESPONSIVE:
+            raise BrokerStartError(f"a broker from {self.home} is {self.status().describe()}; stop it first")
         java = find_java()
         port, controller_port = self._claim_ports()
         jars = bundle_jars(broker_bundle(self.settings.kafka_version))
@@ -153,17 +165,44 @@ class LocalKafkaBroker:
             {
                 "pid": self._process.pid,
                 "bootstrap_servers": bootstrap,
+                "port": port,
                 "controller_port": controller_port,
                 "kafka_version": self.settings.kafka_version,
             }
         )
+        return bootstrap
+
+    def wait_until_ready(self, timeout: float = 120.0) -> None:
+        """Wait for the launched broker to answer; stop it and raise `BrokerStartError` when it does not."""
+        state = self._read_state()
+        assert state is not None, "launch() first"
         try:
-            self._wait_until_ready(bootstrap, port, timeout)
+            self._wait_until_ready(state["bootstrap_servers"], state["port"], timeout)
         except BaseException:
             self.stop()
             raise
-        log.info("Kafka %s broker ready at %s (home %s)", self.settings.kafka_version, bootstrap, self.home)
-        return bootstrap
+        log.info(
+            "Kafka %s broker ready at %s (home %s)", self.settings.kafka_version, state["bootstrap_servers"], self.home
+        )
+
+    def request_stop(self) -> None:
+        """SIGTERM the broker without waiting (a cluster asks every node at once, since the last
+        controller standing waits for a quorum that would be gone)."""
+        state = self._read_state()
+        pid = state["pid"] if state else None
+        if pid is not None and self._is_broker_process(pid):
+            _signal(pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash, for fault tests); `start()` brings it back on the same ports."""
+        state = self._read_state()
+        pid = state["pid"] if state else None
+        if pid is not None and self._is_broker_process(pid):
+            _signal(pid, signal.SIGKILL)
+            self._wait_for_exit(pid, 30.0)
+        if self._process is not None:
+            self._process.wait(timeout=10)
+            self._process = None
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop the broker: SIGTERM, wait up to `timeout`, then SIGKILL. Returns whether one was running."""
@@ -207,14 +246,18 @@ class LocalKafkaBroker:
     def _write_config(self, port: int, controller_port: int) -> None:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "data").mkdir(parents=True, exist_ok=True)
-        properties = {**server_properties(self.home / "data", port, controller_port), **self.settings.properties}
+        settings = self.settings
+        properties = {
+            **server_properties(self.home / "data", port, controller_port, settings.node_id, settings.quorum_voters),
+            **settings.properties,
+        }
         (self.home / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
         (self.home / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
 
     def _format_storage(self, java: str, classpath: str) -> None:
         if (self.home / "data" / "meta.properties").exists():
             return
-        cluster_id = new_cluster_id()
+        cluster_id = self.settings.cluster_id or new_cluster_id()
         command = [
             java,
             "-Xmx256m",
@@ -353,6 +396,14 @@ def _java_major_version(java: str) -> int:
         raise JavaNotFoundError(f"could not read the version of {java}; it printed: {output.strip()[:300]}")
     major = int(match.group(1))
     return int(match.group(2) or 0) if major == 1 else major
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1."""
+    ports: list[int] = []
+    while len(ports) < count:
+        ports.append(_free_port(avoid=set(ports)))
+    return ports
 
 
 def _free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]

@@ -1,8 +1,10 @@
-"""The development broker's configuration: `server.properties` and the log4j2 set-up.
+"""The development brokers' configuration: `server.properties` and the log4j2 set-up.
 
-Owns the settings that make one KRaft node (broker and controller in one process) suit
-development and tests: replication factors of 1, no initial rebalance delay, short session
-timeouts allowed, a log cleaner that compacts within seconds, and no automatic topic creation.
+Owns the settings that make a KRaft node (broker and controller in one process) suit development
+and tests: no initial rebalance delay, short session timeouts allowed, a log cleaner that compacts
+within seconds, and no automatic topic creation; one node alone keeps one replica of everything,
+the nodes of a cluster (`cluster_properties`) three, with writes acknowledged by two
+(`min.insync.replicas=2`), as production clusters run.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from pathlib import Path
 HOST = "127.0.0.1"
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
+def server_properties(
+    data_dir: Path, port: int, controller_port: int, node_id: int = 1, quorum_voters: str | None = None
+) -> dict[str, str]:
+    """One node's settings; `quorum_voters` ("id@host:port,...") when it is one of a cluster's."""
     return {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": quorum_voters or f"{node_id}@{HOST}:{controller_port}",
         "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -41,6 +46,27 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[s
         "log.cleaner.dedupe.buffer.size": "33554432",
         "log.retention.check.interval.ms": "1000",
         "log.segment.delete.delay.ms": "1000",
+    }
+
+
+CLUSTER_REPLICATION = 3
+CLUSTER_MIN_INSYNC = 2
+
+
+def cluster_properties(nodes: int) -> dict[str, str]:
+    """What the nodes of a cluster of `nodes` (three or more) set over `server_properties`."""
+    replication, insync = str(min(nodes, CLUSTER_REPLICATION)), str(min(nodes - 1, CLUSTER_MIN_INSYNC))
+    return {
+        "default.replication.factor": replication,
+        "min.insync.replicas": insync,
+        "offsets.topic.replication.factor": replication,
+        "transaction.state.log.replication.factor": replication,
+        "transaction.state.log.min.isr": insync,
+        "share.coordinator.state.topic.replication.factor": replication,
+        "share.coordinator.state.topic.min.isr": insync,
+        "unclean.leader.election.enable": "false",
+        # A dead replica leaves the in-sync set after 10 s rather than 30: acks=all writes wait that long.
+        "replica.lag.time.max.ms": "10000",
     }
 
 

@@ -1,0 +1,120 @@
+"""A three-broker KRaft cluster started by `dagster-stateful kafka start --brokers 3`: replicated
+topics, and a broker SIGKILLed while a worker processes and commits: the worker finishes, the store
+holds what its changelog holds, the totals recomputed from the source exactly under exactly-once
+and at least under at-least-once (which may double what it processes again after the rebalances
+the lost broker causes), and the restarted broker rejoins every changelog partition's in-sync
+replicas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka.admin import AdminClient
+from core_helpers import add_to_total, expected_totals, make_orders, totals_app, totals_in_store
+from kafka_helpers import produce, read_committed, wait_for
+
+from dagster_stateful.core import State
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.state.keys import split_store_key
+from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
+
+PARTITIONS = 3
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dagster_stateful.cli", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalKafkaCluster]]:
+    home = tmp_path_factory.mktemp("cluster")
+    started = cli("kafka", "start", "--brokers", "3", "--home", str(home))
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        bootstrap = started.stdout.strip()
+        assert len(bootstrap.split(",")) == 3, bootstrap
+        assert cli("kafka", "status", "--home", str(home)).returncode == 0
+        yield bootstrap, LocalKafkaCluster.at(home)
+    finally:
+        stopped = cli("kafka", "stop", "--home", str(home))
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        status = cli("kafka", "status", "--home", str(home))
+        assert status.returncode == 3, status.stdout
+
+
+def test_topics_of_the_cluster_have_three_replicas_and_need_two_in_sync(cluster):
+    bootstrap, _ = cluster
+    kafka = KafkaClients({"bootstrap.servers": bootstrap})
+    kafka.create_topic("replicated", PARTITIONS, -1, {})
+
+    layout = kafka.topic_layout("replicated")
+    assert layout is not None and layout.replication_factor == 3
+    assert kafka.topic_config("replicated")["min.insync.replicas"] == "2"
+
+
+def slow_total(order: dict, state: State) -> dict:
+    time.sleep(0.002)  # long enough a run for a broker to die in the middle of it
+    return add_to_total(order, state)
+
+
+def in_sync_replicas(bootstrap: str, topic: str) -> dict[int, int]:
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return {partition: len(info.isrs) for partition, info in metadata.topics[topic].partitions.items()}
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_broker_killed_while_a_worker_commits_loses_nothing_and_rejoins(
+    cluster, tmp_path: Path, unique_name, guarantee: str
+):
+    bootstrap, nodes = cluster
+    orders = make_orders(6_000, 50)
+    source = unique_name("orders")
+    kafka = KafkaClients({"bootstrap.servers": bootstrap})
+    kafka.create_topic(source, PARTITIONS, -1, {})  # the cluster's default: three replicas
+    produce(bootstrap, source, orders)
+    app = totals_app(
+        bootstrap, source, tmp_path, unique_name("totals"), step=slow_total, processing_guarantee=guarantee
+    )
+    worker = app.worker(max_seconds=240)
+    outcome: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("report", worker.run()), daemon=True)
+    thread.start()
+
+    def committed() -> int:
+        return sum(o or 0 for o in kafka.committed_offsets(app.consumer_group, source, range(PARTITIONS)).values())
+
+    wait_for(lambda: 0 < committed() < 3_000, 120, "the worker's first commits")
+    nodes.kill(2)
+    thread.join(240)
+
+    report = outcome["report"]
+    assert report.stop_reason == "caught_up" and report.total_processed >= 6_000  # type: ignore[attr-defined]
+    assert committed() == 6_000
+    changelog = app.changelog_topic("totals")
+    latest = {
+        split_store_key(message.key())[0].decode(): orjson.loads(message.value())
+        for message in read_committed(bootstrap, changelog)
+    }
+    stored, expected = totals_in_store(app, PARTITIONS), expected_totals(orders)
+    assert stored == latest, "the store holds what its changelog holds"
+    if guarantee == "exactly-once":
+        assert stored == expected, "exactly-once is exact"
+    else:
+        assert set(stored) == set(expected) and all(stored[c] >= expected[c] for c in expected), "nothing lost"
+
+    nodes.start_node(2)
+    wait_for(
+        lambda: set(in_sync_replicas(bootstrap, changelog).values()) == {3},
+        120,
+        "the restarted broker back in every changelog partition's in-sync replicas",
+        interval=1.0,
+    )
