@@ -145,7 +145,8 @@ class PartitionTransaction:
     def _evict(self, name: str, offset: int) -> None:
         cache = self.caches[name]
         values = cache.values
-        for key in self.stores[name].evictions((key, values[key]) for key in cache.dirty):
+        by_last_write = sorted(cache.dirty, key=cache.dirty.__getitem__)  # the least recently written first
+        for key in self.stores[name].evictions([(key, values[key]) for key in by_last_write]):
             if cache.serialize is None:
                 cache.put(key, None, offset)
             else:

@@ -91,3 +91,34 @@ def test_windows_cannot_live_in_an_lru_store_and_memory_stores_warn(caplog) -> N
         app.dataframe().tumbling_window(1000).aggregate(Count()).final()
     with pytest.raises(ConfigurationError, match="cannot be read from outside"):
         app.read_state("recent")
+
+
+def test_an_lru_store_of_aggregates_evicts_at_the_commit_with_tombstones(tmp_path: Path) -> None:
+    from dagster_stateful.core import AppConfig, JsonSerde, Sum
+    from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+    from dagster_stateful.core.state.directory import StateDirectory
+    from dagster_stateful.core.state.keys import message_prefix
+    from dagster_stateful.core.state.transaction import PartitionTransaction
+
+    config = AppConfig(name="app", source="orders", stores=("sums",), store_backends={"sums": lru_backend(2)})
+    store = StateDirectory(tmp_path, config).partition("sums", 0)
+    store.open()
+    frame = StreamingDataFrame(["sums"], evicting=frozenset({"sums"})).aggregate(Sum())
+    txn = PartitionTransaction(0, {"sums": store}, JsonSerde(), None, live_stores=frame.live_stores)
+    for offset, (customer, amount) in enumerate([("a", 1), ("b", 2), ("c", 3), ("a", 4)]):
+        txn.begin_message(customer.encode(), offset)
+        frame.run(amount, txn.views)
+        txn.accept_message(offset)
+
+    txn.prepare_commit()
+    changes = {key: value for key, value, _ in txn.changes("sums")}
+    store.commit(changes.items(), None, txn.offset_to_commit)
+    txn.committed()
+
+    key = {customer: message_prefix(customer.encode()) + b"sum" for customer in "abc"}
+    assert changes[key["b"]] is None, "b, the least recently written, is evicted with a tombstone"
+    assert changes[key["a"]] == b"5" and changes[key["c"]] == b"3"
+    assert dict(store.items()) == {key["a"]: b"5", key["c"]: b"3"}
+    txn.begin_message(b"b", 4)
+    assert frame.run(10, txn.views) == 10, "an evicted aggregate starts again"
+    store.close()
