@@ -58,6 +58,7 @@ def build_stateful_definitions(
     max_snapshot_age_hours: float = 48.0,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
     check_cron: str | None = "*/10 * * * *",
+    pool_size: int = 1,
 ) -> Definitions:
     """Definitions for one app or several (their names must differ; apps reading the same source
     topic share its asset). `source_partitions`: the source topic's partition count, or the count per
@@ -67,6 +68,8 @@ def build_stateful_definitions(
     automation_running: start the schedule and sensors switched on (otherwise a user turns them on in the UI).
     translator: names the assets and their groups (subclass `StatefulTranslator` to choose your own).
     check_cron: when a sensor evaluates the asset checks (None: only when a user launches them).
+    pool_size: workers per worker run (each app's): a pool on this machine, in parallel processes
+        sharing the state directory, each with its own static membership (see `App.pool_member`).
     """
     apps = [apps] if isinstance(apps, App) else list(apps)
     names = [app.name for app in apps]
@@ -74,7 +77,7 @@ def build_stateful_definitions(
         raise ConfigurationError(f"build_stateful_definitions needs one or more apps with distinct names, got {names}")
     schedule_status = DefaultScheduleStatus.RUNNING if automation_running else DefaultScheduleStatus.STOPPED
     sensor_status = DefaultSensorStatus.RUNNING if automation_running else DefaultSensorStatus.STOPPED
-    parts = _Parts(translator)
+    parts = _Parts(translator, pool_size)
     sources: dict[str, App] = {}
     for app in apps:
         sources.setdefault(app.source, app)
@@ -117,6 +120,7 @@ class _Parts:
     """The definitions of the apps, gathered."""
 
     translator: StatefulTranslator
+    pool_size: int
     assets: list[Any] = field(default_factory=list)
     checks: list[Any] = field(default_factory=list)
     jobs: list[Any] = field(default_factory=list)
@@ -132,7 +136,7 @@ class _Parts:
         compaction_cron: str,
     ) -> None:
         translator = self.translator
-        worker = worker_job(app, translator)
+        worker = worker_job(app, translator, self.pool_size)
         self.assets.append(store_assets(app, partitions, translator))
         self.jobs += [worker, restore_job(app, translator), query_state_job(app), clear_state_job(app)]
         if worker_every_minutes:

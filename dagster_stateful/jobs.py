@@ -17,13 +17,16 @@ from dagster import (
     OpExecutionContext,
     define_asset_job,
     job,
+    multiprocess_executor,
     op,
 )
 from pydantic import Field
 
 from dagster_stateful.assets import WorkerConfig
 from dagster_stateful.core.app import App
+from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.recovery.restore import PartitionRestore
+from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, job_name, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
@@ -65,31 +68,14 @@ def provision_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR)
     )
 
 
-def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
-    @op(name=job_name(app, "run_worker_op"))
-    def run_worker_op(
-        context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
-    ) -> None:
-        bound = state_store.bind(app, kafka)
-        bound.add_restore_listener(RestoreProgressLog(context.log))
-        report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
-        touched = sorted(set(report.messages_processed) | {r.partition for r in report.restores} | set(report.lag))
-        for description in bound.describe_partitions(touched):
-            context.log_event(
-                AssetMaterialization(
-                    asset_key=store_key(app, description.store, translator),
-                    partition=str(description.partition),
-                    description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
-                    metadata={
-                        **partition_metadata(description),
-                        "messages_processed": report.messages_processed.get(description.partition, 0),
-                        "state_sample": MetadataValue.json(
-                            state_sample(bound, description.store, [description.partition])
-                        ),
-                    },
-                )
-            )
-        context.add_output_metadata(worker_metadata(report))
+def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR, pool_size: int = 1):
+    """One bounded worker, or with `pool_size` > 1 a pool of them in one run: one op per member,
+    run in parallel processes, each with its member's identity (`App.pool_member`)."""
+    if pool_size < 1:
+        raise ConfigurationError(f"a worker pool has at least one member, got pool_size={pool_size}")
+    if pool_size > 1:
+        return _pool_job(app, translator, pool_size)
+    run_worker_op = _worker_op(app, translator, None)
 
     @job(
         name=job_name(app, "worker"),
@@ -100,6 +86,61 @@ def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
         run_worker_op()
 
     return worker
+
+
+def _pool_job(app: App, translator: StatefulTranslator, pool_size: int):
+    member_ops = [_worker_op(app, translator, index) for index in range(pool_size)]
+
+    @job(
+        name=job_name(app, "worker"),
+        description=f"Run a pool of {pool_size} bounded workers of app `{app.name}` at once, in parallel processes "
+        "sharing this machine's state directory, each with its own static membership: the group splits the "
+        "partitions between them.",
+        executor_def=multiprocess_executor.configured({"max_concurrent": pool_size}),
+    )
+    def worker_pool():
+        for member_op in member_ops:
+            member_op()
+
+    return worker_pool
+
+
+def _worker_op(app: App, translator: StatefulTranslator, member: int | None):
+    name = job_name(app, "run_worker_op" if member is None else f"run_worker_member_{member}_op")
+
+    @op(name=name)
+    def run_worker_op(
+        context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> None:
+        bound = state_store.bind(app, kafka)
+        if member is not None:
+            bound = bound.pool_member(member)
+            context.log.info(f"Pool member {member}: static membership id {bound.config.group_instance_id}")
+        bound.add_restore_listener(RestoreProgressLog(context.log))
+        report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
+        _record_worker_run(context, app, bound, report, translator)
+
+    return run_worker_op
+
+
+def _record_worker_run(
+    context: OpExecutionContext, app: App, bound: App, report: WorkerReport, translator: StatefulTranslator
+) -> None:
+    touched = sorted(set(report.messages_processed) | {r.partition for r in report.restores} | set(report.lag))
+    for description in bound.describe_partitions(touched):
+        context.log_event(
+            AssetMaterialization(
+                asset_key=store_key(app, description.store, translator),
+                partition=str(description.partition),
+                description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
+                metadata={
+                    **partition_metadata(description),
+                    "messages_processed": report.messages_processed.get(description.partition, 0),
+                    "state_sample": MetadataValue.json(state_sample(bound, description.store, [description.partition])),
+                },
+            )
+        )
+    context.add_output_metadata(worker_metadata(report))
 
 
 def restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,19 @@ class App:
         if snapshot_root is not None:
             bound.snapshot_root = snapshot_root
         return bound
+
+    def pool_member(self, index: int, pool: str | None = None) -> App:
+        """A copy of this app to run as member `index` of a pool of workers on one machine: all share
+        the state directory (a partition that moves between members restores only its changelog
+        tail), each has its own static membership id `<app>-<pool>-<index>` (`pool`: this host's
+        name unless given), so a member that restarts gets its partitions back without a rebalance,
+        and under exactly-once its own transactional id. Two members with one id would fence each
+        other: run each index once per pool."""
+        if index < 0:
+            raise ConfigurationError(f"a pool member's index is 0 or more, got {index}")
+        member = self.bind()
+        member.config = self.config.replace(group_instance_id=f"{self.name}-{pool or socket.gethostname()}-{index}")
+        return member
 
     # Steps and listeners.
 
