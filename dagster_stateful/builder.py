@@ -18,6 +18,7 @@ from dagster import (
     DefaultSensorStatus,
     Definitions,
     RunRequest,
+    RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
@@ -40,6 +41,7 @@ from dagster_stateful.jobs import (
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor
+from dagster_stateful.sensors.lag import IN_PROGRESS
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 
@@ -168,11 +170,14 @@ def worker_schedule(app: App, worker, every_minutes: int, status: DefaultSchedul
         cron_schedule=f"*/{every_minutes} * * * *",
         default_status=status,
         description=f"A bounded worker of `{app.name}` every {every_minutes} minutes (skipped while the "
-        "source topic does not exist yet).",
+        "source topic does not exist yet, or while a worker run is still in progress).",
     )
     def run_worker_on_schedule(context: ScheduleEvaluationContext, kafka: KafkaResource):
         if kafka.clients().partition_count(app.source) is None:
             return SkipReason(f"source topic {app.source} does not exist yet: nothing to process")
+        running = context.instance.get_runs(RunsFilter(job_name=worker.name, statuses=IN_PROGRESS), limit=1)
+        if running:
+            return SkipReason(f"worker run {running[0].run_id} is still in progress")
         return RunRequest(run_key=None)
 
     return run_worker_on_schedule

@@ -213,22 +213,32 @@ def _evaluate(check, resources):
     return evaluation
 
 
-def test_worker_schedule_waits_for_the_source_topic(kafka_bootstrap, unique_name, tmp_path):
-    from dagster import RunRequest, SkipReason, build_schedule_context
+def test_worker_schedule_waits_for_the_source_topic_and_for_the_run_in_progress(kafka_bootstrap, unique_name, tmp_path):
+    from dagster import DagsterRunStatus, RunRequest, SkipReason, build_schedule_context
 
     app = totals_app(kafka_bootstrap, unique_name("not-yet"), tmp_path, unique_name("totals"))
     kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
-    defs = build_stateful_definitions(app, 2, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    defs = build_stateful_definitions(app, 2, kafka, StateStoreResource(state_dir=str(tmp_path)), pool_size=2)
     schedule = defs.resolve_schedule_def(job_name(app, "worker_schedule"))
+    (tmp_path / "dagster").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "dagster"))
 
-    skipped = schedule(build_schedule_context(resources={"kafka": kafka}))
+    def evaluate():
+        return schedule(build_schedule_context(instance=instance, resources={"kafka": kafka}))
+
+    skipped = evaluate()
     assert isinstance(skipped, SkipReason) and skipped.skip_message is not None, skipped
     assert "does not exist yet" in skipped.skip_message
 
     bound_app = app.bind(kafka=kafka.clients())
     bound_app.kafka.create_topic(app.source, 2, 1, {})
-    requested = schedule(build_schedule_context(resources={"kafka": kafka}))
+    requested = evaluate()
     assert isinstance(requested, RunRequest), "once the topic exists, the schedule runs the worker"
+
+    worker = defs.resolve_job_def(job_name(app, "worker"))
+    instance.create_run_for_job(worker, status=DagsterRunStatus.STARTED)
+    busy = evaluate()
+    assert isinstance(busy, SkipReason) and "still in progress" in str(busy.skip_message), "a pool never overlaps"
 
 
 def test_store_assets_say_what_each_store_is_and_apps_share_their_source(tmp_path):
