@@ -123,13 +123,15 @@ def create_topic(bootstrap: str, name: str, partitions: int, config: Mapping[str
 
 def produce_orders(bootstrap: str, topic: str, orders: Iterable[tuple[bytes, bytes]]) -> None:
     """Produce and wait until Kafka acknowledged every order (fails otherwise)."""
-    produce_timed_orders(bootstrap, topic, ((key, value, 0) for key, value in orders))
+    produce_timed_orders(bootstrap, topic, ((key, value, 0) for key, value in orders), ordered=False)
 
 
-def produce_timed_orders(bootstrap: str, topic: str, orders: Iterable[TimedOrder]) -> None:
+def produce_timed_orders(bootstrap: str, topic: str, orders: Iterable[TimedOrder], ordered: bool = True) -> None:
     """Produce orders with their timestamps (0: now) and wait until Kafka acknowledged every one
-    (fails otherwise)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **QUIET})
+    (fails otherwise). `ordered`: idempotently, so that a retried batch cannot land after a later
+    one (which would make every order in it late for its windows)."""
+    config = {"enable.idempotence": True} if ordered else {}
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **config, **QUIET})
     errors: list[str] = []
 
     def on_delivery(error: KafkaError | None, _message: Message) -> None:
@@ -550,6 +552,8 @@ class WindowCheck:
     """Windows emitted more than once (one entry per extra appearance)."""
     wrong: tuple[Window, ...]
     """Closed windows emitted (at least once) with a tally other than the recomputed one."""
+    short: tuple[Window, ...]
+    """Of those, windows emitted (at least once) with a count or total below the recomputed one: orders lost."""
     unexpected: tuple[Window, ...]
     """Windows emitted that never closed (or that no order names), or whose result is malformed."""
     kept: int
@@ -557,6 +561,8 @@ class WindowCheck:
     store_missing: tuple[Window, ...]
     store_unexpected: tuple[Window, ...]
     store_wrong: tuple[Window, ...]
+    store_short: tuple[Window, ...]
+    """Of those, windows whose count or total is below the recomputed one."""
     stream_times_wrong: tuple[int, ...]
     """Partitions whose stored stream time is not the largest event time of their source partition."""
     late: int
@@ -566,6 +572,8 @@ class WindowCheck:
     late_repeated: tuple[int, ...]
     late_unexpected: tuple[int, ...]
     """Orders dead-lettered that were not late."""
+    details: tuple[str, ...] = ()
+    """The first few wrong tallies, each with the recomputed one."""
 
     def counters(self) -> dict[str, int]:
         return {
@@ -574,11 +582,13 @@ class WindowCheck:
             "closed windows missing from the output": len(self.missing),
             "windows emitted more than once": len(self.repeated),
             "windows emitted with a wrong tally": len(self.wrong),
+            "windows emitted with a short tally": len(self.short),
             "windows emitted that never closed": len(self.unexpected),
             "windows kept (recomputed)": self.kept,
             "kept windows missing from the store": len(self.store_missing),
             "windows in the store not kept": len(self.store_unexpected),
             "windows in the store with a wrong tally": len(self.store_wrong),
+            "windows in the store with a short tally": len(self.store_short),
             "partitions with a wrong stream time": len(self.stream_times_wrong),
             "late orders (recomputed)": self.late,
             "late orders never dead-lettered": len(self.late_missing),
@@ -592,16 +602,19 @@ class WindowCheck:
             "missing from the output": self.missing,
             "emitted more than once": self.repeated,
             "emitted with a wrong tally": self.wrong,
+            "emitted with a short tally": self.short,
             "emitted, never closed": self.unexpected,
             "missing from the store": self.store_missing,
             "in the store, not kept": self.store_unexpected,
             "in the store with a wrong tally": self.store_wrong,
+            "in the store with a short tally": self.store_short,
             "partitions with a wrong stream time": self.stream_times_wrong,
             "late, never dead-lettered": self.late_missing,
             "late, dead-lettered more than once": self.late_repeated,
             "dead-lettered, not late": self.late_unexpected,
         }
-        return [f"windows check: {what}: {list(found[:8])}" for what, found in kinds.items() if found]
+        found = [f"windows check: {what}: {list(windows[:8])}" for what, windows in kinds.items() if windows]
+        return found + [f"windows check: {detail}" for detail in self.details]
 
 
 def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
@@ -610,6 +623,8 @@ def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
     size = spec.window_size_ms
     appearances: Counter[Window] = Counter()
     wrong: set[Window] = set()
+    short: set[Window] = set()
+    details: list[str] = []
     unexpected: list[Window] = []
     for message in read_committed(spec.bootstrap, spec.output, timeout=60):
         result = orjson.loads(message.value() or b"null")
@@ -619,10 +634,15 @@ def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
             unexpected.append(window)
         elif result["value"] != replayed.final[window]:
             wrong.add(window)
+            if len(details) < 8:
+                details.append(f"{window} emitted {result['value']}, recomputed {replayed.final[window]}")
+            if falls_short(result["value"], replayed.final[window]):
+                short.add(window)
     missing = tuple(sorted(set(replayed.final) - set(appearances)))
     repeated = tuple(sorted(window for window, seen in appearances.items() for _ in range(seen - 1)))
     stored, stream_times = read_windows(spec)
     store_wrong = tuple(sorted(w for w in set(stored) & set(replayed.kept) if stored[w] != replayed.kept[w]))
+    details += [f"{w} stored {stored[w]}, recomputed {replayed.kept[w]}" for w in store_wrong[:8]]
     stream_times_wrong = tuple(
         sorted(p for p in range(spec.partitions) if stream_times.get(p, -1) != replayed.stream_times.get(p, -1))
     )
@@ -633,17 +653,25 @@ def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
         missing=missing,
         repeated=repeated,
         wrong=tuple(sorted(wrong)),
+        short=tuple(sorted(short)),
         unexpected=tuple(unexpected),
         kept=len(replayed.kept),
         store_missing=tuple(sorted(set(replayed.kept) - set(stored))),
         store_unexpected=tuple(sorted(set(stored) - set(replayed.kept))),
         store_wrong=store_wrong,
+        store_short=tuple(w for w in store_wrong if falls_short(stored[w], replayed.kept[w])),
         stream_times_wrong=stream_times_wrong,
         late=len(replayed.late_ids),
         late_missing=tuple(sorted(replayed.late_ids - set(dead))),
         late_repeated=tuple(sorted(i for i, seen in dead.items() for _ in range(seen - 1))),
         late_unexpected=tuple(sorted(set(dead) - replayed.late_ids)),
+        details=tuple(details),
     )
+
+
+def falls_short(tally: dict, expected: dict) -> bool:
+    """Whether a window's tally counts fewer orders, or less money, than the recomputed one."""
+    return bool(tally["count"] < expected["count"] or tally["total"] < expected["total"])
 
 
 def dead_letters(spec: WorkerSpec) -> str:

@@ -263,10 +263,11 @@ def windowed_sigkill_storm(
     windows close all through the storm. Judged against the windows recomputed from the source
     topic (`replay_windows`, `check_windows`, recorded in counters): under exactly-once every closed
     window appears in the output (read_committed) exactly once with its recomputed tally, no other
-    window does, and every late order is dead-lettered exactly once; under at-least-once each
-    appears at least once, every appearance with the recomputed tally. Either way the store holds
-    exactly the unexpired windows with their tallies, and each partition's stream time. `lost` and
-    `doubled` count windows here: closed windows missing from the output, and extra appearances."""
+    window does, every late order is dead-lettered exactly once, and the store holds exactly the
+    unexpired windows with their tallies; under at-least-once each appears at least once, and no
+    tally falls short (redone work may count orders twice). Either way the store holds exactly the
+    unexpired windows, and each partition's stream time. `lost` and `doubled` count windows here:
+    closed windows missing from the output, and extra appearances."""
     exactly_once = guarantee == EXACTLY_ONCE
     result = FaultResult("1w SIGKILL at random points, windowed" + (" (exactly-once)" if exactly_once else ""))
     timed = TimedOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3), max_lag_ms=3 * WINDOW_GRACE_MS)

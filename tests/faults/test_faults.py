@@ -53,19 +53,31 @@ WINDOW_MISMATCHES = (
     "closed windows missing from the output",
     "windows emitted more than once",
     "windows emitted with a wrong tally",
+    "windows emitted with a short tally",
     "windows emitted that never closed",
     "kept windows missing from the store",
     "windows in the store not kept",
     "windows in the store with a wrong tally",
+    "windows in the store with a short tally",
     "partitions with a wrong stream time",
     "late orders never dead-lettered",
     "late orders dead-lettered more than once",
     "orders dead-lettered that were not late",
 )
-"""What `windowed_sigkill_storm` finds against the windows recomputed from the source (all 0 under
-exactly-once; at-least-once may repeat an output, never change one)."""
-REPLAYS = ("windows emitted more than once", "late orders dead-lettered more than once")
-"""Mismatches at-least-once allows: work redone after a kill is sent again (with the same result)."""
+"""What `windowed_sigkill_storm` finds against the windows recomputed from the source: all 0 under
+exactly-once."""
+AT_LEAST_ONCE_DOUBLES = (
+    "windows emitted more than once",
+    "windows emitted with a wrong tally",
+    "windows in the store with a wrong tally",
+    "late orders dead-lettered more than once",
+    "orders dead-lettered that were not late",
+)
+"""What at-least-once allows: work redone after a kill is sent again, and a restore applies the
+changelog records of uncommitted messages whose key it has no committed record of (see
+`recovery/uncommitted.py`), which the redone work then counts again: tallies too high (never too
+low), and stream time ahead of the redone orders, so some are taken for late although their
+windows already hold them. Never a window missing, nor a tally short."""
 
 SEED = int(os.environ.get("FAULT_SEED") or random.SystemRandom().randrange(2**32))
 
@@ -129,12 +141,13 @@ def test_exactly_once_sigkill_at_random_points_a_dozen_times_is_exact_and_each_o
 
 
 @pytest.mark.parametrize("guarantee", [EXACTLY_ONCE, AT_LEAST_ONCE])
-def test_a_windowed_aggregation_killed_at_random_points_emits_every_closed_window_with_its_exact_tally(
+def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_window_and_keeps_the_live_ones(
     kafka_bootstrap, tmp_path, guarantee
 ):
-    """Under exactly-once each closed window appears once (read_committed), none other does, and each
-    late order is dead-lettered once; under at-least-once each appears at least once, never with
-    another tally. Either way the store holds exactly the unexpired windows and the stream times."""
+    """Under exactly-once each closed window appears once (read_committed) with exactly its recomputed
+    tally, none other does, the store holds exactly the unexpired windows with their tallies, and
+    each late order is dead-lettered once. Under at-least-once each closed window appears at least
+    once and no tally (emitted or stored) is short: orders may count twice, never zero times."""
     lab = Lab(kafka_bootstrap, tmp_path, SEED)
     result = windowed_sigkill_storm(
         lab, orders=4_000, customers=24, partitions=3, kills=WINDOWED_KILLS, guarantee=guarantee
@@ -149,7 +162,7 @@ def test_a_windowed_aggregation_killed_at_random_points_emits_every_closed_windo
     assert_caught_up(result, "final")
     assert counters["windows closed (recomputed)"] >= 300, f"too few windows closed to judge:\n{explain(result)}"
     assert counters["windows kept (recomputed)"] > 0 and counters["late orders (recomputed)"] > 0, explain(result)
-    allowed = REPLAYS if guarantee == AT_LEAST_ONCE else ()
+    allowed = AT_LEAST_ONCE_DOUBLES if guarantee == AT_LEAST_ONCE else ()
     found = {name: counters[name] for name in WINDOW_MISMATCHES if name not in allowed and counters[name]}
     assert not found, f"the windows differ from those recomputed from the source: {found}\n{explain(result)}"
     if guarantee == EXACTLY_ONCE:
