@@ -181,7 +181,7 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
         state_store: StateStoreResource,
         pyspark: StatefulSparkResource,
     ) -> Iterator[MaterializeResult]:
-        from dagster_stateful.spark.snapshots import build_snapshot
+        from dagster_stateful.spark.snapshots import snapshot_changelog
 
         if not state_store.snapshot_root:
             raise Failure(
@@ -190,16 +190,18 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
             )
         bound = state_store.bind(app, kafka)
         for store in app.stores:
-            topic = app.changelog_topic(store)
-            partitions = range(bound.kafka.partition_count(topic) or 0)
-            # Committed offsets first, then the ends: changelog records are delivered before their source
-            # offsets are committed, and the snapshot stops at the first record of an uncommitted message.
-            committed = bound.kafka.committed_offsets(app.consumer_group, app.source, partitions)
-            ends = {p: high for p, (_, high) in bound.kafka.watermarks(topic, partitions, committed=True).items()}
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
-            manifest = build_snapshot(
-                pyspark.spark_session, kafka.spark_kafka_options(), topic, ends, committed, snapshot_store, config.keep
+            taken = snapshot_changelog(
+                pyspark.spark_session,
+                bound.kafka,
+                kafka.spark_kafka_options(),
+                app.consumer_group,
+                app.source,
+                app.changelog_topic(store),
+                snapshot_store,
+                config.keep,
             )
+            manifest, ends, committed = taken.manifest, taken.changelog_ends, taken.committed
             left = {p: end - manifest.end_offsets.get(p, end) for p, end in sorted(ends.items())}
             cut_short = sorted(p for p, records in left.items() if records > 0)
             if cut_short:

@@ -5,7 +5,8 @@ runs a local development broker, or with `start --brokers 3` a cluster of three:
 only the bootstrap address on stdout, so `export KAFKA_BOOTSTRAP_SERVERS=$(dagster-stateful kafka
 start)` works; progress and errors go to stderr. Exit codes: 0 success (for `status`: running,
 every node of a cluster), 1 error (for `status`: alive but not answering, or a cluster with a node
-down), 3 not running.
+down), 3 not running. `dagster-stateful spark start --workers N | stop | status` runs a local Spark
+standalone cluster the same way (`start` prints the master URL).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 DEFAULT_KAFKA_HOME = Path(".dagster-stateful") / "kafka"
 KAFKA_HOME_ENV = "DAGSTER_STATEFUL_KAFKA_HOME"
+DEFAULT_SPARK_HOME = Path(".dagster-stateful") / "spark"
 EXIT_NOT_RUNNING = 3
 
 
@@ -72,7 +74,57 @@ def _parser() -> argparse.ArgumentParser:
     status = actions.add_parser("status", help="say whether the broker runs and answers")
     status.add_argument("--home", type=Path, help=home_help)
     status.set_defaults(handler=_status)
+    _spark_commands(commands)
     return parser
+
+
+def _spark_commands(commands: argparse._SubParsersAction) -> None:
+    spark = commands.add_parser("spark", help="run a local Spark standalone cluster (master and workers)")
+    actions = spark.add_subparsers(required=True, metavar="ACTION")
+    home_help = f"cluster home: logs, work directories, state (default ./{DEFAULT_SPARK_HOME})"
+    start = actions.add_parser("start", help="start the master and workers; print the master URL")
+    start.add_argument("--home", type=Path, default=DEFAULT_SPARK_HOME, help=home_help)
+    start.add_argument("--workers", type=int, default=2)
+    start.add_argument("--cores", type=int, default=1, help="cores per worker")
+    start.add_argument("--memory", default="1g", help="memory per worker")
+    start.add_argument("--timeout", type=float, default=120.0)
+    start.set_defaults(handler=_spark_start)
+    stop = actions.add_parser("stop", help="stop every process of the cluster")
+    stop.add_argument("--home", type=Path, default=DEFAULT_SPARK_HOME, help=home_help)
+    stop.set_defaults(handler=_spark_stop)
+    status = actions.add_parser("status", help="say whether the cluster runs and how many workers are alive")
+    status.add_argument("--home", type=Path, default=DEFAULT_SPARK_HOME, help=home_help)
+    status.set_defaults(handler=_spark_status)
+
+
+def _spark_start(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.spark.cluster import LocalSparkCluster
+
+    cluster = LocalSparkCluster(arguments.home, arguments.workers, arguments.cores, arguments.memory)
+    print(f"starting a Spark cluster of {arguments.workers} workers in {cluster.home} ...", file=sys.stderr)
+    master_url = cluster.start(timeout=arguments.timeout)
+    print(f"Spark cluster running: {cluster.status().describe()} (logs: {cluster.home / 'logs'})", file=sys.stderr)
+    print(master_url)
+    return 0
+
+
+def _spark_stop(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.spark.cluster import LocalSparkCluster
+
+    cluster = LocalSparkCluster(arguments.home)
+    stopped = cluster.stop()
+    print(f"stopped the Spark cluster in {cluster.home}" if stopped else f"no Spark cluster ran in {cluster.home}")
+    return 0
+
+
+def _spark_status(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.spark.cluster import LocalSparkCluster
+
+    status = LocalSparkCluster(arguments.home).status()
+    print(status.describe())
+    if not status.running:
+        return EXIT_NOT_RUNNING
+    return 0 if status.alive_workers == status.expected_workers else 1
 
 
 def _home(arguments: argparse.Namespace) -> Path:

@@ -191,14 +191,14 @@ class LocalKafkaBroker:
         state = self._read_state()
         pid = state["pid"] if state else None
         if pid is not None and self._is_broker_process(pid):
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
 
     def kill(self) -> None:
         """SIGKILL the broker (a crash, for fault tests); `start()` brings it back on the same ports."""
         state = self._read_state()
         pid = state["pid"] if state else None
         if pid is not None and self._is_broker_process(pid):
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
             self._wait_for_exit(pid, 30.0)
         if self._process is not None:
             self._process.wait(timeout=10)
@@ -212,10 +212,10 @@ class LocalKafkaBroker:
         if was_running:
             assert pid is not None
             log.info("Stopping Kafka broker pid %d", pid)
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
             if not self._wait_for_exit(pid, timeout):
                 log.warning("Kafka broker pid %d ignored SIGTERM for %.0f s; killing it", pid, timeout)
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
                 self._wait_for_exit(pid, 10.0)
         if self._process is not None:
             self._process.wait(timeout=10)
@@ -451,7 +451,8 @@ def _answers_metadata(bootstrap: str, timeout: float) -> bool:
         return False
 
 
-def _signal(pid: int, signum: int) -> None:
+def send_signal(pid: int, signum: int) -> None:
+    """`signum` to `pid`, unless it is gone already."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
 

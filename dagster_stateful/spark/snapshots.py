@@ -1,6 +1,8 @@
 """The compaction snapshot job: the committed part of a changelog folded into the store's next snapshot, with Spark.
 
-Owns `build_snapshot`, a plain function of a SparkSession. It reads the changelog with Spark's
+Owns `build_snapshot`, a plain function of a SparkSession, and `snapshot_changelog`, which reads the
+offsets it needs from Kafka (the group's committed source offsets first, then the changelog's
+ends) and runs it. It reads the changelog with Spark's
 Kafka source from the previous snapshot's end offsets (or the beginning) and, per partition, cuts
 the range at the first record written for a message the consumer group has not committed (its
 processed-offset header is at or past the committed source offset): such records are left to the
@@ -18,10 +20,12 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.recovery.changelog import SOURCE_OFFSET_HEADER
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 
@@ -29,6 +33,33 @@ log = logging.getLogger(__name__)
 
 _OFFSET_BYTES = 8
 _LARGEST_OFFSET = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class ChangelogSnapshot:
+    manifest: SnapshotManifest
+    changelog_ends: dict[int, int]
+    committed: Mapping[int, int | None]
+
+
+def snapshot_changelog(
+    spark: SparkSession,
+    kafka: KafkaClients,
+    kafka_options: dict[str, str],
+    consumer_group: str,
+    source: str,
+    changelog_topic: str,
+    snapshots: SnapshotStore,
+    keep: int = 3,
+) -> ChangelogSnapshot:
+    """A new snapshot of `changelog_topic` up to its current end, cut where the group's commits end."""
+    partitions = range(kafka.partition_count(changelog_topic) or 0)
+    # Committed offsets first, then the ends: changelog records are delivered before their source
+    # offsets are committed, and the snapshot stops at the first record of an uncommitted message.
+    committed = kafka.committed_offsets(consumer_group, source, partitions)
+    ends = {p: high for p, (_, high) in kafka.watermarks(changelog_topic, partitions, committed=True).items()}
+    manifest = build_snapshot(spark, kafka_options, changelog_topic, ends, committed, snapshots, keep)
+    return ChangelogSnapshot(manifest, ends, committed)
 
 
 def build_snapshot(
