@@ -11,16 +11,9 @@ seconds, and no automatic topic creation (topics are provisioned explicitly, as 
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
-import errno
 import json
 import logging
-import os
-import re
-import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -29,15 +22,22 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from dagster_stateful.errors import BrokerStartError, JavaNotFoundError, LocalKafkaError, PortInUseError
+from dagster_stateful.errors import BrokerStartError, LocalKafkaError, PortInUseError
 from dagster_stateful.local_kafka.config import HOST, LOG4J2_PROPERTIES, server_properties
 from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
+from dagster_stateful.local_processes import (
+    check_port_free,
+    die_with_parent,
+    find_java,
+    free_port,
+    port_open,
+    send_signal,
+)
 
 log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.3.1"
 LOG4J_VERSION = "2.25.4"  # log4j-core's version in kafka 4.3.1's POM; the SLF4J binding must match it
-MIN_JAVA_MAJOR = 17
 STATE_FILE = "broker.json"
 
 
@@ -235,11 +235,11 @@ class LocalKafkaBroker:
         return BrokerStatus(BrokerState.RUNNING if answering else BrokerState.UNRESPONSIVE, self.home, pid, bootstrap)
 
     def _claim_ports(self) -> tuple[int, int]:
-        port = _check_port_free(self.settings.port, "PLAINTEXT (client)") if self.settings.port else _free_port()
+        port = check_port_free(self.settings.port, "PLAINTEXT (client)") if self.settings.port else free_port()
         controller = (
-            _check_port_free(self.settings.controller_port, "CONTROLLER")
+            check_port_free(self.settings.controller_port, "CONTROLLER")
             if self.settings.controller_port
-            else _free_port(avoid={port})
+            else free_port(avoid={port})
         )
         return port, controller
 
@@ -302,7 +302,7 @@ class LocalKafkaBroker:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if tie_to_parent else None,
+                preexec_fn=die_with_parent if tie_to_parent else None,
             )
 
     def _wait_until_ready(self, bootstrap: str, port: int, timeout: float) -> None:
@@ -311,7 +311,7 @@ class LocalKafkaBroker:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 self._raise_start_failure(f"the broker process exited with code {self._process.returncode}", port)
-            if _port_open(port) and _answers_metadata(bootstrap, timeout=5.0):
+            if port_open(port) and _answers_metadata(bootstrap, timeout=5.0):
                 return
             time.sleep(0.2)
         self._raise_start_failure(f"the broker did not answer at {bootstrap} within {timeout:.0f} s", port)
@@ -368,78 +368,6 @@ class LocalKafkaBroker:
         temporary.replace(self.home / STATE_FILE)
 
 
-def find_java() -> str:
-    """The `java` executable (JAVA_HOME first, then PATH), checked to be version 17 or newer."""
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = Path(java_home) / "bin" / "java" if java_home else None
-    java = str(candidate) if candidate and candidate.exists() else shutil.which("java")
-    if java is None:
-        raise JavaNotFoundError(
-            f"Java was not found (JAVA_HOME is {'unset' if not java_home else repr(java_home)} and there is no "
-            f"`java` on PATH). The local Kafka {KAFKA_VERSION} broker needs Java {MIN_JAVA_MAJOR} or newer: "
-            "install a JDK (e.g. `apt-get install openjdk-17-jdk-headless`) or set JAVA_HOME, "
-            "or point KAFKA_BOOTSTRAP_SERVERS at an existing cluster."
-        )
-    major = _java_major_version(java)
-    if major < MIN_JAVA_MAJOR:
-        raise JavaNotFoundError(
-            f"{java} is Java {major}; Kafka {KAFKA_VERSION} needs Java {MIN_JAVA_MAJOR}+. "
-            "Install a newer JDK or set JAVA_HOME to one."
-        )
-    return java
-
-
-def _java_major_version(java: str) -> int:
-    output = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
-    if match is None:
-        raise JavaNotFoundError(f"could not read the version of {java}; it printed: {output.strip()[:300]}")
-    major = int(match.group(1))
-    return int(match.group(2) or 0) if major == 1 else major
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports on 127.0.0.1."""
-    ports: list[int] = []
-    while len(ports) < count:
-        ports.append(_free_port(avoid=set(ports)))
-    return ports
-
-
-def _free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((HOST, 0))
-            port = probe.getsockname()[1]
-        if port not in avoid:
-            return port
-
-
-def _check_port_free(port: int, purpose: str) -> int:
-    """Refuse a port another socket listens on or is bound to. The probe binds with SO_REUSEADDR, as
-    the broker's own listeners do, so connections of a broker just stopped (left in TIME_WAIT for
-    about a minute) do not block a restart on the same port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((HOST, port))
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                raise PortInUseError(
-                    f"port {port} on {HOST} (wanted for the broker's {purpose} listener) is already in use; "
-                    f"stop what holds it (`ss -ltnp 'sport = :{port}'` shows it) or leave the port unset "
-                    "to pick a free one"
-                ) from error
-            raise
-    return port
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex((HOST, port)) == 0
-
-
 def _answers_metadata(bootstrap: str, timeout: float) -> bool:
     from confluent_kafka.admin import AdminClient
 
@@ -449,14 +377,3 @@ def _answers_metadata(bootstrap: str, timeout: float) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means "not answering"
         return False
-
-
-def send_signal(pid: int, signum: int) -> None:
-    """`signum` to `pid`, unless it is gone already."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
-
-
-def _die_with_parent() -> None:
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

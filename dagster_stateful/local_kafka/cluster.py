@@ -22,10 +22,10 @@ from dagster_stateful.local_kafka.broker import (
     BrokerState,
     BrokerStatus,
     LocalKafkaBroker,
-    free_ports,
     new_cluster_id,
 )
 from dagster_stateful.local_kafka.config import HOST, cluster_properties
+from dagster_stateful.local_processes import free_ports
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-HOST = "127.0.0.1"
+from dagster_stateful.local_processes import HOST
 
 
 def server_properties(

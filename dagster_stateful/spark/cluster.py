@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagster_stateful.errors import LocalSparkError
-from dagster_stateful.local_kafka.broker import find_java, free_ports, send_signal
+from dagster_stateful.local_processes import find_java, free_ports, send_signal
 
 log = logging.getLogger(__name__)
 

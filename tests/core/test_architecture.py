@@ -123,11 +123,19 @@ def test_the_dagster_api_is_exported_from_the_package():
     import dagster_stateful
     from dagster_stateful.builder import build_stateful_definitions
     from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+    from dagster_stateful.translator import StatefulTranslator
 
     assert dagster_stateful.build_stateful_definitions is build_stateful_definitions
+    assert dagster_stateful.StatefulTranslator is StatefulTranslator
     assert dagster_stateful.KafkaResource is KafkaResource
     assert dagster_stateful.StateStoreResource is StateStoreResource
     assert dagster_stateful.StatefulSparkResource is StatefulSparkResource
     assert sorted(dagster_stateful.__all__) == sorted(
-        ["build_stateful_definitions", "KafkaResource", "StateStoreResource", "StatefulSparkResource"]
+        [
+            "build_stateful_definitions",
+            "KafkaResource",
+            "StateStoreResource",
+            "StatefulSparkResource",
+            "StatefulTranslator",
+        ]
     )

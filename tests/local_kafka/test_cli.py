@@ -149,7 +149,7 @@ def test_start_refuses_a_port_already_taken(tmp_path):
 
 
 def test_find_java_rejects_a_missing_java_home(tmp_path, monkeypatch):
-    from dagster_stateful.local_kafka.broker import find_java
+    from dagster_stateful.local_processes import find_java
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-such-jdk"))
     monkeypatch.setenv("PATH", str(tmp_path))

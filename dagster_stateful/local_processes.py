@@ -1,0 +1,107 @@
+"""Local processes the project starts for development and tests: Java, ports and signals.
+
+Owns finding a Java runtime (17+), picking and checking free ports on 127.0.0.1, and signalling
+processes (and tying a child to its parent's life), for the local Kafka broker and cluster and the
+local Spark cluster alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from dagster_stateful.errors import JavaNotFoundError, PortInUseError
+
+HOST = "127.0.0.1"
+MIN_JAVA_MAJOR = 17
+
+
+def find_java() -> str:
+    """The `java` executable (JAVA_HOME first, then PATH), checked to be version 17 or newer."""
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home) / "bin" / "java" if java_home else None
+    java = str(candidate) if candidate and candidate.exists() else shutil.which("java")
+    if java is None:
+        raise JavaNotFoundError(
+            f"Java was not found (JAVA_HOME is {'unset' if not java_home else repr(java_home)} and there is no "
+            f"`java` on PATH). The local Kafka broker and Spark cluster need Java {MIN_JAVA_MAJOR} or newer: "
+            "install a JDK (e.g. `apt-get install openjdk-17-jdk-headless`) or set JAVA_HOME, "
+            "or point KAFKA_BOOTSTRAP_SERVERS at an existing cluster."
+        )
+    major = _java_major_version(java)
+    if major < MIN_JAVA_MAJOR:
+        raise JavaNotFoundError(
+            f"{java} is Java {major}; the local Kafka broker and Spark cluster need Java {MIN_JAVA_MAJOR}+. "
+            "Install a newer JDK or set JAVA_HOME to one."
+        )
+    return java
+
+
+def _java_major_version(java: str) -> int:
+    output = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if match is None:
+        raise JavaNotFoundError(f"could not read the version of {java}; it printed: {output.strip()[:300]}")
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1."""
+    ports: list[int] = []
+    while len(ports) < count:
+        ports.append(free_port(avoid=set(ports)))
+    return ports
+
+
+def free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((HOST, 0))
+            port = probe.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def check_port_free(port: int, purpose: str) -> int:
+    """Refuse a port another socket listens on or is bound to. The probe binds with SO_REUSEADDR, as
+    the broker's own listeners do, so connections of a broker just stopped (left in TIME_WAIT for
+    about a minute) do not block a restart on the same port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"port {port} on {HOST} (wanted for the broker's {purpose} listener) is already in use; "
+                    f"stop what holds it (`ss -ltnp 'sport = :{port}'` shows it) or leave the port unset "
+                    "to pick a free one"
+                ) from error
+            raise
+    return port
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((HOST, port)) == 0
+
+
+def send_signal(pid: int, signum: int) -> None:
+    """`signum` to `pid`, unless it is gone already."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def die_with_parent() -> None:
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
