@@ -28,7 +28,7 @@ def test_a_pool_run_splits_the_partitions_between_its_member_steps(
         monkeypatch.setenv(variable, value)
     monkeypatch.chdir(Path(pool_job.__file__).parent)  # where Dagster's step processes import pool_job from
     app = pool_job.pool_app()
-    limits = {"config": {"max_seconds": 30, "until_caught_up": False}}  # long enough for all to join
+    limits = {"config": {"max_seconds": 20, "until_caught_up": False}}  # long enough for all to join
     run_config = {
         "ops": {job_name(app, f"run_worker_member_{member}_op"): limits for member in range(pool_job.MEMBERS)}
     }
