@@ -1,8 +1,8 @@
-"""Local processes the project starts for development and tests: Java, ports and signals.
+"""Local processes the project starts for development and tests: Java, ports, signals, state files.
 
-Owns finding a Java runtime (17+), picking and checking free ports on 127.0.0.1, and signalling
-processes (and tying a child to its parent's life), for the local Kafka broker and cluster and the
-local Spark cluster alike.
+Owns finding a Java runtime (17+), picking and checking free ports on 127.0.0.1, signalling
+processes (and tying a child to its parent's life), and the JSON state file a home directory keeps
+about what runs from it, for the local Kafka broker and cluster and the local Spark cluster alike.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
@@ -105,3 +106,18 @@ def send_signal(pid: int, signum: int) -> None:
 def die_with_parent() -> None:
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def read_state_file(path: Path) -> dict | None:
+    """The JSON state file at `path`; None when there is none or it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_state_file(path: Path, state: dict) -> None:
+    """Replace the JSON state file at `path` atomically (write a temporary file, then rename)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(state, indent=2))
+    temporary.replace(path)

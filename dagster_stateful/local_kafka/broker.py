@@ -11,7 +11,6 @@ seconds, and no automatic topic creation (topics are provisioned explicitly, as 
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import signal
 import subprocess
@@ -31,7 +30,9 @@ from dagster_stateful.local_processes import (
     find_java,
     free_port,
     port_open,
+    read_state_file,
     send_signal,
+    write_state_file,
 )
 
 log = logging.getLogger(__name__)
@@ -357,15 +358,10 @@ class LocalKafkaBroker:
         return False
 
     def _read_state(self) -> dict | None:
-        try:
-            return json.loads((self.home / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            return None
+        return read_state_file(self.home / STATE_FILE)
 
     def _write_state(self, state: dict) -> None:
-        temporary = self.home / (STATE_FILE + ".tmp")
-        temporary.write_text(json.dumps(state, indent=2))
-        temporary.replace(self.home / STATE_FILE)
+        write_state_file(self.home / STATE_FILE, state)
 
 
 def _answers_metadata(bootstrap: str, timeout: float) -> bool:

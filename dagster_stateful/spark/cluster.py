@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagster_stateful.errors import LocalSparkError
-from dagster_stateful.local_processes import find_java, free_ports, send_signal
+from dagster_stateful.local_processes import find_java, free_ports, read_state_file, send_signal, write_state_file
 
 log = logging.getLogger(__name__)
 
@@ -172,15 +172,10 @@ class LocalSparkCluster:
             return 0
 
     def _read_state(self) -> dict | None:
-        try:
-            return json.loads((self.home / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            return None
+        return read_state_file(self.home / STATE_FILE)
 
     def _write_state(self, state: dict) -> None:
-        temporary = self.home / (STATE_FILE + ".tmp")
-        temporary.write_text(json.dumps(state, indent=2))
-        temporary.replace(self.home / STATE_FILE)
+        write_state_file(self.home / STATE_FILE, state)
 
 
 def _alive(pid: int) -> bool:

@@ -110,6 +110,7 @@ class BatchProcessor:
         stateful, output, prefixes = self._stateful, self._output, self._prefixes
         states, begin, journals, windows = txn.views, txn.begin_scoped, txn.journals, txn.window_list
         expiring = txn.expiring
+        timed = bool(windows or expiring)
         done = 0
         try:
             while done < budget and index + done < end:
@@ -135,12 +136,10 @@ class BatchProcessor:
                     if prefix is None:
                         prefix = self._remember_prefix(raw_key)
                     begin(prefix, offset)
-                    if windows:
+                    if timed:
                         timestamp = message.timestamp()[1]
                         for window in windows:
                             window.timestamp = timestamp
-                    if expiring:
-                        timestamp = message.timestamp()[1]
                         for store in expiring:
                             store.observe(timestamp)
                 try:

@@ -225,16 +225,8 @@ class PartitionDatabase:
     def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) from `from_key` (or the first key) on, in key order. Raises
         `StoreCorruptedError` when RocksDB stops at a damaged block, rather than ending early."""
-        iterator = self._db.iter()
-        if from_key is None:
-            iterator.seek_to_first()
-        else:
-            iterator.seek(from_key)
-        while iterator.valid():
-            yield iterator.key(), iterator.value()
-            iterator.next()
         try:
-            iterator.status()
+            yield from _scan(self._db, from_key)
         except Exception as error:
             raise self._read_error(error) from error
 
@@ -335,17 +327,24 @@ class SecondaryDatabase:
 
     def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) from `from_key` (or the first key) on, in key order."""
-        iterator = self._db.iter()
-        if from_key is None:
-            iterator.seek_to_first()
-        else:
-            iterator.seek(from_key)
-        while iterator.valid():
-            yield iterator.key(), iterator.value()
-            iterator.next()
+        return _scan(self._db, from_key)
 
     def close(self) -> None:
         self._db.close()
+
+
+def _scan(database: Rdict, from_key: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    """Every (key, value) of `database` from `from_key` (or the first key) on, in key order; raises
+    RocksDB's status when the iteration stopped at a damaged block rather than at the end."""
+    iterator = database.iter()
+    if from_key is None:
+        iterator.seek_to_first()
+    else:
+        iterator.seek(from_key)
+    while iterator.valid():
+        yield iterator.key(), iterator.value()
+        iterator.next()
+    iterator.status()
 
 
 def holds_database(path: Path) -> bool:
