@@ -223,6 +223,9 @@ def storm(
         point = schedule[0]
         # Deleting the state before anything was committed to the changelog leaves nothing to restore.
         committed_state = any(high for _, high in watermarks(lab.bootstrap, changelog, spec.partitions).values())
+        if point is KillPoint.MID_RESTORE and not committed_state and set(schedule) != {point}:
+            schedule.append(schedule.pop(0))  # a restore to kill needs a changelog: this kill comes later
+            continue
         wiped = committed_state and (point is KillPoint.MID_RESTORE or lab.rng.random() < wipe_share)
         if wiped:
             app.clear_state()
