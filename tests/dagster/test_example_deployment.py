@@ -170,6 +170,7 @@ def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
         output.close()
     log = (tmp_path / "run-example.log").read_text(errors="replace")
     assert f"Dagster UI: http://127.0.0.1:{port}" in log
+    assert "superseded" not in log, "the UI runs with `dg dev`, not the superseded `dagster dev`"
     assert "stopped the Kafka broker" in log, log[-2000:]
     assert not _processes_mentioning(str(tmp_path / "dev")), "the broker outlived Ctrl-C"
     assert not _processes_mentioning(str(port)), "Dagster outlived Ctrl-C"

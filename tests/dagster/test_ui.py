@@ -1,7 +1,7 @@
 """End to end in a real browser: the Dagster UI on the example deployment launches the worker job and
 the run succeeds.
 
-Runs `dagster dev` on the example against the test broker and drives Debian's Chromium with
+Runs `dg dev` on the example against the test broker and drives Debian's Chromium with
 Playwright (its own browser download is never used).
 """
 
@@ -52,7 +52,7 @@ def dagster_ui(kafka_bootstrap, tmp_path):
     }
     log = open(tmp_path / "dagster-dev.log", "wb")  # noqa: SIM115 - the child writes to it until the end
     process = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "dagster_dg_cli.cli", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
         cwd=ROOT,
         env=env,
         stdout=log,
