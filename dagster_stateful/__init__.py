@@ -1,7 +1,8 @@
 """dagster-stateful: Kafka-Streams-style stateful stream processing, orchestrated by Dagster.
 
 What a Dagster user imports lives here: `build_stateful_definitions`, the resources
-(`KafkaResource`, `StateStoreResource`, `StatefulSparkResource`) and `StatefulTranslator`. The engine's API is
+(`KafkaResource`, `StateStoreResource`, and for Spark `StatefulSparkResource` or
+`SparkPipesResource`) and `StatefulTranslator`. The engine's API is
 `dagster_stateful.core` (`App`, `State`, listeners, errors). The package is layered: `core` is the
 engine (no dagster or pyspark import), `spark` holds PySpark jobs, `local_kafka` runs a real broker
 for development and tests, and the top-level modules are the thin Dagster layer. The Dagster
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dagster_stateful.builder import build_stateful_definitions
+    from dagster_stateful.pipes import SparkPipesResource
     from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
     from dagster_stateful.translator import StatefulTranslator
 
@@ -25,11 +27,13 @@ _EXPORTS = {
     "KafkaResource": "dagster_stateful.resources",
     "StateStoreResource": "dagster_stateful.resources",
     "StatefulSparkResource": "dagster_stateful.resources",
+    "SparkPipesResource": "dagster_stateful.pipes",
     "StatefulTranslator": "dagster_stateful.translator",
 }
 
 __all__ = [
     "KafkaResource",
+    "SparkPipesResource",
     "StateStoreResource",
     "StatefulSparkResource",
     "StatefulTranslator",

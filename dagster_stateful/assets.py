@@ -27,9 +27,9 @@ from pydantic import Field
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicRole
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
-from dagster_stateful.metadata import partitions_metadata, topic_metadata, worker_metadata
+from dagster_stateful.metadata import partitions_metadata, snapshot_metadata, topic_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
-from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
@@ -179,53 +179,27 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
         config: SnapshotConfig,
         kafka: KafkaResource,
         state_store: StateStoreResource,
-        pyspark: StatefulSparkResource,
+        spark: SparkRunner,
     ) -> Iterator[MaterializeResult]:
-        from dagster_stateful.spark.snapshots import snapshot_changelog
-
         if not state_store.snapshot_root:
             raise Failure(
                 description="Snapshots need a location: set `snapshot_root` on the state_store resource "
                 "(a path or a URI Spark can write)."
             )
-        bound = state_store.bind(app, kafka)
         for store in app.stores:
+            key = snapshot_key(app, store, translator)
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
-            taken = snapshot_changelog(
-                pyspark.spark_session,
-                bound.kafka,
-                kafka.spark_kafka_options(),
-                app.consumer_group,
-                app.source,
-                app.changelog_topic(store),
-                snapshot_store,
-                config.keep,
+            manifest = spark.take_snapshot(
+                context.op_execution_context, kafka, app, store, snapshot_store, config.keep, key
             )
-            manifest, ends, committed = taken.manifest, taken.changelog_ends, taken.committed
-            left = {p: end - manifest.end_offsets.get(p, end) for p, end in sorted(ends.items())}
-            cut_short = sorted(p for p, records in left.items() if records > 0)
-            if cut_short:
+            metadata = snapshot_metadata(manifest, snapshot_store.snapshot_location(manifest.snapshot_id))
+            if metadata["partitions_cut_short"]:
                 context.log.info(
-                    "Snapshot of %s stops short of the changelog's end in partitions %s (records of uncommitted "
+                    "Snapshot of %s stops short of the changelog's end in %d partition(s) (records of uncommitted "
                     "messages); restores replay those records from the changelog",
                     store,
-                    cut_short,
+                    metadata["partitions_cut_short"],
                 )
-            yield MaterializeResult(
-                asset_key=snapshot_key(app, store, translator),
-                metadata={
-                    "snapshot_id": manifest.snapshot_id,
-                    "location": snapshot_store.snapshot_location(manifest.snapshot_id),
-                    "keys": sum(manifest.key_counts.values()),
-                    "keys_per_partition": MetadataValue.json({str(p): n for p, n in manifest.key_counts.items()}),
-                    "end_offsets": MetadataValue.json({str(p): o for p, o in manifest.end_offsets.items()}),
-                    "changelog_end_offsets": MetadataValue.json({str(p): o for p, o in sorted(ends.items())}),
-                    "committed_source_offsets": MetadataValue.json({str(p): o for p, o in sorted(committed.items())}),
-                    "partitions_cut_short": len(cut_short),
-                    "records_left_to_replay": MetadataValue.json({str(p): n for p, n in left.items()}),
-                    "previous_snapshot": manifest.previous or "none",
-                    "seconds": manifest.extra.get("seconds", 0.0),
-                },
-            )
+            yield MaterializeResult(asset_key=key, metadata=metadata)
 
     return snapshots

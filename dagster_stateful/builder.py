@@ -4,7 +4,7 @@ Owns `build_stateful_definitions`: each app's assets (source topic, changelogs, 
 snapshots), asset checks, jobs (provision, worker, restore, Spark restore, query state, clear
 state, compaction), the worker and daily compaction schedules, the lag and rebalance sensors and
 the sensor that evaluates the checks on a schedule, with the resources they need under the keys
-`kafka`, `state_store` and `pyspark` (Spark with the Kafka connector, for the Spark jobs), shared
+`kafka`, `state_store` and `spark` (how the Spark jobs run: in process or through Dagster Pipes), shared
 by the apps; apps reading one topic share its asset.
 """
 
@@ -39,7 +39,7 @@ from dagster_stateful.jobs import (
     worker_job,
 )
 from dagster_stateful.naming import job_name, snapshot_key
-from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor
 from dagster_stateful.sensors.lag import IN_PROGRESS
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
@@ -55,7 +55,7 @@ def build_stateful_definitions(
     lag_threshold: int = 1000,
     restore_threshold: int = 1000,
     max_changelog_lag: int = 100_000,
-    spark: StatefulSparkResource | None = None,
+    spark: SparkRunner | None = None,
     compaction_cron: str = "0 3 * * *",
     max_snapshot_age_hours: float = 48.0,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
@@ -70,6 +70,8 @@ def build_stateful_definitions(
     automation_running: start the schedule and sensors switched on (otherwise a user turns them on in the UI).
     translator: names the assets and their groups (subclass `StatefulTranslator` to choose your own).
     check_cron: when a sensor evaluates the asset checks (None: only when a user launches them).
+    spark: how the snapshot asset and the Spark restore reach Spark: `StatefulSparkResource` (in the
+        run's process, `local[*]` by default) or `SparkPipesResource` (a separate command, through Pipes).
     pool_size: workers per worker run (each app's): a pool on this machine, in parallel processes
         sharing the state directory, each with its own static membership (see `App.pool_member`).
     """
@@ -102,7 +104,7 @@ def build_stateful_definitions(
         resources={
             "kafka": kafka,
             "state_store": state_store,
-            "pyspark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"}),
+            "spark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"}),
         },
     )
 

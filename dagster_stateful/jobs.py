@@ -29,7 +29,7 @@ from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
 from dagster_stateful.naming import changelog_key, job_name, store_key
-from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_rows, state_sample
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
@@ -178,11 +178,8 @@ def spark_restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLA
         config: RestoreConfig,
         kafka: KafkaResource,
         state_store: StateStoreResource,
-        pyspark: StatefulSparkResource,
+        spark: SparkRunner,
     ) -> None:
-        from dagster_stateful.spark.bulk_restore import write_sst_files
-
-        session = pyspark.spark_session
         bound = state_store.bind(app, kafka)
         bound.add_restore_listener(RestoreProgressLog(context.log))
         results = bound.restore_partitions(
@@ -191,10 +188,8 @@ def spark_restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLA
             skip_locked=config.skip_locked,
             snapshot_root=state_store.snapshot_root,
             method=config.method,
-            spark_cores=session.sparkContext.defaultParallelism,
-            sst_writer=lambda snapshots, manifest, partitions, out: write_sst_files(
-                session, snapshots, manifest, partitions, out
-            ),
+            spark_cores=spark.restore_cores(),
+            sst_writer=spark.sst_writer(context),
         )
         _record_restores(context, app, bound, config.partitions, results, translator)
 

@@ -15,6 +15,7 @@ from dagster import MetadataValue
 
 from dagster_stateful.core.monitoring.describe import PartitionDescription
 from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest
 
 
 def worker_metadata(report: WorkerReport) -> dict[str, Any]:
@@ -98,4 +99,23 @@ def topic_metadata(
         "low_offsets": MetadataValue.json({str(p): low for p, (low, _) in sorted(watermarks.items())}),
         "high_offsets": MetadataValue.json({str(p): high for p, (_, high) in sorted(watermarks.items())}),
         "records_upper_bound": sum(high - low for low, high in watermarks.values()),
+    }
+
+
+def snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, Any]:
+    """A snapshot asset's materialization: what it holds, where it ends and what restores replay after it."""
+    changelog_ends = {int(p): int(o) for p, o in manifest.extra.get("changelog_end_offsets", {}).items()}
+    left = {p: end - manifest.end_offsets.get(p, end) for p, end in sorted(changelog_ends.items())}
+    return {
+        "snapshot_id": manifest.snapshot_id,
+        "location": location,
+        "keys": sum(manifest.key_counts.values()),
+        "keys_per_partition": MetadataValue.json({str(p): n for p, n in manifest.key_counts.items()}),
+        "end_offsets": MetadataValue.json({str(p): o for p, o in manifest.end_offsets.items()}),
+        "changelog_end_offsets": MetadataValue.json({str(p): o for p, o in changelog_ends.items()}),
+        "committed_source_offsets": MetadataValue.json(manifest.extra.get("committed_source_offsets", {})),
+        "partitions_cut_short": sum(1 for records in left.values() if records > 0),
+        "records_left_to_replay": MetadataValue.json({str(p): n for p, n in left.items()}),
+        "previous_snapshot": manifest.previous or "none",
+        "seconds": manifest.extra.get("seconds", 0.0),
     }

@@ -1,9 +1,11 @@
 """Dagster resources: how a code location reaches Kafka, where state lives, and Spark.
 
-Owns configuration only. `KafkaResource` turns bootstrap servers and client settings (secrets
-through `EnvVar`, never logged) into the core's `KafkaClients`; `StateStoreResource` names the
-state directory and binds an app to it and to a connection; `StatefulSparkResource` is
-dagster-pyspark's resource with Spark's Kafka connector jars on the classpath.
+Owns configuration. `KafkaResource` turns bootstrap servers and client settings (secrets through
+`EnvVar`, never logged) into the core's `KafkaClients`; `StateStoreResource` names the state
+directory and binds an app to it and to a connection. `SparkRunner` is how a run reaches Spark for
+the snapshot asset and the Spark restore, under the resource key `spark`: `StatefulSparkResource`
+(dagster-pyspark's resource with Spark's Kafka connector jars on the classpath) runs the jobs in
+the run's own process; `SparkPipesResource` (in `pipes`) launches them through Dagster Pipes.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import os
 import sys
 from typing import Any
 
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import AssetKey, ConfigurableResource, InitResourceContext, OpExecutionContext
 from dagster_pyspark import PySparkResource
 from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.recovery.restore import SstWriter
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 
 
 class KafkaResource(ConfigurableResource):
@@ -91,7 +95,32 @@ class StateStoreResource(ConfigurableResource):
         return app.bind(kafka=kafka.clients(), state_dir=self.state_dir, snapshot_root=self.snapshot_root)
 
 
-class StatefulSparkResource(PySparkResource):
+class SparkRunner(ConfigurableResource):
+    """How a run reaches Spark: the snapshot job and the SST writer of the Spark restore."""
+
+    def take_snapshot(
+        self,
+        context: OpExecutionContext,
+        kafka: KafkaResource,
+        app: App,
+        store: str,
+        snapshots: SnapshotStore,
+        keep: int,
+        asset_key: AssetKey,
+    ) -> SnapshotManifest:
+        """Fold `store`'s changelog into its next snapshot; returns the new snapshot's manifest."""
+        raise NotImplementedError
+
+    def sst_writer(self, context: OpExecutionContext) -> SstWriter:
+        """What writes a snapshot's partitions as SST files into a staging location."""
+        raise NotImplementedError
+
+    def restore_cores(self) -> int:
+        """Spark cores a restore gets; the planner weighs the Spark path by them."""
+        raise NotImplementedError
+
+
+class StatefulSparkResource(PySparkResource, SparkRunner):
     """dagster-pyspark's resource, with Spark's Kafka connector jars added to `spark.jars`.
 
     The jars (fetched once from Maven Central) are resolved when a run first needs Spark, not
@@ -120,3 +149,37 @@ class StatefulSparkResource(PySparkResource):
         if "spark.pyspark.python" in config:
             os.environ.setdefault("PYSPARK_PYTHON", config["spark.pyspark.python"])  # read by the driver side too
         self._spark_session = spark_session_from_config(config)
+
+    def take_snapshot(
+        self,
+        context: OpExecutionContext,
+        kafka: KafkaResource,
+        app: App,
+        store: str,
+        snapshots: SnapshotStore,
+        keep: int,
+        asset_key: AssetKey,
+    ) -> SnapshotManifest:
+        from dagster_stateful.spark.snapshots import snapshot_changelog
+
+        return snapshot_changelog(
+            self.spark_session,
+            kafka.clients(),
+            kafka.spark_kafka_options(),
+            app.consumer_group,
+            app.source,
+            app.changelog_topic(store),
+            snapshots,
+            keep,
+        ).manifest
+
+    def sst_writer(self, context: OpExecutionContext) -> SstWriter:
+        from dagster_stateful.spark.bulk_restore import write_sst_files
+
+        session = self.spark_session
+        return lambda snapshots, manifest, partitions, staging: write_sst_files(
+            session, snapshots, manifest, partitions, staging
+        )
+
+    def restore_cores(self) -> int:
+        return int(self.spark_session.sparkContext.defaultParallelism)

@@ -122,9 +122,11 @@ def test_the_engine_api_loads_without_dagster_or_pyspark():
 def test_the_dagster_api_is_exported_from_the_package():
     import dagster_stateful
     from dagster_stateful.builder import build_stateful_definitions
+    from dagster_stateful.pipes import SparkPipesResource
     from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
     from dagster_stateful.translator import StatefulTranslator
 
+    assert dagster_stateful.SparkPipesResource is SparkPipesResource
     assert dagster_stateful.build_stateful_definitions is build_stateful_definitions
     assert dagster_stateful.StatefulTranslator is StatefulTranslator
     assert dagster_stateful.KafkaResource is KafkaResource
@@ -134,6 +136,7 @@ def test_the_dagster_api_is_exported_from_the_package():
         [
             "build_stateful_definitions",
             "KafkaResource",
+            "SparkPipesResource",
             "StateStoreResource",
             "StatefulSparkResource",
             "StatefulTranslator",

@@ -44,7 +44,7 @@ def deployment(spark, kafka_bootstrap, unique_name, tmp_path):
     kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
     state_store = StateStoreResource(state_dir=str(tmp_path / "here"), snapshot_root=str(tmp_path / "snapshots"))
     pyspark = StatefulSparkResource(spark_config={"spark.master": "local[2]"})
-    resources = {"kafka": kafka, "state_store": state_store, "pyspark": pyspark}
+    resources = {"kafka": kafka, "state_store": state_store, "spark": pyspark}
     defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store, restore_threshold=100, spark=pyspark)
     here = state_store.bind(app, kafka)
     return defs, app, here, resources

@@ -406,7 +406,7 @@ def test_snapshot_asset_reads_the_committed_offsets_and_shows_the_cut(spark, kaf
 
     result = materialize(
         [defs.get_assets_def(snapshot_key(app, "profiles"))],
-        resources={"kafka": kafka, "state_store": state_store, "pyspark": pyspark},
+        resources={"kafka": kafka, "state_store": state_store, "spark": pyspark},
     )
 
     [materialization] = result.asset_materializations_for_node(job_name(app, "snapshots"))

@@ -1,20 +1,27 @@
-"""The snapshot job on a real Spark standalone cluster: `dagster-stateful spark start --workers 2`
-starts a master and two workers (executors in their own JVMs, Python workers of their own), the
-`python -m dagster_stateful.spark snapshot` entry point runs the job against it, and the snapshot
-holds exactly what the same job builds on the test session's `local[2]`; `stop` leaves nothing."""
+"""The Spark jobs on a real Spark standalone cluster: `dagster-stateful spark start --workers 2`
+starts a master and two workers (executors in their own JVMs, Python workers of their own); the
+Dagster snapshot asset and Spark restore launch `python -m dagster_stateful.spark` against it
+through Dagster Pipes, with snapshots under a URI, so the executors' SST files reach the restoring
+worker through the snapshot location rather than a shared mount. The snapshot holds exactly what
+the same job builds on the test session's `local[2]`, the restored store equals the worker's, and
+`stop` leaves nothing."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from core_helpers import make_orders, orders_topic, totals_app
+from core_helpers import make_orders, orders_topic, store_content, totals_app
+from dagster import DagsterInstance, materialize
 
+from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.naming import job_name, snapshot_key
+from dagster_stateful.pipes import SparkPipesResource
+from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.spark.snapshots import snapshot_changelog
 
 pytestmark = pytest.mark.spark
@@ -46,7 +53,7 @@ def spark_processes(home: Path) -> list[int]:
     return pids
 
 
-def test_the_snapshot_job_on_a_standalone_cluster_equals_the_local_one(spark, kafka_bootstrap, unique_name, tmp_path):
+def test_the_spark_jobs_on_a_standalone_cluster_through_pipes(spark, kafka_bootstrap, unique_name, tmp_path):
     source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, make_orders(3_000, 400))
     app = totals_app(kafka_bootstrap, source, tmp_path / "state", unique_name("cluster"), commit_every=97)
     assert app.run_worker(max_seconds=120).stop_reason == "caught_up"
@@ -57,6 +64,8 @@ def test_the_snapshot_job_on_a_standalone_cluster_equals_the_local_one(spark, ka
         spark, kafka, {"kafka.bootstrap.servers": kafka_bootstrap}, app.consumer_group, source, topic, local
     )
     home = tmp_path / "spark"
+    # A URI: the executors upload their SST files and the restoring worker downloads them, sharing no mount.
+    snapshot_root = f"file://{tmp_path / 'cluster'}"
 
     started = cli("spark", "start", "--workers", "2", "--home", str(home))
     try:
@@ -64,37 +73,41 @@ def test_the_snapshot_job_on_a_standalone_cluster_equals_the_local_one(spark, ka
         master = started.stdout.strip()
         assert master.startswith("spark://127.0.0.1:")
         assert cli("spark", "status", "--home", str(home)).stdout.startswith(f"running: {master} (2 of 2 workers")
-        submitted = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dagster_stateful.spark",
-                "snapshot",
-                f"--master={master}",
-                f"--bootstrap={kafka_bootstrap}",
-                f"--app={app.name}",
-                "--store=totals",
-                f"--group={app.consumer_group}",
-                f"--source={source}",
-                f"--changelog-topic={topic}",
-                f"--snapshot-root={tmp_path / 'cluster'}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
+        kafka_resource = KafkaResource(bootstrap_servers=kafka_bootstrap)
+        state_store = StateStoreResource(state_dir=str(tmp_path / "restored"), snapshot_root=snapshot_root)
+        resources = {
+            "kafka": kafka_resource,
+            "state_store": state_store,
+            "spark": SparkPipesResource(master=master, cores=2),
+        }
+        defs = build_stateful_definitions(app, PARTITIONS, kafka_resource, state_store)
+        snapshot = materialize([defs.get_assets_def(snapshot_key(app, "totals"))], resources=resources)
+        restore = defs.resolve_job_def(job_name(app, "spark_restore")).execute_in_process(
+            instance=DagsterInstance.ephemeral(),
+            resources=resources,
+            run_config={
+                "ops": {job_name(app, "spark_restore_op"): {"config": {"partitions": [0, 1, 2], "method": "spark"}}}
+            },
         )
-        assert submitted.returncode == 0, submitted.stderr[-3000:]
-        manifest = json.loads(submitted.stdout.strip().splitlines()[-1])
         executors = list((home / "worker-0").glob("app-*")) + list((home / "worker-1").glob("app-*"))
-        assert executors, "the job ran in the cluster's workers"
+        assert len(executors) >= 2, "both jobs ran in the cluster's workers"
     finally:
         stopped = cli("spark", "stop", "--home", str(home))
     assert stopped.returncode == 0
     assert cli("spark", "status", "--home", str(home)).returncode == 3
     assert not spark_processes(home), "no Spark process outlives stop"
 
-    on_cluster = SnapshotStore(str(tmp_path / "cluster"), app.name, "totals")
-    assert {int(p): o for p, o in manifest["end_offsets"].items()} == on_local.manifest.end_offsets
-    assert rows(on_cluster, manifest["snapshot_id"]) == rows(local, on_local.manifest.snapshot_id)
-    assert sum(manifest["key_counts"].values()) == 400
+    [materialized] = snapshot.asset_materializations_for_node(job_name(app, "snapshots"))
+    snapshot_id = str(materialized.metadata["snapshot_id"].value)
+    on_cluster = SnapshotStore(snapshot_root, app.name, "totals")
+    latest = on_cluster.latest()
+    assert latest is not None and latest.end_offsets == on_local.manifest.end_offsets
+    assert rows(on_cluster, snapshot_id) == rows(local, on_local.manifest.snapshot_id)
+    assert materialized.metadata["keys"].value == 400
+
+    assert restore.success
+    restored = restore.asset_materializations_for_node(job_name(app, "spark_restore_op"))
+    assert {m.metadata["restore_path"].value for m in restored} == {"spark"}
+    here = state_store.bind(app, kafka_resource)
+    assert store_content(here, "totals", PARTITIONS) == store_content(app, "totals", PARTITIONS)
+    assert not list((tmp_path / "cluster").rglob("*.sst")), "staged SST files are deleted after the restore"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +23,14 @@ from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath, RestorePlan, plan_restore
 from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files, load_snapshot_partition
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.sst_staging import SstStaging, WrittenFiles
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import ConfigurationError, StateLockedError
 
-SstWriter = Callable[[SnapshotStore, SnapshotManifest, list[int], str], dict[int, tuple[list[str], int]]]
-"""(snapshots, manifest, partitions, output_dir) -> partition -> (SST files, keys); see spark.bulk_restore."""
+SstWriter = Callable[[SnapshotStore, SnapshotManifest, list[int], str], WrittenFiles]
+"""(snapshots, manifest, partitions, staging location) -> partition -> (staged SST files, keys); see
+spark.bulk_restore and `SstStaging`."""
 
 
 @dataclass
@@ -101,7 +104,8 @@ def _restore_store(
     manifest = snapshots.latest() if snapshots else None
     opened: dict[int, StorePartition] = {}
     results = []
-    spark_files: dict[int, tuple[list[str], int]] = {}
+    spark_files: WrittenFiles = {}
+    cleanups: list[Callable[[], None]] = []
     try:
         for partition in partitions:
             part = state.partition(store, partition)
@@ -128,7 +132,7 @@ def _restore_store(
             p: _plan(p, part, marks[p], manifest, request.method, request.spark_cores) for p, part in opened.items()
         }
         spark_partitions = [p for p, plan in plans.items() if plan.path is RestorePath.SPARK]
-        spark_files = _spark_files(snapshots, manifest, spark_partitions, request.sst_writer)
+        spark_files = _spark_files(snapshots, manifest, spark_partitions, request.sst_writer, cleanups)
         for partition, part in opened.items():
             result = PartitionRestore(store, partition, plans[partition])
             if result.plan.path is RestorePath.SNAPSHOT:
@@ -150,8 +154,8 @@ def _restore_store(
     finally:
         for part in opened.values():
             part.close()
-        for directory in {str(Path(f).parent) for files, _ in spark_files.values() for f in files}:
-            shutil.rmtree(directory, ignore_errors=True)  # what ingest did not move: failed task attempts
+        for cleanup in cleanups:
+            cleanup()  # what ingest did not move: failed task attempts, unused downloads
     return results
 
 
@@ -190,13 +194,15 @@ def _spark_files(
     manifest: SnapshotManifest | None,
     partitions: list[int],
     sst_writer: SstWriter | None,
-) -> dict[int, tuple[list[str], int]]:
+    cleanups: list[Callable[[], None]],
+) -> WrittenFiles:
+    """Have the writer stage the partitions' SST files under the snapshot, then fetch them here."""
     if not partitions:
         return {}
     assert snapshots is not None and manifest is not None and sst_writer is not None
-    output_dir = tempfile.mkdtemp(prefix="sst-")
-    try:
-        return sst_writer(snapshots, manifest, partitions, output_dir)
-    except BaseException:
-        shutil.rmtree(output_dir, ignore_errors=True)
-        raise
+    staging = SstStaging(snapshots.staging_location(manifest.snapshot_id, uuid.uuid4().hex))
+    cleanups.append(staging.remove)
+    written = sst_writer(snapshots, manifest, partitions, staging.location)
+    scratch = Path(tempfile.mkdtemp(prefix="sst-fetched-"))
+    cleanups.append(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    return staging.fetch(written, scratch)

@@ -66,7 +66,7 @@ class SnapshotStore:
         self.root = (root if "://" in root else os.path.abspath(root)).rstrip("/")
         self.app = app
         self.store = store
-        self._fs, self._base = _filesystem(f"{self.root}/{app}/{store}")
+        self._fs, self._base = filesystem(f"{self.root}/{app}/{store}")
 
     @property
     def location(self) -> str:
@@ -78,6 +78,11 @@ class SnapshotStore:
 
     def snapshot_location(self, snapshot_id: str) -> str:
         return f"{self.location}/{snapshot_id}"
+
+    def staging_location(self, snapshot_id: str, run: str) -> str:
+        """Where one bulk restore from `snapshot_id` stages its SST files: inside the snapshot, in a
+        directory Spark's readers skip (a leading `_`), pruned with the snapshot."""
+        return f"{self.snapshot_location(snapshot_id)}/_sst/{run}"
 
     def manifests(self) -> list[SnapshotManifest]:
         """Finished snapshots, oldest first."""
@@ -150,7 +155,8 @@ class SnapshotStore:
         )
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem of a path or URI, and the path within it."""
     if "://" not in location:
         return pafs.LocalFileSystem(), str(location)
     if location.startswith("s3a://"):
