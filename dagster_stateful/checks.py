@@ -1,7 +1,8 @@
 """Asset checks for what goes wrong with stateful apps in production.
 
 Owns the checks on each changelog asset (partition count equals the source's; cleanup policy is
-the store's: compact, or compact,delete for a window store; no local stored offset beyond the
+the store's: compact, or compact,delete for a window store; both judged by the app's provisioning
+plan, the verdict the provision job and workers act on; no local stored offset beyond the
 changelog's end, the sign of a recreated changelog; the group's committed source offset not below
 the source's low watermark, the sign of data lost to retention), on each state-store asset (local
 state not too far behind its changelog; up-to-date partitions equal a changelog replay, by digest)
@@ -21,7 +22,7 @@ from dagster import (
 )
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.kafka.provisioning import cleanup_policies
+from dagster_stateful.core.kafka.provisioning import TopicAspect, TopicCheck, TopicStatus
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
@@ -80,17 +81,19 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator, auto
         automation_condition=automation,
     )
     def partition_parity(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        clients = state_store.bind(app, kafka).kafka
-        found, expected = clients.partition_count(topic), clients.partition_count(app.source)
-        if found is None:
+        check = _planned(state_store.bind(app, kafka), topic)
+        if check.status is TopicStatus.MISSING:
             return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
+        if check.spec.partitions is None:
+            return AssetCheckResult(passed=False, description=f"source topic {app.source} does not exist.")
+        problem = check.mismatches.get(TopicAspect.PARTITIONS)
         return AssetCheckResult(
-            passed=found == expected,
-            metadata={"changelog_partitions": found, "source_partitions": expected or 0},
-            description=None
-            if found == expected
-            else f"{topic} has {found} partitions, {app.source} has {expected}: "
-            f"recreate the changelog with {expected}.",
+            passed=problem is None,
+            metadata={
+                "changelog_partitions": check.found_partitions or 0,
+                "source_partitions": check.spec.partitions or 0,
+            },
+            description=problem,
         )
 
     @asset_check(
@@ -100,18 +103,17 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator, auto
         automation_condition=automation,
     )
     def cleanup_policy(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        clients = state_store.bind(app, kafka).kafka
-        if clients.partition_count(topic) is None:
+        check = _planned(state_store.bind(app, kafka), topic)
+        if check.status is TopicStatus.MISSING:
             return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
-        policy = clients.topic_config(topic).get("cleanup.policy", "delete")
-        wanted = app.changelog_topic_config(store).get("cleanup.policy", "compact")
-        passed = cleanup_policies(policy) == cleanup_policies(wanted)
+        problem = check.mismatches.get(TopicAspect.CLEANUP_POLICY)
         return AssetCheckResult(
-            passed=passed,
-            metadata={"cleanup.policy": policy, "expected": wanted},
-            description=None
-            if passed
-            else f"{topic} has cleanup.policy={policy}; set it to {wanted} or state will be lost.",
+            passed=problem is None,
+            metadata={
+                "cleanup.policy": check.found_config.get("cleanup.policy", "delete"),
+                "expected": check.spec.config.get("cleanup.policy", "compact"),
+            },
+            description=problem,
         )
 
     @asset_check(
@@ -159,6 +161,11 @@ def _changelog_checks(app: App, store: str, translator: StatefulTranslator, auto
         )
 
     return [partition_parity, cleanup_policy, stored_offsets, committed_retained]
+
+
+def _planned(bound: App, topic: str) -> TopicCheck:
+    """The provisioning plan's verdict on `topic`: the checks judge a changelog as provisioning does."""
+    return bound.provisioning_plan().check(topic)
 
 
 def _state_freshness_check(

@@ -60,14 +60,29 @@ class TopicSpec:
         return self.role is TopicRole.CHANGELOG
 
 
+class TopicAspect(StrEnum):
+    """What of a topic can fail to match what the app needs."""
+
+    EXISTS = "exists"
+    PARTITIONS = "partitions"
+    CLEANUP_POLICY = "cleanup.policy"
+
+
 @dataclass
 class TopicCheck:
     spec: TopicSpec
     status: TopicStatus
     found_partitions: int | None = None
     found_replication: int | None = None
-    problems: list[str] = field(default_factory=list)
+    found_config: dict[str, str] = field(default_factory=dict)
+    """The topic's settings, read for changelogs."""
+    mismatches: dict[TopicAspect, str] = field(default_factory=dict)
+    """What does not match, each with what to do about it."""
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        return list(self.mismatches.values())
 
 
 @dataclass
@@ -176,7 +191,7 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> 
     if layout is None:
         check = TopicCheck(spec, TopicStatus.MISSING)
         if not spec.managed:
-            check.problems.append(
+            check.mismatches[TopicAspect.EXISTS] = (
                 f"source topic {spec.name} does not exist; create it (or fix the app's `source`) before running the app"
             )
         return check
@@ -186,14 +201,15 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> 
     _check_replication(spec, layout.replication_factor, check)
     found_partitions = layout.partitions
     if spec.needs_source_partitions and spec.partitions is not None and found_partitions != spec.partitions:
-        check.problems.append(
+        check.mismatches[TopicAspect.PARTITIONS] = (
             f"{spec.role.value} topic {spec.name} has {found_partitions} partitions but the source topic has "
             f"{spec.partitions}; state partition N must map to source partition N. Delete and recreate "
             f"{spec.name} with {spec.partitions} partitions (state is then restored from scratch), or "
             "repartition the source to match."
         )
     if spec.role is TopicRole.CHANGELOG:
-        _check_changelog_config(spec, kafka.topic_config(spec.name), check)
+        check.found_config = kafka.topic_config(spec.name)
+        _check_changelog_config(spec, check.found_config, check)
     if check.problems:
         check.status = TopicStatus.MISMATCH
     return check
@@ -210,7 +226,7 @@ def _check_replication(spec: TopicSpec, found: int, check: TopicCheck) -> None:
 def _check_changelog_config(spec: TopicSpec, found: dict[str, str], check: TopicCheck) -> None:
     policy, wanted_policy = found.get("cleanup.policy", "delete"), spec.config.get("cleanup.policy", "compact")
     if cleanup_policies(policy) != cleanup_policies(wanted_policy):
-        check.problems.append(
+        check.mismatches[TopicAspect.CLEANUP_POLICY] = (
             f"changelog topic {spec.name} has cleanup.policy={policy}, expected {wanted_policy}: "
             + (
                 "with deletion by retention, state older than the retention would be lost on restore"
