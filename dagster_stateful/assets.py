@@ -28,7 +28,15 @@ from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicRole
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, snapshot_metadata, topic_metadata, worker_metadata
-from dagster_stateful.naming import changelog_key, group_name, job_name, snapshot_key, source_key, store_key
+from dagster_stateful.naming import (
+    changelog_key,
+    group_name,
+    job_name,
+    snapshot_key,
+    source_key,
+    store_key,
+    worker_pool,
+)
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
@@ -128,6 +136,7 @@ def store_assets(app: App, source_partitions: int, translator: StatefulTranslato
         can_subset=False,
         partitions_def=partitions_def,
         backfill_policy=BackfillPolicy.single_run(),
+        pool=worker_pool(app),
     )
     def stores(
         context: AssetExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource

@@ -28,7 +28,7 @@ from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
-from dagster_stateful.naming import changelog_key, job_name, store_key
+from dagster_stateful.naming import changelog_key, job_name, store_key, worker_pool
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_rows, state_sample
@@ -108,7 +108,7 @@ def _pool_job(app: App, translator: StatefulTranslator, pool_size: int):
 def _worker_op(app: App, translator: StatefulTranslator, member: int | None):
     name = job_name(app, "run_worker_op" if member is None else f"run_worker_member_{member}_op")
 
-    @op(name=name)
+    @op(name=name, pool=worker_pool(app, member))
     def run_worker_op(
         context: OpExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
     ) -> None:

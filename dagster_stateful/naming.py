@@ -2,7 +2,8 @@
 
 Owns the functions every module of the Dagster layer names things with: asset keys and groups,
 as the app's `translator.StatefulTranslator` says (the default one unless given), and job,
-schedule and sensor names (`<app>__<purpose>`, the app's name folded to what Dagster allows).
+schedule and sensor names (`<app>__<purpose>`, the app's name folded to what Dagster allows), and
+the concurrency pools of worker identities.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "source_key",
     "store_key",
     "topic_key",
+    "worker_pool",
 ]
 
 
@@ -51,3 +53,9 @@ def group_name(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) ->
 def job_name(app: App, purpose: str) -> str:
     """e.g. `order_totals__worker`, `order_totals__restore`."""
     return f"{python_name(app)}__{purpose}"
+
+
+def worker_pool(app: App, member: int | None = None) -> str:
+    """The Dagster concurrency pool of one worker identity, `<app>__worker` or, for member i of a
+    worker pool, `<app>__worker_member_<i>`: with a pool limit of 1, no two runs hold one identity."""
+    return job_name(app, "worker" if member is None else f"worker_member_{member}")

@@ -1,13 +1,16 @@
 """A worker pool job that Dagster can rebuild in each of its step processes (`reconstructable`),
 for tests/dagster/test_pool_job.py: the app and its resources come from environment variables the
-test sets before it launches the run."""
+test sets before it launches the run. Run as a script, it executes one run of the job with the run
+config given as JSON, on the instance of `DAGSTER_HOME`, and prints the run's id."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 
-from dagster import JobDefinition
+from dagster import DagsterInstance, JobDefinition, execute_job, reconstructable
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App, State
@@ -46,3 +49,12 @@ def pool_worker_job() -> JobDefinition:
         pool_size=MEMBERS,
     )
     return defs.resolve_job_def(job_name(app, "worker"))
+
+
+if __name__ == "__main__":
+    with (
+        DagsterInstance.get() as instance,
+        execute_job(reconstructable(pool_worker_job), instance, run_config=json.loads(sys.argv[1])) as result,
+    ):
+        sys.stdout.write(result.run_id + "\n")
+        sys.exit(0 if result.success else 1)
