@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -32,7 +33,6 @@ from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotS
 log = logging.getLogger(__name__)
 
 _OFFSET_BYTES = 8
-_LARGEST_OFFSET = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -83,28 +83,13 @@ def build_snapshot(
     previous = snapshots.latest()
     start_offsets = {p: (previous.end_offsets.get(p, 0) if previous else 0) for p in end_offsets}
     started = time.monotonic()
-    uncommitted = _first_uncommitted(
-        spark, kafka_options, changelog_topic, start_offsets, end_offsets, committed_offsets
-    )
-    cut_seconds = time.monotonic() - started
-    cut = {p: min(end, uncommitted.get(p, end)) for p, end in end_offsets.items()}
+    records = _changelog_records(spark, kafka_options, changelog_topic, start_offsets, end_offsets, committed_offsets)
+    try:
+        snapshot_id, cut, cut_seconds = _write_snapshot(spark, records, end_offsets, snapshots, previous)
+    finally:
+        if records is not None:
+            records.unpersist()
     cut_short = {p: end_offsets[p] for p in sorted(cut) if cut[p] < end_offsets[p]}
-    changes = _latest_changes(spark, kafka_options, changelog_topic, start_offsets, cut)
-    if previous is not None:
-        kept = spark.read.parquet(snapshots.snapshot_location(previous.snapshot_id)).select(
-            "partition", "key", "value", "offset"
-        )
-        rows = kept.join(changes.select("partition", "key"), ["partition", "key"], "left_anti").unionByName(changes)
-    else:
-        rows = changes
-    snapshot_id = snapshots.new_snapshot_id()
-    (
-        rows.where(F.col("value").isNotNull())
-        .repartition("partition")  # every row of a Kafka partition in one task: one sorted file per partition
-        .sortWithinPartitions("partition", "key")
-        .write.partitionBy("partition")
-        .parquet(snapshots.snapshot_location(snapshot_id))
-    )
     manifest = SnapshotManifest(
         app=snapshots.app,
         store=snapshots.store,
@@ -146,13 +131,71 @@ def build_snapshot(
     return manifest
 
 
+def _write_snapshot(
+    spark: SparkSession,
+    records: DataFrame | None,
+    end_offsets: dict[int, int],
+    snapshots: SnapshotStore,
+    previous: SnapshotManifest | None,
+) -> tuple[str, dict[int, int], float]:
+    """Write the new snapshot's Parquet; returns its id, its end offsets (the cut) and the seconds
+    finding the cut took."""
+    started = time.monotonic()
+    uncommitted = _first_uncommitted(records)
+    cut_seconds = time.monotonic() - started
+    cut = {p: min(end, uncommitted.get(p, end)) for p, end in end_offsets.items()}
+    changes = _latest_changes(spark, records, cut)
+    if previous is not None:
+        kept = spark.read.parquet(snapshots.snapshot_location(previous.snapshot_id)).select(
+            "partition", "key", "value", "offset"
+        )
+        rows = kept.join(changes.select("partition", "key"), ["partition", "key"], "left_anti").unionByName(changes)
+    else:
+        rows = changes
+    snapshot_id = snapshots.new_snapshot_id()
+    (
+        rows.where(F.col("value").isNotNull())
+        .repartition("partition")  # every row of a Kafka partition in one task: one sorted file per partition
+        .sortWithinPartitions("partition", "key")
+        .write.partitionBy("partition")
+        .parquet(snapshots.snapshot_location(snapshot_id))
+    )
+    return snapshot_id, cut, cut_seconds
+
+
+def _changelog_records(
+    spark: SparkSession,
+    kafka_options: dict[str, str],
+    topic: str,
+    start: dict[int, int],
+    end: dict[int, int],
+    committed: Mapping[int, int | None],
+) -> DataFrame | None:
+    """The records in [start, end), each marked `uncommitted` (see `_uncommitted`), read from Kafka
+    once and kept (memory, then disk) for the two passes over them; None when all ranges are empty."""
+    records = _kafka_records(spark, kafka_options, topic, start, end)
+    if records is None:
+        return None
+    partitions = [p for p in sorted(end) if end[p] > start[p]]
+    committed_by_partition = F.create_map(
+        *[column for p in partitions for column in (F.lit(p), _offset_bytes(committed.get(p)))]
+    )
+    marked = records.select(
+        F.col("partition").cast("int").alias("partition"),
+        "offset",
+        "key",
+        "value",
+        _uncommitted(F.col("headers"), committed_by_partition[F.col("partition")]).alias("uncommitted"),
+    )
+    return marked.persist(StorageLevel.MEMORY_AND_DISK)
+
+
 def _kafka_records(
     spark: SparkSession,
     kafka_options: dict[str, str],
     topic: str,
     start: dict[int, int],
     end: dict[int, int],
-    include_headers: bool = False,
 ) -> DataFrame | None:
     """The changelog records in the offset ranges [start, end) of Spark's Kafka source; None when all are empty."""
     partitions = [p for p in sorted(end) if end[p] > start[p]]
@@ -166,69 +209,49 @@ def _kafka_records(
         .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in partitions}}))
         .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in partitions}}))
         .option("failOnDataLoss", "false")  # compaction leaves gaps in the offsets
-        .option("includeHeaders", str(include_headers).lower())
+        .option("includeHeaders", "true")
         .option("kafka.isolation.level", "read_committed")  # aborted transactions of exactly-once apps
         .load()
     )
 
 
-def _first_uncommitted(
-    spark: SparkSession,
-    kafka_options: dict[str, str],
-    topic: str,
-    start: dict[int, int],
-    end: dict[int, int],
-    committed: Mapping[int, int | None],
-) -> dict[int, int]:
-    """Per partition with one: the offset of the first record in [start, end) of an uncommitted message.
-
-    One aggregation over the headers: a record is uncommitted when it has a processed offset and
-    its partition has no committed offset or one at or below it.
-    """
-    records = _kafka_records(spark, kafka_options, topic, start, end, include_headers=True)
+def _first_uncommitted(records: DataFrame | None) -> dict[int, int]:
+    """Per partition with one: the offset of its first record of an uncommitted message."""
     if records is None:
         return {}
-    partitions = [p for p in sorted(end) if end[p] > start[p]]
-    committed_by_partition = F.create_map(
-        *[column for p in partitions for column in (F.lit(p), F.lit(committed.get(p)).cast("long"))]
-    )
-    limit = committed_by_partition[F.col("partition")]
-    processed = _processed_offset(F.col("headers"))
-    first = (
-        records.select("partition", "offset", "headers")
-        .where(processed.isNotNull() & (limit.isNull() | (processed >= limit)))
-        .groupBy("partition")
-        .agg(F.min("offset").alias("first"))
-        .collect()
-    )
+    first = records.where("uncommitted").groupBy("partition").agg(F.min("offset").alias("first")).collect()
     return {int(row["partition"]): int(row["first"]) for row in first}
 
 
-def _processed_offset(headers: Column) -> Column:
-    """A record's processed source offset, read as `changelog.processed_offset` reads it.
+def _uncommitted(headers: Column, committed: Column) -> Column:
+    """True for a record of a message the group has not committed.
 
-    The value of the first `source_offset` header that has one, a big-endian signed integer
-    (sign-extended to 8 bytes); null without such a header. A value longer than 8 bytes (the
-    engine writes exactly 8) reads as the largest offset: it counts as uncommitted, so the snapshot
-    stops before it and the changelog replay decides.
+    Such a record's first `source_offset` header (as `changelog.processed_offset` reads it) holds
+    a processed offset at or past the committed one (`committed`: its 8 big-endian bytes; null
+    when the group never committed). The engine writes exactly 8 bytes of a non-negative offset,
+    so comparing the bytes compares the numbers, with no conversion per record; a value of any
+    other length, or a negative one, counts as uncommitted: the snapshot stops before it and the
+    changelog replay decides. A record without the header counts as committed.
     """
     named = F.filter(headers, lambda header: (header["key"] == SOURCE_OFFSET_HEADER) & header["value"].isNotNull())
     value = F.get(named, 0)["value"]
-    digits = F.hex(value)
-    sign = F.when(F.substring(digits, 1, 1) >= F.lit("8"), F.lit("F")).otherwise(F.lit("0"))
-    return F.when(F.length(value) > _OFFSET_BYTES, F.lit(_LARGEST_OFFSET)).otherwise(
-        F.conv(F.lpad(digits, 2 * _OFFSET_BYTES, sign), 16, -10).cast("long")
-    )
+    return value.isNotNull() & (committed.isNull() | (F.length(value) != _OFFSET_BYTES) | (value >= committed))
 
 
-def _latest_changes(
-    spark: SparkSession, kafka_options: dict[str, str], topic: str, start: dict[int, int], end: dict[int, int]
-) -> DataFrame:
-    """The last record per (partition, key) in the offset ranges; tombstones keep a null value."""
-    records = _kafka_records(spark, kafka_options, topic, start, end)
+def _offset_bytes(offset: int | None) -> Column:
+    if offset is None:
+        return F.lit(None).cast("binary")
+    return F.lit(bytearray(max(offset, 0).to_bytes(_OFFSET_BYTES, "big")))
+
+
+def _latest_changes(spark: SparkSession, records: DataFrame | None, end: dict[int, int]) -> DataFrame:
+    """The last record per (partition, key) before each partition's `end`; tombstones keep a null value."""
     if records is None:
         return spark.createDataFrame([], "partition int, key binary, value binary, offset long")
-    latest = records.groupBy("partition", "key").agg(F.max_by(F.struct("value", "offset"), "offset").alias("last"))
-    return latest.select(
-        F.col("partition").cast("int"), "key", F.col("last.value").alias("value"), F.col("last.offset").alias("offset")
+    ends = F.create_map(*[column for p, offset in sorted(end.items()) for column in (F.lit(p), F.lit(offset))])
+    latest = (
+        records.where(F.col("offset") < ends[F.col("partition")])
+        .groupBy("partition", "key")
+        .agg(F.max_by(F.struct("value", "offset"), "offset").alias("last"))
     )
+    return latest.select("partition", "key", F.col("last.value").alias("value"), F.col("last.offset").alias("offset"))
