@@ -104,8 +104,10 @@ def _session(arguments: argparse.Namespace) -> SparkSession:
         from dagster_stateful.spark.connector import spark_jars_conf
 
         builder = builder.config("spark.jars", spark_jars_conf())
-    builder = builder.config("spark.pyspark.python", sys.executable)  # unless --conf names the executors' Python
-    for key, value in map(_pair, arguments.conf):
+    settings = {"spark.pyspark.python": sys.executable, **dict(map(_pair, arguments.conf))}
+    # PySpark starts executors' Python workers with PYSPARK_PYTHON, not with the setting.
+    os.environ.setdefault("PYSPARK_PYTHON", settings["spark.pyspark.python"])
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

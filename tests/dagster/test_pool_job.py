@@ -1,8 +1,9 @@
 """The worker pool as Dagster runs it: one run of three member steps in parallel processes (the
 multiprocess executor), each a worker with its own static membership over one shared state
 directory: the group gives each member partitions of its own, and the totals are exact. Each
-member holds a Dagster concurrency pool of its own: with the pools limited to 1, two pool runs
-launched at once never run one member identity at the same time."""
+member holds a Dagster concurrency pool of its own: with the pools limited to 1, a second pool run
+launched meanwhile runs each member only once the first run's has finished (without the pools,
+Kafka fences one of the two)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 import pool_job
 import pytest
 from core_helpers import expected_totals, make_orders, orders_topic, totals_in_store
-from dagster import DagsterEventType, DagsterInstance, execute_job, reconstructable
+from dagster import DagsterEventType, DagsterInstance
+from kafka_helpers import wait_for
 
 from dagster_stateful.core import App
 from dagster_stateful.naming import job_name, worker_pool
@@ -42,60 +44,56 @@ def member_config(app: App, **limits: object) -> dict:
     return {"ops": {job_name(app, f"run_worker_member_{m}_op"): {"config": limits} for m in range(pool_job.MEMBERS)}}
 
 
-def test_a_pool_run_splits_the_partitions_between_its_member_steps(pool, kafka_bootstrap, tmp_path: Path):
-    run_config = member_config(pool, max_seconds=20, until_caught_up=False)  # long enough for all to join
-
-    (tmp_path / "dagster").mkdir()
-    with (
-        DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance,
-        execute_job(reconstructable(pool_job.pool_worker_job), instance, run_config=run_config) as result,
-    ):
-        assert result.success
-        materialized = [
-            (str(event.step_key), str(event.step_materialization_data.materialization.partition))
-            for event in result.all_events
-            if event.is_step_materialization
-        ]
-
-    owners: dict[str, set[str]] = {}
-    for step, partition in materialized:
-        owners.setdefault(partition, set()).add(step)
-    assert set(owners) == {str(p) for p in range(pool_job.PARTITIONS)}
-    steps = {step for step, _ in materialized}
-    assert len(steps) == pool_job.MEMBERS, "every member worked on partitions"
-    bound = pool.bind(kafka=kafka_bootstrap, state_dir=tmp_path / "state")
-    assert totals_in_store(bound, pool_job.PARTITIONS) == expected_totals(ORDERS)
-
-
-def test_two_pool_runs_at_once_never_run_one_member_identity_twice(pool, kafka_bootstrap, tmp_path: Path):
+def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member_identity(
+    pool, kafka_bootstrap, tmp_path: Path
+):
     home = tmp_path / "dagster-home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
     environment = {**os.environ, "DAGSTER_HOME": str(home)}
-    run_config = json.dumps(member_config(pool, max_seconds=60, until_caught_up=True))
-    with DagsterInstance.from_config(str(home)):
-        pass  # the instance's storage exists before two processes open it at once
+    with DagsterInstance.from_config(str(home)) as instance:  # its storage exists before two processes open it
+        first = launch(member_config(pool, max_seconds=12, until_caught_up=False), environment)  # all members join
+        first_run = wait_for(lambda: started_run(instance, pool_job.MEMBERS), timeout=120, what="the members start")
+        second = launch(member_config(pool, max_seconds=60, until_caught_up=True), environment)
+        outputs = [process.communicate(timeout=300)[0] for process in (first, second)]
+        assert [first.returncode, second.returncode] == [0, 0], outputs
+        second_run = next(run.run_id for run in instance.get_runs() if run.run_id != first_run)
+        spans = {run_id: step_spans(instance, run_id) for run_id in (first_run, second_run)}
+        blocked = blocked_steps(instance, second_run)
+        owners = partition_owners(instance, first_run)
 
-    launched = [
-        subprocess.Popen(
-            [sys.executable, "pool_job.py", run_config], env=environment, stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    outputs = [process.communicate(timeout=300)[0] for process in launched]
-
-    assert [process.returncode for process in launched] == [0, 0], outputs
-    run_ids = [output.strip().splitlines()[-1] for output in outputs]
-    with DagsterInstance.from_config(str(home)) as instance:
-        spans = {run_id: step_spans(instance, run_id) for run_id in run_ids}
-        blocked = blocked_steps(instance, run_ids)
     for member in range(pool_job.MEMBERS):
         step = job_name(pool, f"run_worker_member_{member}_op")
-        first, second = sorted(spans[run_id][step] for run_id in run_ids)
-        assert first[1] <= second[0], f"{step} ran in both runs at once ({worker_pool(pool, member)})"
-    assert blocked, "a step waited for its pool, so the two runs did overlap in time"
+        assert spans[first_run][step][1] <= spans[second_run][step][0], f"{worker_pool(pool, member)} held twice"
+    assert len(blocked) == pool_job.MEMBERS, "each member of the second run waited for its identity's pool"
+    assert set(owners) == {str(p) for p in range(pool_job.PARTITIONS)}
+    assert len({step for steps in owners.values() for step in steps}) == pool_job.MEMBERS, "every member worked"
     bound = pool.bind(kafka=kafka_bootstrap, state_dir=tmp_path / "state")
     assert totals_in_store(bound, pool_job.PARTITIONS) == expected_totals(ORDERS)
+
+
+def launch(run_config: dict, environment: dict[str, str]) -> subprocess.Popen[str]:
+    command = [sys.executable, "pool_job.py", json.dumps(run_config)]
+    return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True)
+
+
+def started_run(instance: DagsterInstance, members: int) -> str | None:
+    """The one run so far, once its `members` steps have all started."""
+    runs = instance.get_runs()
+    if len(runs) != 1:
+        return None
+    started = instance.all_logs(runs[0].run_id, of_type=DagsterEventType.STEP_START)
+    return runs[0].run_id if len(started) == members else None
+
+
+def partition_owners(instance: DagsterInstance, run_id: str) -> dict[str, set[str]]:
+    """Kafka partition -> the member steps of the run that materialized it."""
+    owners: dict[str, set[str]] = {}
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+        assert entry.dagster_event is not None
+        partition = str(entry.dagster_event.step_materialization_data.materialization.partition)
+        owners.setdefault(partition, set()).add(str(entry.step_key))
+    return owners
 
 
 def step_spans(instance: DagsterInstance, run_id: str) -> dict[str, tuple[float, float]]:
@@ -108,10 +106,9 @@ def step_spans(instance: DagsterInstance, run_id: str) -> dict[str, tuple[float,
     return {step: (started[step], ended[step]) for step in started}
 
 
-def blocked_steps(instance: DagsterInstance, run_ids: list[str]) -> list[str]:
-    return [
+def blocked_steps(instance: DagsterInstance, run_id: str) -> set[str]:
+    return {
         str(entry.step_key)
-        for run_id in run_ids
         for entry in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)
         if "blocked by limit for pool" in entry.message
-    ]
+    }

@@ -2,9 +2,9 @@
 starts a master and two workers (executors in their own JVMs, Python workers of their own); the
 Dagster snapshot asset and Spark restore launch `python -m dagster_stateful.spark` against it
 through Dagster Pipes, with snapshots under a URI, so the executors' SST files reach the restoring
-worker through the snapshot location rather than a shared mount. The snapshot holds exactly what
-the same job builds on the test session's `local[2]`, the restored store equals the worker's, and
-`stop` leaves nothing."""
+worker through the snapshot location rather than a shared mount. The snapshot holds exactly the
+worker's store (which other tests check against a changelog replay on `local[*]`), the store
+restored from it equals the worker's key for key, and `stop` leaves nothing."""
 
 from __future__ import annotations
 
@@ -13,16 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from core_helpers import make_orders, orders_topic, store_content, totals_app
+from core_helpers import make_orders, orders_topic, totals_app
 from dagster import DagsterInstance, materialize
 
 from dagster_stateful.builder import build_stateful_definitions
-from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core import App
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.pipes import SparkPipesResource
 from dagster_stateful.resources import KafkaResource, StateStoreResource
-from dagster_stateful.spark.snapshots import snapshot_changelog
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 3
@@ -53,16 +52,25 @@ def spark_processes(home: Path) -> list[int]:
     return pids
 
 
-def test_the_spark_jobs_on_a_standalone_cluster_through_pipes(spark, kafka_bootstrap, unique_name, tmp_path):
+def stored(app: App) -> dict[tuple[int, bytes], bytes]:
+    """(partition, raw key) -> raw value of every local partition of the store, as a snapshot holds them."""
+    found = {}
+    for partition in range(PARTITIONS):
+        part = app.state.partition("totals", partition)
+        part.open()
+        try:
+            found.update({(partition, key): value for key, value in part.items()})
+        finally:
+            part.close()
+    return found
+
+
+def test_the_spark_jobs_on_a_standalone_cluster_through_pipes(kafka_bootstrap, unique_name, tmp_path):
     source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, make_orders(3_000, 400))
     app = totals_app(kafka_bootstrap, source, tmp_path / "state", unique_name("cluster"), commit_every=97)
     assert app.run_worker(max_seconds=120).stop_reason == "caught_up"
-    topic = app.changelog_topic("totals")
-    kafka = KafkaClients({"bootstrap.servers": kafka_bootstrap})
-    local = SnapshotStore(str(tmp_path / "local"), app.name, "totals")
-    on_local = snapshot_changelog(
-        spark, kafka, {"kafka.bootstrap.servers": kafka_bootstrap}, app.consumer_group, source, topic, local
-    )
+    marks = app.kafka.watermarks(app.changelog_topic("totals"), range(PARTITIONS))
+    changelog_ends = {p: high for p, (_, high) in marks.items()}
     home = tmp_path / "spark"
     # A URI: the executors upload their SST files and the restoring worker downloads them, sharing no mount.
     snapshot_root = f"file://{tmp_path / 'cluster'}"
@@ -101,13 +109,13 @@ def test_the_spark_jobs_on_a_standalone_cluster_through_pipes(spark, kafka_boots
     snapshot_id = str(materialized.metadata["snapshot_id"].value)
     on_cluster = SnapshotStore(snapshot_root, app.name, "totals")
     latest = on_cluster.latest()
-    assert latest is not None and latest.end_offsets == on_local.manifest.end_offsets
-    assert rows(on_cluster, snapshot_id) == rows(local, on_local.manifest.snapshot_id)
+    assert latest is not None and latest.end_offsets == changelog_ends, "every record was committed"
+    assert rows(on_cluster, snapshot_id) == stored(app), "the snapshot holds the worker's store, key for key"
     assert materialized.metadata["keys"].value == 400
 
     assert restore.success
     restored = restore.asset_materializations_for_node(job_name(app, "spark_restore_op"))
     assert {m.metadata["restore_path"].value for m in restored} == {"spark"}
     here = state_store.bind(app, kafka_resource)
-    assert store_content(here, "totals", PARTITIONS) == store_content(app, "totals", PARTITIONS)
+    assert stored(here) == stored(app)
     assert not list((tmp_path / "cluster").rglob("*.sst")), "staged SST files are deleted after the restore"
