@@ -198,9 +198,7 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
         for store in app.stores:
             key = snapshot_key(app, store, translator)
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
-            manifest = spark.take_snapshot(
-                context.op_execution_context, kafka, app, store, snapshot_store, config.keep, key
-            )
+            manifest = spark.take_snapshot(context.op_execution_context, kafka, app, snapshot_store, config.keep, key)
             metadata = snapshot_metadata(manifest, snapshot_store.snapshot_location(manifest.snapshot_id))
             if metadata["partitions_cut_short"]:
                 context.log.info(

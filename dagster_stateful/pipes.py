@@ -54,7 +54,6 @@ class SparkPipesResource(SparkRunner):
         context: OpExecutionContext,
         kafka: KafkaResource,
         app: App,
-        store: str,
         snapshots: SnapshotStore,
         keep: int,
         asset_key: AssetKey,
@@ -65,7 +64,7 @@ class SparkPipesResource(SparkRunner):
             f"--bootstrap={kafka.bootstrap_servers}",
             f"--group={app.consumer_group}",
             f"--source={app.source}",
-            f"--changelog-topic={app.changelog_topic(store)}",
+            f"--changelog-topic={app.changelog_topic(snapshots.store)}",
             f"--keep={keep}",
             *options,
         ]
@@ -78,7 +77,7 @@ class SparkPipesResource(SparkRunner):
         found = {m.snapshot_id: m for m in snapshots.manifests()}
         if len(snapshot_ids) != 1 or snapshot_ids[0] not in found:
             raise RecoveryError(
-                f"the snapshot command for store {store!r} reported snapshots {snapshot_ids}, but "
+                f"the snapshot command for store {snapshots.store!r} reported snapshots {snapshot_ids}, but "
                 f"{snapshots.location} holds {sorted(found) or 'none'}: see the command's output in the run's logs"
             )
         return found[snapshot_ids[0]]

@@ -103,12 +103,11 @@ class SparkRunner(ConfigurableResource):
         context: OpExecutionContext,
         kafka: KafkaResource,
         app: App,
-        store: str,
         snapshots: SnapshotStore,
         keep: int,
         asset_key: AssetKey,
     ) -> SnapshotManifest:
-        """Fold `store`'s changelog into its next snapshot; returns the new snapshot's manifest."""
+        """Fold the changelog of the store `snapshots` holds into its next snapshot; returns its manifest."""
         raise NotImplementedError
 
     def sst_writer(self, context: OpExecutionContext) -> SstWriter:
@@ -155,7 +154,6 @@ class StatefulSparkResource(PySparkResource, SparkRunner):
         context: OpExecutionContext,
         kafka: KafkaResource,
         app: App,
-        store: str,
         snapshots: SnapshotStore,
         keep: int,
         asset_key: AssetKey,
@@ -168,7 +166,7 @@ class StatefulSparkResource(PySparkResource, SparkRunner):
             kafka.spark_kafka_options(),
             app.consumer_group,
             app.source,
-            app.changelog_topic(store),
+            app.changelog_topic(snapshots.store),
             snapshots,
             keep,
         ).manifest

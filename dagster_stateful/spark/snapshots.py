@@ -176,9 +176,8 @@ def _changelog_records(
     records = _kafka_records(spark, kafka_options, topic, start, end)
     if records is None:
         return None
-    partitions = [p for p in sorted(end) if end[p] > start[p]]
     committed_by_partition = F.create_map(
-        *[column for p in partitions for column in (F.lit(p), _offset_bytes(committed.get(p)))]
+        *[column for p in sorted(end) for column in (F.lit(p), _offset_bytes(committed.get(p)))]
     )
     marked = records.select(
         F.col("partition").cast("int").alias("partition"),
