@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
 """The worker producer's `delivery.timeout.ms` unless `producer_config` sets it (Kafka Streams'
 default): how long a record may wait for the brokers, through an outage, before it fails."""
+UNASSIGNED_PARTITION = -1
+"""librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
 FLUSH_MARGIN_SECONDS = 5.0
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
 _RETRIABLE_COMMIT_ERRORS = {
@@ -222,12 +224,11 @@ class Committer:
         exactly-once); a full producer queue is waited out, serving delivery reports."""
         if self.transactions is not None:
             self.transactions.begin()
+        target = UNASSIGNED_PARTITION if partition is None else partition
         while True:
             try:
-                if partition is None:
-                    self._producer.produce(topic, key=key, value=value, headers=headers)
-                else:
-                    self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
+                # Positional: confluent-kafka parses keyword arguments at about 1.5 µs per call.
+                self._producer.produce(topic, value, key, target, None, None, 0, headers)
                 return
             except BufferError:
                 self._producer.poll(0.1)
