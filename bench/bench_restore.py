@@ -2,13 +2,16 @@
 
 A changelog topic with --keys distinct keys (one record per key, in the engine's format: scoped
 key, JSON value, processed-offset header) over --partitions partitions is produced, then the
-store is rebuilt from scratch three ways, each into an empty state directory:
+Spark builds a snapshot of it (timed apart: it runs off the hot path, e.g. daily), then --tail
+records update keys after the snapshot, and the store is rebuilt from scratch three ways, each
+into an empty state directory:
 
 1. changelog replay: the core's batched replay (`Restorer`), one partition after another;
-2. local snapshot: Spark builds a snapshot first (timed apart: it runs off the hot path, e.g.
-   daily), then each partition is loaded from it with pyarrow + SST ingest (`load_snapshot_partition`);
-3. Spark bulk restore: Spark tasks write the SST files from the snapshot (`write_sst_files`), the
-   driver ingests them.
+2. local snapshot + tail: the partitions are loaded from the snapshot with pyarrow + SST ingest,
+   their SST files written by --load-processes processes at once (`load_snapshot_partitions`),
+   then the tail is replayed;
+3. Spark bulk restore + tail: Spark tasks write the SST files from the snapshot
+   (`write_sst_files`), the driver ingests them and replays the tail.
 
 Printed per path: records (keys) per second and the seconds until processing could resume (the
 store complete and at the changelog's end). Every path's result is checked by digest against
@@ -38,7 +41,8 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.recovery.changelog import Restorer, source_offset_header
-from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files, load_snapshot_partition
+from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
+from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.directory import StateDirectory
@@ -54,11 +58,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--tail", type=int, default=50_000, help="records written after the snapshot")
+    parser.add_argument("--load-processes", type=int, default=0, help="snapshot load processes (0: one per core)")
     parser.add_argument("--spark-master", default="local[*]")
     arguments = parser.parse_args()
     print_machine()
     print(
-        f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, spark {arguments.spark_master}, "
+        f"settings: {arguments.keys:,} keys, {arguments.partitions} partitions, {arguments.tail:,} tail records, "
+        f"snapshot load processes {arguments.load_processes or os.cpu_count()}, spark {arguments.spark_master}, "
         f"restore batch 10,000 records, restore consumer {RESTORE_CONSUMER_CONFIG}"
     )
     with bench_broker("bench-restore-") as (bootstrap, work):
@@ -100,22 +107,26 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
     started = time.monotonic()
     produce_changelog(bootstrap, topic, arguments.keys, arguments.partitions)
     print(f"changelog: {arguments.keys:,} records produced in {time.monotonic() - started:.1f} s (not measured)")
-    ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
+    snapshot_ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
 
-    replayed = restore_by_replay(kafka, topic, work / "replay", arguments.partitions)
     spark = start_spark(arguments.spark_master)
     snapshots = SnapshotStore(str(work / "snapshots"), APP, STORE)
     from dagster_stateful.spark.snapshots import build_snapshot
 
     started = time.monotonic()
-    committed = dict.fromkeys(ends, COMMITTED)  # the benchmark's changelog holds no uncommitted record
-    manifest = build_snapshot(spark, {"kafka.bootstrap.servers": bootstrap}, topic, ends, committed, snapshots)
-    assert manifest.end_offsets == ends, "a snapshot of a fully committed changelog reaches its end"
+    committed = dict.fromkeys(snapshot_ends, COMMITTED)  # the benchmark's changelog holds no uncommitted record
+    manifest = build_snapshot(spark, {"kafka.bootstrap.servers": bootstrap}, topic, snapshot_ends, committed, snapshots)
+    assert manifest.end_offsets == snapshot_ends, "a snapshot of a fully committed changelog reaches its end"
     print(
         f"snapshot (Spark, off the hot path): {sum(manifest.key_counts.values()):,} keys in "
         f"{time.monotonic() - started:.1f} s (finding the committed end: {manifest.extra['seconds_finding_cut']:.1f} s)"
     )
-    local = restore_from_snapshot(kafka, topic, work / "local", snapshots, manifest, ends)
+    produce_changelog(bootstrap, topic, arguments.tail, arguments.partitions, update=1)
+    print(f"tail: {arguments.tail:,} records written after the snapshot (updates of existing keys)")
+    ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
+
+    replayed = restore_by_replay(kafka, topic, work / "replay", arguments.partitions)
+    local = restore_from_snapshot(kafka, topic, work / "local", snapshots, manifest, ends, arguments.load_processes)
     bulk = restore_with_spark(spark, kafka, topic, work / "spark", snapshots, manifest, ends)
     for name, digests in (("local snapshot", local), ("spark bulk", bulk)):
         assert digests == replayed, f"{name} restore differs from the changelog replay"
@@ -123,7 +134,9 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
     spark.stop()
 
 
-def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int) -> None:
+def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int, update: int = 0) -> None:
+    """One record for each of the first `keys` keys; `update` > 0 writes new values for them, at
+    processed offsets past the earlier rounds'."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -140,9 +153,9 @@ def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int) ->
                 producer.produce(
                     topic,
                     key=key,
-                    value=orjson.dumps({"total": i % 9973}),
+                    value=orjson.dumps({"total": (i + update) % 9973}),
                     partition=i % partitions,
-                    headers=source_offset_header(i // partitions),
+                    headers=source_offset_header(update * (1 << 32) + i // partitions),
                 )
                 break
             except BufferError:
@@ -177,20 +190,25 @@ def restore_by_replay(kafka: KafkaClients, topic: str, state_dir: Path, partitio
     return digests_of(state_dir, topic, partitions)
 
 
-def restore_from_snapshot(kafka, topic, state_dir, snapshots, manifest, ends) -> dict[int, str]:
+def restore_from_snapshot(kafka, topic, state_dir, snapshots, manifest, ends, processes) -> dict[int, str]:
     consumer = kafka.consumer({"group.id": "bench-snapshot", **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(kafka, consumer, Listeners())
-    started, keys = time.monotonic(), 0
-    for partition in sorted(ends):
-        store = open_partition(state_dir, topic, partition)
-        keys += load_snapshot_partition(store, snapshots, manifest, ends[partition]).records_applied
-        restorer.restore(store, COMMITTED)  # the tail after the snapshot (empty here)
+    started = time.monotonic()
+    stores = {partition: open_partition(state_dir, topic, partition) for partition in sorted(ends)}
+    reports = load_snapshot_partitions(stores, snapshots, manifest, ends, processes or None)
+    loaded_at = time.monotonic()
+    keys = sum(report.records_applied for report in reports.values())
+    tail = 0
+    for store in stores.values():
+        report = restorer.restore(store, COMMITTED)
+        tail += report.records_applied if report else 0
         store.close()
     seconds = time.monotonic() - started
     consumer.close()
     print(
-        f"2. local snapshot: {keys:,} keys in {seconds:.1f} s = {keys / seconds:,.0f} keys/s; "
-        f"processing resumes after {seconds:.1f} s"
+        f"2. local snapshot ({processes or os.cpu_count()} processes) + tail: {keys:,} keys and {tail:,} tail "
+        f"records in {seconds:.1f} s = {keys / seconds:,.0f} keys/s (snapshot load {loaded_at - started:.1f} s, "
+        f"tail replay {seconds - (loaded_at - started):.1f} s); processing resumes after {seconds:.1f} s"
     )
     return digests_of(state_dir, topic, len(ends))
 
@@ -203,17 +221,21 @@ def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends
     written = write_sst_files(spark, snapshots, manifest, sorted(ends), output)
     written_at = time.monotonic()
     keys = 0
+    consumer = kafka.consumer({"group.id": "bench-spark", **RESTORE_CONSUMER_CONFIG})
+    restorer = Restorer(kafka, consumer, Listeners())
     for partition, (files, count) in written.items():
         store = open_partition(state_dir, topic, partition)
         ingest_sst_files(store, files, manifest.end_offsets[partition])
+        restorer.restore(store, COMMITTED)  # the tail after the snapshot
         store.close()
         keys += count
+    consumer.close()
     seconds = time.monotonic() - started
     shutil.rmtree(output, ignore_errors=True)
     print(
-        f"3. Spark bulk restore ({spark.sparkContext.defaultParallelism} cores): {keys:,} keys in {seconds:.1f} s "
-        f"= {keys / seconds:,.0f} keys/s (SST writing {written_at - started:.1f} s, ingest "
-        f"{seconds - (written_at - started):.1f} s); processing resumes after {seconds:.1f} s"
+        f"3. Spark bulk restore ({spark.sparkContext.defaultParallelism} cores) + tail: {keys:,} keys in "
+        f"{seconds:.1f} s = {keys / seconds:,.0f} keys/s (SST writing {written_at - started:.1f} s, ingest "
+        f"and tail {seconds - (written_at - started):.1f} s); processing resumes after {seconds:.1f} s"
     )
     return digests_of(state_dir, topic, len(ends))
 

@@ -42,6 +42,9 @@ class RestoreConfig(Config):
         default=True, description="Skip partitions a running worker holds (it restores them itself) instead of failing."
     )
     method: str = Field(default="auto", description="auto (the planner picks), changelog or snapshot.")
+    load_processes: int = Field(
+        default=0, description="Processes writing a local snapshot's files at once (0: one per core)."
+    )
 
 
 class QueryStateConfig(Config):
@@ -156,6 +159,7 @@ def restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
             skip_locked=config.skip_locked,
             snapshot_root=state_store.snapshot_root,
             method=config.method,
+            load_processes=config.load_processes or None,
         )
         _record_restores(context, app, bound, config.partitions, results, translator)
 

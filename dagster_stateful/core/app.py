@@ -319,11 +319,13 @@ class App:
         method: RestoreMethod | str = RestoreMethod.AUTO,
         spark_cores: int = 0,
         sst_writer: SstWriter | None = None,
+        load_processes: int | None = None,
     ) -> list[PartitionRestore]:
         """Bring chosen store partitions up to date outside a worker, by the planner's path (or `method`).
 
         from_scratch: delete local state first. skip_locked: report partitions a running worker holds
         as skipped instead of failing. sst_writer: Spark's SST writer, for the "spark" path.
+        load_processes: processes writing a local snapshot's SST files at once (None: one per core).
         """
         request = RestoreRequest(
             partitions=tuple(partitions),
@@ -334,6 +336,7 @@ class App:
             method=choice(RestoreMethod, method, "method"),
             spark_cores=spark_cores,
             sst_writer=sst_writer,
+            load_processes=load_processes,
         )
         with kafka_errors(f"restoring state of app {self.name!r}"):
             return restore_partitions(self.config, self.kafka, self.state, self.listeners, request)

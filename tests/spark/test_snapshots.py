@@ -17,7 +17,7 @@ from kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.recovery.changelog import source_offset_header
-from dagster_stateful.core.recovery.snapshot_load import load_snapshot_partition
+from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.keys import message_prefix
@@ -151,14 +151,17 @@ def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(spark, 
     profiles.run_worker(max_seconds=120)  # the changelog moves past the snapshot: a tail to replay
     restored = profiles.bind(state_dir=tmp_path / "restored")
 
-    for partition in range(PARTITIONS):
-        store = restored.state.partition("profiles", partition)
+    stores = {partition: restored.state.partition("profiles", partition) for partition in range(PARTITIONS)}
+    for store in stores.values():
         store.open()
-        try:
-            report = load_snapshot_partition(store, snapshots, manifest, changelog_ends(profiles)[partition])
+    try:  # two processes write the partitions' SST files
+        reports = load_snapshot_partitions(stores, snapshots, manifest, changelog_ends(profiles), processes=2)
+        for partition, store in stores.items():
+            report = reports[partition]
             assert report.kind == "snapshot" and report.records_applied == manifest.key_counts[partition]
             assert store.changelog_offset == manifest.end_offsets[partition]
-        finally:
+    finally:
+        for store in stores.values():
             store.close()
     report = restored.run_worker(max_seconds=120)  # ordinary recovery replays only the tail
 

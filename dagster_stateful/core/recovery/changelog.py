@@ -39,6 +39,7 @@ STALL_TIMEOUT = 60.0
 FULL_RESTORE_CHUNK_RECORDS = 500_000
 """Keys a full restore holds in memory before it ingests them (about 100 MB at 200 bytes a key)."""
 PROGRESS_LOG_INTERVAL = 10.0
+METADATA_TIMEOUT = 10.0
 
 
 def source_offset_header(offset: int) -> Headers:
@@ -286,6 +287,7 @@ class Restorer:
         self._listeners = listeners
         self._batch_size = batch_size
         self._chunk_records = chunk_records
+        self._known_topics: set[str] = set()
 
     def begin(self, store: StorePartition, committed_source_offset: int | None) -> ChangelogRestore | None:
         """The replay the (open) store partition needs; None when it is up to date (nothing to read)."""
@@ -311,6 +313,7 @@ class Restorer:
             if stored is None or store.source_offset != committed_source_offset:
                 store.finish_restore(high, committed_source_offset)
             return None
+        self._learn_topic(topic)
         return ChangelogRestore(
             self._consumer,
             self._listeners,
@@ -321,6 +324,18 @@ class Restorer:
             self._batch_size,
             self._chunk_records,
         )
+
+    def _learn_topic(self, topic: str) -> None:
+        """Have the consumer fetch the topic's metadata now: a partition of a topic it has no metadata
+        for is fetched only after its next periodic metadata refresh, up to a second later."""
+        if topic in self._known_topics:
+            return
+        try:
+            self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT)
+        except KafkaException as error:  # the first fetch then waits for the refresh, nothing worse
+            log.debug("Could not read the metadata of %s ahead of its restore: %s", topic, error)
+            return
+        self._known_topics.add(topic)
 
     def restore(self, store: StorePartition, committed_source_offset: int | None) -> RestoreReport | None:
         """Replay what the store lacks, to the end; None when it was already up to date."""

@@ -20,8 +20,9 @@ from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaCl
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath, RestorePlan, plan_restore
-from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files, load_snapshot_partition
+from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging, WrittenFiles
 from dagster_stateful.core.state.directory import StateDirectory
@@ -54,6 +55,8 @@ class RestoreRequest:
     method: RestoreMethod = RestoreMethod.AUTO
     spark_cores: int = 0
     sst_writer: SstWriter | None = None
+    load_processes: int | None = None
+    """Processes writing a local snapshot's SST files at once (None: one per core)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", choice(RestoreMethod, self.method, "restore method"))
@@ -133,11 +136,11 @@ def _restore_store(
         }
         spark_partitions = [p for p, plan in plans.items() if plan.path is RestorePath.SPARK]
         spark_files = _spark_files(snapshots, manifest, spark_partitions, request.sst_writer, cleanups)
+        loaded = _snapshot_loads(opened, plans, snapshots, manifest, marks, request.load_processes)
         for partition, part in opened.items():
             result = PartitionRestore(store, partition, plans[partition])
             if result.plan.path is RestorePath.SNAPSHOT:
-                assert snapshots is not None and manifest is not None
-                result.reports.append(load_snapshot_partition(part, snapshots, manifest, marks[partition][1]))
+                result.reports.append(loaded[partition])
             elif result.plan.path is RestorePath.SPARK:
                 assert manifest is not None
                 files, keys = spark_files[partition]
@@ -157,6 +160,23 @@ def _restore_store(
         for cleanup in cleanups:
             cleanup()  # what ingest did not move: failed task attempts, unused downloads
     return results
+
+
+def _snapshot_loads(
+    opened: dict[int, StorePartition],
+    plans: dict[int, RestorePlan],
+    snapshots: SnapshotStore | None,
+    manifest: SnapshotManifest | None,
+    marks: dict[int, tuple[int, int]],
+    processes: int | None,
+) -> dict[int, RestoreReport]:
+    """Load the partitions planned from the local snapshot, in parallel."""
+    chosen = {p: part for p, part in opened.items() if plans[p].path is RestorePath.SNAPSHOT}
+    if not chosen:
+        return {}
+    assert snapshots is not None and manifest is not None
+    highs = {p: marks[p][1] for p in chosen}
+    return load_snapshot_partitions(chosen, snapshots, manifest, highs, processes)
 
 
 def _plan(

@@ -14,14 +14,19 @@ import logging
 import shutil
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.planner import RestorePath, plan_restore
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
 from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
+
+BULK_LOAD_DIRECTORY = ".bulk-load"
+"""Where, inside a store partition's directory, its SST files are written before they are ingested."""
 
 
 def load_snapshot_partition(
@@ -29,12 +34,17 @@ def load_snapshot_partition(
 ) -> RestoreReport:
     """Replace the (open) store partition's state with the snapshot's; returns what was loaded."""
     partition = store.partition
-    end = _snapshot_end(store, manifest, changelog_high)
+    end = snapshot_end(store, manifest, changelog_high)
     started = time.monotonic()
-    _start_fresh(store)
-    scratch = store.path / ".bulk-load"
+    start_fresh(store)
+    scratch = store.path / BULK_LOAD_DIRECTORY
     try:
-        count = store.db.ingest_sorted(_pairs(snapshots.read_partition(manifest.snapshot_id, partition)), scratch)
+        if isinstance(store.db, PartitionDatabase):
+            files = write_snapshot_files(snapshots, manifest.snapshot_id, partition, scratch)
+            store.db.ingest_files([file.path for file in files])
+            count = sum(file.records for file in files)
+        else:
+            count = store.db.ingest_sorted(_pairs(snapshots.read_partition(manifest.snapshot_id, partition)), scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     store.finish_restore(end, None)
@@ -48,6 +58,14 @@ def load_snapshot_partition(
         seconds,
     )
     return RestoreReport(store.store, partition, RestoreKind.SNAPSHOT, 0, end, records_applied=count, seconds=seconds)
+
+
+def write_snapshot_files(snapshots: SnapshotStore, snapshot_id: str, partition: int, directory: Path) -> list[SstFile]:
+    """A partition of the snapshot as sorted SST files in `directory`, ready to ingest."""
+    writer = SortedSstWriter(directory, f"snapshot-{partition}")
+    for keys, values in snapshots.read_partition(snapshot_id, partition):
+        writer.put_many(keys, values)
+    return writer.finish()
 
 
 def load_snapshot_if_faster(
@@ -65,17 +83,20 @@ def load_snapshot_if_faster(
 
 def ingest_sst_files(store: StorePartition, files: Iterable[str], changelog_offset: int) -> None:
     """Replace the (open) store partition's state with SST files written elsewhere (files are moved)."""
-    _start_fresh(store)
+    start_fresh(store)
     store.db.ingest_files(list(files))
     store.finish_restore(changelog_offset, None)
 
 
-def _start_fresh(store: StorePartition) -> None:
+def start_fresh(store: StorePartition) -> None:
+    """Delete the (open) store partition's state and open it again, empty."""
     store.wipe()
     store.open()
 
 
-def _snapshot_end(store: StorePartition, manifest: SnapshotManifest, changelog_high: int) -> int:
+def snapshot_end(store: StorePartition, manifest: SnapshotManifest, changelog_high: int) -> int:
+    """The changelog offset the snapshot covers the partition up to; raises `RecoveryError` when it has
+    no such partition, or when it covers more than the changelog holds (the topic was recreated)."""
     end = manifest.end_offsets.get(store.partition)
     if end is None:
         raise RecoveryError(

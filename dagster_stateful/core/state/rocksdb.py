@@ -16,7 +16,8 @@ reading a key that is absent (every new key) skips the files that cannot hold it
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -408,6 +409,16 @@ class SortedSstWriter:
     def put(self, key: bytes, value: bytes) -> None:
         self._file()[key] = value
         self._current += 1
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """`put` of each (key, value) pair, with no Python loop per pair (a snapshot's batches)."""
+        start, total = 0, len(keys)
+        while start < total:
+            writer = self._file()
+            end = min(total, start + self._records_per_file - self._current)
+            deque(map(writer.__setitem__, keys[start:end], values[start:end]), maxlen=0)
+            self._current += end - start
+            start = end
 
     def delete(self, key: bytes) -> None:
         del self._file()[key]
