@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.recovery.snapshot_load import (
     BULK_LOAD_DIRECTORY,
+    ingest_snapshot_files,
     load_snapshot_partition,
     snapshot_end,
     start_fresh,
@@ -81,22 +82,10 @@ def _load_in_parallel(
     jobs = [SnapshotFilesJob(partition, store.path / BULK_LOAD_DIRECTORY) for partition, store in stores.items()]
     try:
         written = write_snapshot_files_parallel(snapshots, manifest.snapshot_id, jobs, processes)
-        reports = {}
-        for partition, store in stores.items():
-            files = written[partition]
-            store.db.ingest_files([file.path for file in files])
-            store.finish_restore(ends[partition], None)
-            keys = sum(file.records for file in files)
-            reports[partition] = RestoreReport(
-                store.store,
-                partition,
-                RestoreKind.SNAPSHOT,
-                0,
-                ends[partition],
-                records_applied=keys,
-                seconds=time.monotonic() - started,
-            )
-        return reports
+        return {
+            partition: ingest_snapshot_files(store, manifest, written[partition], ends[partition], started)
+            for partition, store in stores.items()
+        }
     finally:
         for job in jobs:
             shutil.rmtree(job.directory, ignore_errors=True)

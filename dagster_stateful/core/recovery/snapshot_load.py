@@ -41,23 +41,36 @@ def load_snapshot_partition(
     try:
         if isinstance(store.db, PartitionDatabase):
             files = write_snapshot_files(snapshots, manifest.snapshot_id, partition, scratch)
-            store.db.ingest_files([file.path for file in files])
-            count = sum(file.records for file in files)
-        else:
-            count = store.db.ingest_sorted(_pairs(snapshots.read_partition(manifest.snapshot_id, partition)), scratch)
+            return ingest_snapshot_files(store, manifest, files, end, started)
+        count = store.db.ingest_sorted(_pairs(snapshots.read_partition(manifest.snapshot_id, partition)), scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return _loaded(store, manifest, end, count, started)
+
+
+def ingest_snapshot_files(
+    store: StorePartition, manifest: SnapshotManifest, files: list[SstFile], end: int, started: float
+) -> RestoreReport:
+    """Ingest a snapshot partition's SST files into the (freshly emptied) store partition and record
+    the changelog offset `end` it reaches; `started`: when the load began (monotonic)."""
+    store.db.ingest_files([file.path for file in files])
+    return _loaded(store, manifest, end, sum(file.records for file in files), started)
+
+
+def _loaded(store: StorePartition, manifest: SnapshotManifest, end: int, count: int, started: float) -> RestoreReport:
     store.finish_restore(end, None)
     seconds = time.monotonic() - started
     log.info(
         "Loaded store %r partition %d from snapshot %s: %d keys in %.2f s",
         store.store,
-        partition,
+        store.partition,
         manifest.snapshot_id,
         count,
         seconds,
     )
-    return RestoreReport(store.store, partition, RestoreKind.SNAPSHOT, 0, end, records_applied=count, seconds=seconds)
+    return RestoreReport(
+        store.store, store.partition, RestoreKind.SNAPSHOT, 0, end, records_applied=count, seconds=seconds
+    )
 
 
 def write_snapshot_files(snapshots: SnapshotStore, snapshot_id: str, partition: int, directory: Path) -> list[SstFile]:
