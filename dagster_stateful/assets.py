@@ -12,6 +12,7 @@ next snapshot.
 from collections.abc import Iterator
 
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
     AssetSpec,
     BackfillPolicy,
@@ -24,6 +25,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from dagster_stateful.checks import freshness_check_spec, freshness_result
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicRole
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
@@ -66,13 +68,17 @@ def kafka_partitions(count: int) -> StaticPartitionsDefinition:
     return StaticPartitionsDefinition([str(p) for p in range(count)])
 
 
-def source_topic_spec(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetSpec:
+def source_topic_spec(readers: list[App], translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetSpec:
+    """The asset of a source topic that the apps `readers` read (one or more), in a group of its own."""
+    first = readers[0]
+    names = ", ".join(f"`{app.name}`" for app in readers)
+    apps = "apps" if len(readers) > 1 else "app"
     return AssetSpec(
-        source_key(app, translator),
-        group_name=group_name(app, translator),
+        source_key(first, translator),
+        group_name=translator.get_topic_group_name(first.source),
         kinds={"kafka"},
-        description=f"Kafka topic `{app.source}`: the input of app `{app.name}`, written by its producers.",
-        metadata={"topic": app.source, "consumer_group": app.consumer_group},
+        description=f"Kafka topic `{first.source}`, written by its producers; read by {apps} {names}.",
+        metadata={"topic": first.source, "consumer_groups": ", ".join(app.consumer_group for app in readers)},
     )
 
 
@@ -112,7 +118,14 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
     return changelogs
 
 
-def store_assets(app: App, source_partitions: int, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
+def store_assets(
+    app: App,
+    source_partitions: int,
+    translator: StatefulTranslator = DEFAULT_TRANSLATOR,
+    max_changelog_lag: int = 100_000,
+):
+    """The state stores of `app`, partitioned by Kafka partition; each materialization runs a bounded
+    worker and carries the stores' freshness check, evaluated after it."""
     partitions_def = kafka_partitions(source_partitions)
     specs = [
         AssetSpec(
@@ -123,6 +136,7 @@ def store_assets(app: App, source_partitions: int, translator: StatefulTranslato
             group_name=group_name(app, translator),
             kinds={"rocksdb" if app.store_profile(store)["kind"] == "rocksdb" else "python"},
             partitions_def=partitions_def,
+            skippable=True,
             description=f"State store `{store}` of app `{app.name}` ({app.store_profile(store)['kind']}), one "
             "database per Kafka partition. Materializing runs a bounded worker on the chosen partitions.",
             metadata={f"store_{name}": value for name, value in app.store_profile(store).items()},
@@ -133,6 +147,7 @@ def store_assets(app: App, source_partitions: int, translator: StatefulTranslato
     @multi_asset(
         name=job_name(app, "stores"),
         specs=specs,
+        check_specs=[freshness_check_spec(app, store, max_changelog_lag, translator) for store in app.stores],
         can_subset=False,
         partitions_def=partitions_def,
         backfill_policy=BackfillPolicy.single_run(),
@@ -140,7 +155,7 @@ def store_assets(app: App, source_partitions: int, translator: StatefulTranslato
     )
     def stores(
         context: AssetExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
-    ) -> Iterator[MaterializeResult]:
+    ) -> Iterator[MaterializeResult | AssetCheckResult]:
         bound = state_store.bind(app, kafka)
         chosen = sorted(int(key) for key in context.partition_keys)
         pinned = None if len(chosen) == source_partitions else chosen
@@ -151,16 +166,25 @@ def store_assets(app: App, source_partitions: int, translator: StatefulTranslato
         )
         bound.add_restore_listener(RestoreProgressLog(context.log))
         report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up, pinned)
-        descriptions = bound.describe_partitions(chosen)
-        for store in app.stores:
-            yield MaterializeResult(
-                asset_key=store_key(app, store, translator),
-                metadata={
-                    **worker_metadata(report),
-                    **partitions_metadata(d for d in descriptions if d.store == store),
-                    "state_sample": MetadataValue.json(state_sample(bound, store, chosen)),
-                },
+        changed = bool(report.total_processed or report.restores or report.committed_offsets)
+        if not changed:
+            context.log.info(
+                "Nothing to do: no message to process and no state to restore on %s; no materialization is recorded",
+                f"partitions {chosen}" if pinned else "any partition",
             )
+        descriptions = bound.describe_partitions(chosen) if changed else []
+        for store in app.stores:
+            key = store_key(app, store, translator)
+            if changed:
+                yield MaterializeResult(
+                    asset_key=key,
+                    metadata={
+                        **worker_metadata(report),
+                        **partitions_metadata(d for d in descriptions if d.store == store),
+                        "state_sample": MetadataValue.json(state_sample(bound, store, chosen)),
+                    },
+                )
+            yield freshness_result(bound, store, max_changelog_lag, key)
 
     return stores
 

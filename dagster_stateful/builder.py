@@ -29,6 +29,7 @@ from dagster import (
 from dagster_stateful.assets import changelog_assets, snapshot_assets, source_topic_spec, store_assets
 from dagster_stateful.checks import checks_sensor, stateful_checks
 from dagster_stateful.core.app import App
+from dagster_stateful.core.monitoring.lag import partition_lag
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.jobs import (
     clear_state_job,
@@ -82,12 +83,12 @@ def build_stateful_definitions(
     schedule_status = DefaultScheduleStatus.RUNNING if automation_running else DefaultScheduleStatus.STOPPED
     sensor_status = DefaultSensorStatus.RUNNING if automation_running else DefaultSensorStatus.STOPPED
     parts = _Parts(translator, pool_size)
-    sources: dict[str, App] = {}
+    readers: dict[str, list[App]] = {}
     for app in apps:
-        sources.setdefault(app.source, app)
+        readers.setdefault(app.source, []).append(app)
         partitions = _partitions_of(app, source_partitions)
-        parts.add_app(app, partitions, worker_every_minutes, schedule_status, compaction_cron)
-        checks = stateful_checks(app, max_changelog_lag, max_snapshot_age_hours, translator, check_cron)
+        parts.add_app(app, partitions, worker_every_minutes, schedule_status, compaction_cron, max_changelog_lag)
+        checks = stateful_checks(app, max_snapshot_age_hours, translator, check_cron)
         parts.checks += checks
         if check_cron is not None:
             parts.sensors.append(checks_sensor(app, checks, sensor_status))
@@ -96,7 +97,7 @@ def build_stateful_definitions(
             rebalance_sensor(app, restore_threshold, default_status=sensor_status, translator=translator),
         ]
     return Definitions(
-        assets=[source_topic_spec(app, translator) for app in sources.values()] + parts.assets,
+        assets=[source_topic_spec(apps_of_topic, translator) for apps_of_topic in readers.values()] + parts.assets,
         asset_checks=parts.checks,
         jobs=parts.jobs,
         schedules=parts.schedules,
@@ -138,10 +139,11 @@ class _Parts:
         worker_every_minutes: int | None,
         status: DefaultScheduleStatus,
         compaction_cron: str,
+        max_changelog_lag: int,
     ) -> None:
         translator = self.translator
-        worker = worker_job(app, translator, self.pool_size)
-        self.assets.append(store_assets(app, partitions, translator))
+        worker = worker_job(app, translator, self.pool_size, max_changelog_lag)
+        self.assets.append(store_assets(app, partitions, translator, max_changelog_lag))
         self.jobs += [worker, restore_job(app, translator), query_state_job(app), clear_state_job(app)]
         if worker_every_minutes:
             self.schedules.append(worker_schedule(app, worker, worker_every_minutes, status))
@@ -172,14 +174,25 @@ def worker_schedule(app: App, worker, every_minutes: int, status: DefaultSchedul
         cron_schedule=f"*/{every_minutes} * * * *",
         default_status=status,
         description=f"A bounded worker of `{app.name}` every {every_minutes} minutes (skipped while the "
-        "source topic does not exist yet, or while a worker run is still in progress).",
+        "source topic does not exist yet, while the consumer group has no lag, or while a worker run is still "
+        "in progress).",
     )
     def run_worker_on_schedule(context: ScheduleEvaluationContext, kafka: KafkaResource):
-        if kafka.clients().partition_count(app.source) is None:
+        clients = kafka.clients()
+        partitions = clients.partition_count(app.source)
+        if partitions is None:
             return SkipReason(f"source topic {app.source} does not exist yet: nothing to process")
+        committed = clients.committed_offsets(app.consumer_group, app.source, range(partitions))
+        marks = clients.watermarks(app.source, range(partitions))
+        lag = sum(partition_lag(committed.get(p), *marks[p]) for p in range(partitions))
+        if lag == 0:
+            return SkipReason(
+                f"no lag: group {app.consumer_group} has processed every message of {app.source} "
+                f"({partitions} partitions); nothing to do"
+            )
         running = context.instance.get_runs(RunsFilter(job_name=worker.name, statuses=IN_PROGRESS), limit=1)
         if running:
             return SkipReason(f"worker run {running[0].run_id} is still in progress")
-        return RunRequest(run_key=None)
+        return RunRequest(run_key=None, tags={"dagster-stateful/lag": str(lag)})
 
     return run_worker_on_schedule

@@ -4,15 +4,21 @@ Owns the checks on each changelog asset (partition count equals the source's; cl
 the store's: compact, or compact,delete for a window store; both judged by the app's provisioning
 plan, the verdict the provision job and workers act on; no local stored offset beyond the
 changelog's end, the sign of a recreated changelog; the group's committed source offset not below
-the source's low watermark, the sign of data lost to retention), on each state-store asset (local
-state not too far behind its changelog; up-to-date partitions equal a changelog replay, by digest)
-and on each snapshot asset (not too old). Each result says what it found, where, and what to do.
+the source's low watermark, the sign of data lost to retention; up-to-date local partitions equal
+a changelog replay, by digest), on each snapshot asset (not too old) and on each state-store asset
+(local state not too far behind its changelog: evaluated by the store's own materialization, so
+every worker run carries its result). Each result says what it found, where, and what to do.
 With a cron, an automation-condition sensor (`checks_sensor`) evaluates them on that schedule.
 """
 
+from typing import Any
+
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
     AssetSelection,
     AutomationCondition,
     AutomationConditionSensorDefinition,
@@ -31,17 +37,19 @@ from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 Condition = AutomationCondition | None
+FRESHNESS_CHECK = "local_state_fresh"
 
 
 def stateful_checks(
     app: App,
-    max_changelog_lag: int = 100_000,
     max_snapshot_age_hours: float = 48.0,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
     check_cron: str | None = None,
 ) -> list:
-    """The checks of every store of `app`; with `check_cron`, each is evaluated on that schedule by a
-    Dagster automation-condition sensor (see `checks_sensor`), so it never stays "Not evaluated"."""
+    """The checks of the changelogs and snapshots of every store of `app`; with `check_cron`, each is
+    evaluated on that schedule by a Dagster automation-condition sensor (see `checks_sensor`), so
+    it never stays "Not evaluated". The store's own check is part of the store asset
+    (`freshness_check_spec`)."""
     automation = _automation(check_cron)
     checks = []
     for store in app.stores:
@@ -49,7 +57,6 @@ def stateful_checks(
             checks += _changelog_checks(app, store, translator, automation)
             checks.append(_replay_verification_check(app, store, translator, automation))
             checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours, translator, automation))
-        checks.append(_state_freshness_check(app, store, max_changelog_lag, translator, automation))
     return checks
 
 
@@ -168,41 +175,57 @@ def _planned(bound: App, topic: str) -> TopicCheck:
     return bound.provisioning_plan().check(topic)
 
 
-def _state_freshness_check(
-    app: App, store: str, max_changelog_lag: int, translator: StatefulTranslator, automation: Condition
-):
-    @asset_check(
+def freshness_check_spec(
+    app: App, store: str, max_changelog_lag: int, translator: StatefulTranslator = DEFAULT_TRANSLATOR
+) -> AssetCheckSpec:
+    """The store's own check, evaluated by every materialization of the store (`freshness_result`), so
+    the store's page always shows the status of its latest materialization."""
+    return AssetCheckSpec(
+        FRESHNESS_CHECK,
         asset=store_key(app, store, translator),
-        name="local_state_fresh",
-        description=f"Local state is at most {max_changelog_lag} changelog records behind.",
-        automation_condition=automation,
+        description=f"Local state is at most {max_changelog_lag} changelog records behind (every partition on "
+        "this machine, evaluated by each worker run).",
     )
-    def local_state_fresh(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        bound = state_store.bind(app, kafka)
-        behind = {
-            d.partition: d.changelog_lag
-            for d in bound.describe_partitions(stores=[store])
-            if d.changelog_lag > max_changelog_lag
-        }
-        return AssetCheckResult(
-            passed=not behind,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"partitions_behind": len(behind), "max_changelog_lag": max_changelog_lag},
-            description=None
-            if not behind
-            else f"partitions {sorted(behind)} are behind their changelog by {behind} records: run the restore job for "
-            "them (the rebalance sensor requests it).",
-        )
 
-    return local_state_fresh
+
+def freshness_result(bound: App, store: str, max_changelog_lag: int, key: AssetKey) -> AssetCheckResult:
+    """The freshness check's verdict on the local partitions of `store`, for the store asset `key`."""
+    return AssetCheckResult(asset_key=key, check_name=FRESHNESS_CHECK, **_freshness(bound, store, max_changelog_lag))
+
+
+def freshness_evaluation(bound: App, store: str, max_changelog_lag: int, key: AssetKey) -> AssetCheckEvaluation:
+    """`freshness_result` as an event an op logs (the worker job's, which materializes the store too)."""
+    return AssetCheckEvaluation(
+        asset_key=key, check_name=FRESHNESS_CHECK, **_freshness(bound, store, max_changelog_lag)
+    )
+
+
+def _freshness(bound: App, store: str, max_changelog_lag: int) -> dict[str, Any]:
+    lags = {d.partition: d.changelog_lag for d in bound.describe_partitions(stores=[store])}
+    behind = {partition: lag for partition, lag in lags.items() if lag > max_changelog_lag}
+    return {
+        "passed": not behind,
+        "severity": AssetCheckSeverity.WARN,
+        "metadata": {
+            "partitions_behind": len(behind),
+            "largest_changelog_lag": max(lags.values(), default=0),
+            "changelog_lag_limit": max_changelog_lag,
+        },
+        "description": None
+        if not behind
+        else f"partitions {sorted(behind)} are behind their changelog by {behind} records: run the restore job for "
+        "them (the rebalance sensor requests it).",
+    }
 
 
 def _replay_verification_check(app: App, store: str, translator: StatefulTranslator, automation: Condition):
+    # On the changelog, not the store: it runs on its own schedule, and a check of the store not
+    # evaluated by the store's own materialization would show "not evaluated" after every worker run.
     @asset_check(
-        asset=store_key(app, store, translator),
+        asset=changelog_key(app, store, translator),
         name="matches_changelog_replay",
-        description="Each local partition that is up to date (a bulk restore, say) has the same content as "
-        "the store a replay of the changelog gives (SHA-256 digests).",
+        description=f"Each local partition of store `{store}` that is up to date (a bulk restore, say) has the same "
+        "content as the store a replay of this changelog gives (SHA-256 digests).",
         automation_condition=automation,
     )
     def matches_changelog_replay(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:

@@ -23,6 +23,7 @@ from dagster import (
 from pydantic import Field
 
 from dagster_stateful.assets import WorkerConfig
+from dagster_stateful.checks import freshness_evaluation
 from dagster_stateful.core.app import App
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.recovery.restore import PartitionRestore
@@ -71,14 +72,17 @@ def provision_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR)
     )
 
 
-def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR, pool_size: int = 1):
+def worker_job(
+    app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR, pool_size: int = 1, max_changelog_lag: int = 100_000
+):
     """One bounded worker, or with `pool_size` > 1 a pool of them in one run: one op per member,
-    run in parallel processes, each with its member's identity (`App.pool_member`)."""
+    run in parallel processes, each with its member's identity (`App.pool_member`). Each run
+    records what it changed in the stores, with their freshness check (`max_changelog_lag`)."""
     if pool_size < 1:
         raise ConfigurationError(f"a worker pool has at least one member, got pool_size={pool_size}")
     if pool_size > 1:
-        return _pool_job(app, translator, pool_size)
-    run_worker_op = _worker_op(app, translator, None)
+        return _pool_job(app, translator, pool_size, max_changelog_lag)
+    run_worker_op = _worker_op(app, translator, None, max_changelog_lag)
 
     @job(
         name=job_name(app, "worker"),
@@ -91,8 +95,8 @@ def worker_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR, po
     return worker
 
 
-def _pool_job(app: App, translator: StatefulTranslator, pool_size: int):
-    member_ops = [_worker_op(app, translator, index) for index in range(pool_size)]
+def _pool_job(app: App, translator: StatefulTranslator, pool_size: int, max_changelog_lag: int):
+    member_ops = [_worker_op(app, translator, index, max_changelog_lag) for index in range(pool_size)]
 
     @job(
         name=job_name(app, "worker"),
@@ -108,7 +112,7 @@ def _pool_job(app: App, translator: StatefulTranslator, pool_size: int):
     return worker_pool
 
 
-def _worker_op(app: App, translator: StatefulTranslator, member: int | None):
+def _worker_op(app: App, translator: StatefulTranslator, member: int | None, max_changelog_lag: int):
     name = job_name(app, "run_worker_op" if member is None else f"run_worker_member_{member}_op")
 
     @op(name=name, pool=worker_pool(app, member))
@@ -121,15 +125,26 @@ def _worker_op(app: App, translator: StatefulTranslator, member: int | None):
             context.log.info(f"Pool member {member}: static membership id {bound.config.group_instance_id}")
         bound.add_restore_listener(RestoreProgressLog(context.log))
         report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
-        _record_worker_run(context, app, bound, report, translator)
+        _record_worker_run(context, app, bound, report, translator, max_changelog_lag)
 
     return run_worker_op
 
 
 def _record_worker_run(
-    context: OpExecutionContext, app: App, bound: App, report: WorkerReport, translator: StatefulTranslator
+    context: OpExecutionContext,
+    app: App,
+    bound: App,
+    report: WorkerReport,
+    translator: StatefulTranslator,
+    max_changelog_lag: int,
 ) -> None:
-    touched = sorted(set(report.messages_processed) | {r.partition for r in report.restores} | set(report.lag))
+    """A materialization per store partition the run changed (it processed messages or restored state
+    there): a partition the run had nothing to do for records none."""
+    processed = {p for p, count in report.messages_processed.items() if count}
+    touched = sorted(processed | {r.partition for r in report.restores})
+    if not touched:
+        context.log.info("Nothing to do: no message to process and no state to restore; no materialization recorded")
+        return
     for description in bound.describe_partitions(touched):
         context.log_event(
             AssetMaterialization(
@@ -143,6 +158,8 @@ def _record_worker_run(
                 },
             )
         )
+    for store in app.stores:
+        context.log_event(freshness_evaluation(bound, store, max_changelog_lag, store_key(app, store, translator)))
     context.add_output_metadata(worker_metadata(report))
 
 

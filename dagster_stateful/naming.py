@@ -21,13 +21,8 @@ __all__ = [
     "snapshot_key",
     "source_key",
     "store_key",
-    "topic_key",
     "worker_pool",
 ]
-
-
-def topic_key(topic: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
-    return translator.get_topic_key(topic)
 
 
 def source_key(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:

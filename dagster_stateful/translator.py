@@ -2,10 +2,11 @@
 
 Owns `StatefulTranslator`, in the pattern of dagster-dbt's `DagsterDbtTranslator` and
 dagster-sling's: `build_stateful_definitions(..., translator=...)` asks it for every asset key and
-group, so a subclass can put the assets where a deployment wants them. By default topics are
-`kafka/topics/<topic>`, stores `state/<app>/<store>_store` and snapshots
-`snapshots/<app>/<store>_snapshot` (so a store and its snapshot tell apart at a glance in the asset
-graph, which shows the last part of a key), all in one group per app.
+group, so a subclass can put the assets where a deployment wants them. By default a source topic
+is `kafka/<topic>` in the group `kafka` (several apps may read it: it belongs to none of them), and
+an app's own assets are `<app>/<store>_changelog`, `<app>/<store>_store` and
+`<app>/<store>_snapshot` in one group per app: short enough for the catalog's width, and told apart
+at a glance in the asset graph, which shows the last part of a key.
 """
 
 from __future__ import annotations
@@ -28,20 +29,24 @@ class StatefulTranslator:
     """Asset keys and groups of a stateful app's definitions; override any method."""
 
     def get_topic_key(self, topic: str) -> AssetKey:
-        """A Kafka topic's asset (the source topic and the changelogs)."""
-        return AssetKey(["kafka", "topics", topic])
+        """A source topic's asset (every app reading the topic shares it)."""
+        return AssetKey(["kafka", topic])
+
+    def get_topic_group_name(self, topic: str) -> str:
+        """The group of a source topic's asset."""
+        return "kafka"
 
     def get_source_key(self, app: App) -> AssetKey:
         return self.get_topic_key(app.source)
 
     def get_changelog_key(self, app: App, store: str) -> AssetKey:
-        return self.get_topic_key(app.changelog_topic(store))
+        return AssetKey([python_name(app), f"{store}_changelog"])
 
     def get_store_key(self, app: App, store: str) -> AssetKey:
-        return AssetKey(["state", app.name, f"{store}_store"])
+        return AssetKey([python_name(app), f"{store}_store"])
 
     def get_snapshot_key(self, app: App, store: str) -> AssetKey:
-        return AssetKey(["snapshots", app.name, f"{store}_snapshot"])
+        return AssetKey([python_name(app), f"{store}_snapshot"])
 
     def get_group_name(self, app: App) -> str:
         return python_name(app)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+from kafka_helpers import produce
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.checks import stateful_checks
@@ -14,6 +15,7 @@ from dagster_stateful.naming import changelog_key, job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 
 PARTITIONS = 3
+CHECK_EVALUATION = "ASSET_CHECK_EVALUATION"
 
 
 @pytest.fixture
@@ -79,6 +81,12 @@ def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
     sample = metadata["state_sample"].value
     assert isinstance(sample, list) and len(sample) == 5, "a sample of the store's state"
     assert all(row["value"] == expected_totals(orders)[row["key"]] and row["state_key"] == "total" for row in sample)
+    idle = materialize(
+        [asset_def(defs, store_key(app, "totals"))],
+        resources=resources,
+        tags={"dagster/asset_partition_range_start": "0", "dagster/asset_partition_range_end": str(PARTITIONS - 1)},
+    )
+    assert idle.success and idle.asset_materializations_for_node(job_name(app, "stores")) == [], "nothing to do"
 
 
 def test_one_partition_of_the_state_store_can_be_materialized_alone(deployment):
@@ -104,8 +112,16 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
     assert result.success
     events = [e.event_specific_data.materialization for e in result.all_events if e.is_step_materialization]
     assert sorted(m.partition for m in events) == [str(p) for p in range(PARTITIONS)]
+    idle = defs.resolve_job_def(job_name(app, "worker")).execute_in_process(
+        instance=instance, run_config={"ops": {job_name(app, "run_worker_op"): {"config": {"max_seconds": 120}}}}
+    )
+    assert idle.success and not [e for e in idle.all_events if e.is_step_materialization], "nothing to do: no record"
     assert sum(m.metadata["messages_processed"].value for m in events) == len(orders)
     assert all(m.metadata["changelog_lag"].value == 0 for m in events)
+    [fresh] = [
+        e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    ]
+    assert fresh.check_name == "local_state_fresh" and fresh.passed, "the run carries the store's check"
     samples = [row for m in events for row in m.metadata["state_sample"].value]
     assert {row["partition"] for row in samples} == set(range(PARTITIONS)), "each partition's own sample"
     assert all(row["value"] == expected_totals(orders)[row["key"]] for row in samples)
@@ -120,6 +136,7 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
         "cleanup_policy_compact": True,
         "stored_offsets_within_changelog": True,
         "committed_offsets_retained": True,
+        "matches_changelog_replay": True,
     }
 
 
@@ -185,7 +202,7 @@ def test_query_state_job_shows_a_keys_state_or_every_keys(deployment):
 def test_changelog_checks_fail_with_what_to_do(deployment):
     _defs, app, bound, resources, _orders = deployment
     bound.kafka.create_topic(app.changelog_topic("totals"), PARTITIONS + 1, 1, {"cleanup.policy": "delete"})
-    checks = {c.check_key.name: c for c in stateful_checks(app, max_changelog_lag=0)}
+    checks = {c.check_key.name: c for c in stateful_checks(app)}
 
     parity = _evaluate(checks["partition_parity"], resources)
     policy = _evaluate(checks["cleanup_policy_compact"], resources)
@@ -194,17 +211,25 @@ def test_changelog_checks_fail_with_what_to_do(deployment):
     assert not policy.passed and "cleanup.policy=delete" in policy.description
 
 
-def test_freshness_check_flags_local_state_behind_its_changelog(deployment):
+def test_each_store_materialization_carries_its_freshness_check_which_flags_partitions_behind(deployment):
     _defs, app, bound, resources, _orders = deployment
     elsewhere = bound.bind(state_dir=bound.state_dir.parent / "elsewhere")
     bound.run_worker(max_messages=30, max_seconds=120)
     elsewhere.run_worker(max_seconds=120)  # moves the changelog on without this machine's copies
-    [fresh] = [c for c in stateful_checks(app, max_changelog_lag=0) if c.check_key.name == "local_state_fresh"]
+    defs = build_stateful_definitions(
+        app, PARTITIONS, resources["kafka"], resources["state_store"], max_changelog_lag=0
+    )
 
-    result = _evaluate(fresh, resources)
+    run = materialize([asset_def(defs, store_key(app, "totals"))], resources=resources, partition_key="1")
 
-    assert not result.passed and "behind their changelog" in result.description
-    assert result.metadata["partitions_behind"].value > 0
+    assert [m.partition for m in run.asset_materializations_for_node(job_name(app, "stores"))] == ["1"]
+    [result] = run.get_asset_check_evaluations()
+    assert result.check_name == "local_state_fresh" and result.asset_key == store_key(app, "totals")
+    assert not result.passed and "partitions [0, 2] are behind their changelog" in (result.description or "")
+    assert result.metadata["partitions_behind"].value == 2, "partition 1 was restored by the run"
+    largest = max(d.changelog_lag for d in bound.describe_partitions(stores=["totals"]))
+    assert result.metadata["largest_changelog_lag"].value == largest > 0, "what was measured"
+    assert result.metadata["changelog_lag_limit"].value == 0, "the limit, apart from what was measured"
 
 
 def _evaluate(check, resources):
@@ -232,8 +257,13 @@ def test_worker_schedule_waits_for_the_source_topic_and_for_the_run_in_progress(
 
     bound_app = app.bind(kafka=kafka.clients())
     bound_app.kafka.create_topic(app.source, 2, 1, {})
+    idle = evaluate()
+    assert isinstance(idle, SkipReason) and "no lag" in str(idle.skip_message), "an empty topic: nothing to do"
+
+    produce(kafka_bootstrap, app.source, make_orders(3, customers=3))
     requested = evaluate()
-    assert isinstance(requested, RunRequest), "once the topic exists, the schedule runs the worker"
+    assert isinstance(requested, RunRequest), "once the topic holds messages, the schedule runs the worker"
+    assert requested.tags["dagster-stateful/lag"] == "3"
 
     worker = defs.resolve_job_def(job_name(app, "worker"))
     instance.create_run_for_job(worker, status=DagsterRunStatus.STARTED)
@@ -280,16 +310,18 @@ def test_store_assets_say_what_each_store_is_and_apps_share_their_source(tmp_pat
         "store_window_retention_ms": 65_000,
     }
     assert defs.resolve_job_def(job_name(totals, "query_state")) is not None
-    assert (
-        len(
-            [
-                key
-                for key in defs.resolve_asset_graph().get_all_asset_keys()
-                if key == AssetKey(["kafka", "topics", "orders"])
-            ]
-        )
-        == 1
-    )
+    graph = defs.resolve_asset_graph()
+    assert [key for key in graph.get_all_asset_keys() if key == AssetKey(["kafka", "orders"])] == [
+        AssetKey(["kafka", "orders"])
+    ], "one asset for the topic both apps read"
+    source = graph.get(AssetKey(["kafka", "orders"]))
+    assert source.group_name == "kafka", "a shared topic sits in a group of its own, not in either app's"
+    assert "`counts`" in (source.description or "") and "`totals`" in (source.description or "")
+    groups = {graph.get(key).group_name for key in graph.get_all_asset_keys() if key != source.key}
+    assert groups == {"counts", "totals"}
+    for key in graph.get_all_asset_keys():  # no lineage from one app's assets to the other's
+        parents = {graph.get(parent).group_name for parent in graph.get(key).parent_keys}
+        assert parents <= {graph.get(key).group_name, "kafka"}, f"{key.to_user_string()} depends on {parents}"
 
 
 def test_a_translator_chooses_the_keys_and_groups_and_every_definition_follows(tmp_path):
@@ -312,11 +344,10 @@ def test_a_translator_chooses_the_keys_and_groups_and_every_definition_follows(t
 
     keys = defs.resolve_asset_graph().get_all_asset_keys()
     assert AssetKey(["streaming", "totals", "totals"]) in keys
-    assert AssetKey(["snapshots", "totals", "totals_snapshot"]) in keys, "the default for what is not overridden"
-    assert not any(key.path[0] == "state" for key in keys)
-    checked = {key.asset_key for check in stateful_checks(app, translator=Warehouse()) for key in check.check_keys}
-    assert AssetKey(["streaming", "totals", "totals"]) in checked
+    assert AssetKey(["totals", "totals_snapshot"]) in keys, "the default for what is not overridden"
+    assert AssetKey(["totals", "totals_store"]) not in keys
     store = defs.get_assets_def(AssetKey(["streaming", "totals", "totals"]))
+    assert {key.asset_key for key in store.check_keys} == {AssetKey(["streaming", "totals", "totals"])}
     assert store.group_names_by_key[AssetKey(["streaming", "totals", "totals"])] == "streaming"
 
 
@@ -342,6 +373,6 @@ def test_the_checks_are_requested_at_each_tick_of_their_schedule(tmp_path):
 
     requested = {result.key.name for result in ticked.results if result.true_subset.size}
     every_check = {key.name for check in stateful_checks(app) for key in check.check_keys}
-    assert requested == every_check and len(every_check) == 7
+    assert requested == every_check and len(every_check) == 6
     assert first.total_requested == 0 and quiet.total_requested == 0, "once per tick"
     assert defs.resolve_sensor_def(job_name(app, "checks_sensor")) is not None
