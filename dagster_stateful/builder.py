@@ -41,7 +41,7 @@ from dagster_stateful.jobs import (
 )
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
-from dagster_stateful.sensors import lag_sensor, rebalance_sensor
+from dagster_stateful.sensors import lag_sensor, rebalance_sensor, snapshot_sensor
 from dagster_stateful.sensors.lag import IN_PROGRESS
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
@@ -96,6 +96,8 @@ def build_stateful_definitions(
             lag_sensor(app, lag_threshold, default_status=sensor_status, translator=translator),
             rebalance_sensor(app, restore_threshold, default_status=sensor_status, translator=translator),
         ]
+        if app.config.use_changelog_topics:
+            parts.sensors.append(snapshot_sensor(app, max_snapshot_age_hours, default_status=sensor_status))
     return Definitions(
         assets=[source_topic_spec(apps_of_topic, translator) for apps_of_topic in readers.values()] + parts.assets,
         asset_checks=parts.checks,

@@ -143,3 +143,45 @@ def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deploymen
         e.event_specific_data.materialization.description for e in restored.all_events if e.is_step_materialization
     ]
     assert all(d["changelog_lag"] == 0 for d in after), f"the local copies are fresh again: {after} {kinds}"
+
+
+def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_is_too_old(deployment, tmp_path):
+    import time
+
+    from dagster import DagsterRunStatus, RunRequest
+
+    from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+
+    _defs, app, bound, resources = deployment
+    state_store = StateStoreResource(state_dir=str(tmp_path / "here"), snapshot_root=str(tmp_path / "snapshots"))
+    resources = {**resources, "state_store": state_store}
+    defs = build_stateful_definitions(app, PARTITIONS, resources["kafka"], state_store, max_snapshot_age_hours=1)
+    instance = DagsterInstance.ephemeral()
+    name = job_name(app, "snapshot_sensor")
+    bound.provision()
+
+    empty, _ = tick(defs, name, resources, instance)
+    assert isinstance(empty, SkipReason) and "changelogs are empty" in str(empty.skip_message)
+
+    bound.run_worker(max_seconds=120)
+    first, _ = tick(defs, name, resources, instance)
+    assert isinstance(first, RunRequest) and first.run_key == "snapshot-totals:none", "no snapshot yet: one now"
+
+    compaction = defs.resolve_job_def(job_name(app, "compaction"))
+    instance.create_run_for_job(compaction, status=DagsterRunStatus.STARTED)
+    busy, _ = tick(defs, name, resources, instance)
+    assert isinstance(busy, SkipReason) and "still in progress" in str(busy.skip_message)
+
+    snapshots = SnapshotStore(str(tmp_path / "snapshots"), app.name, "totals")
+
+    def publish(snapshot_id: str, created_at: float) -> None:
+        (tmp_path / "snapshots" / app.name / "totals" / snapshot_id).mkdir(parents=True)
+        topic = app.changelog_topic("totals")
+        snapshots.write_manifest(SnapshotManifest(app.name, "totals", topic, snapshot_id, created_at, {}, {}))
+
+    publish("snapshot-1", time.time() - 7200)
+    stale, _ = tick(defs, name, resources, DagsterInstance.ephemeral())
+    assert isinstance(stale, RunRequest) and stale.run_key == "snapshot-totals:snapshot-1", "older than an hour"
+    publish("snapshot-2", time.time())
+    fresh, _ = tick(defs, name, resources, DagsterInstance.ephemeral())
+    assert isinstance(fresh, SkipReason) and "younger than 1 h" in str(fresh.skip_message)
