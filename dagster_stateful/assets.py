@@ -10,16 +10,20 @@ next snapshot.
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
+    AssetKey,
+    AssetMaterialization,
     AssetSpec,
     BackfillPolicy,
     Config,
     Failure,
     MaterializeResult,
     MetadataValue,
+    OpExecutionContext,
     StaticPartitionsDefinition,
     multi_asset,
 )
@@ -27,7 +31,7 @@ from pydantic import Field
 
 from dagster_stateful.checks import freshness_check_spec, freshness_result
 from dagster_stateful.core.app import App
-from dagster_stateful.core.kafka.provisioning import TopicRole
+from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, snapshot_metadata, topic_metadata, worker_metadata
 from dagster_stateful.naming import (
@@ -102,20 +106,42 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
         bound = state_store.bind(app, kafka)
         plan = bound.provision()
         context.log.info("Provisioning plan for %s:\n%s", app.name, plan.describe())
-        for check in plan.checks:
-            if check.spec.role is not TopicRole.CHANGELOG:
-                continue
-            topic, partitions = check.spec.name, check.found_partitions or 0
-            config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
-            store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
-            yield MaterializeResult(
-                asset_key=changelog_key(app, store, translator),
-                metadata=topic_metadata(
-                    partitions, config, bound.kafka.watermarks(topic, range(partitions)), check.status.value
-                ),
-            )
+        for key, metadata in changelog_states(app, bound, plan, translator):
+            yield MaterializeResult(asset_key=key, metadata=metadata)
 
     return changelogs
+
+
+def changelog_states(
+    app: App, bound: App, plan: ProvisioningPlan, translator: StatefulTranslator
+) -> Iterator[tuple[AssetKey, dict[str, Any]]]:
+    """Per changelog of `app`: its asset key and what provisioning found or did (status, partitions,
+    settings, offsets)."""
+    for check in plan.checks:
+        if check.spec.role is not TopicRole.CHANGELOG:
+            continue
+        topic, partitions = check.spec.name, check.found_partitions or 0
+        config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
+        store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
+        marks = bound.kafka.watermarks(topic, range(partitions))
+        yield changelog_key(app, store, translator), topic_metadata(partitions, config, marks, check.status.value)
+
+
+def first_changelog_records(
+    context: OpExecutionContext | AssetExecutionContext, app: App, bound: App, translator: StatefulTranslator
+) -> None:
+    """After a worker run: a materialization of each changelog the instance has none of yet. Workers
+    create their changelogs themselves, so without this a changelog a worker writes would show
+    "never materialized" until someone ran the provision job."""
+    if not app.config.use_changelog_topics:
+        return
+    keys = [changelog_key(app, store, translator) for store in app.stores]
+    if all(context.instance.get_latest_materialization_event(key) is not None for key in keys):
+        return
+    for key, metadata in changelog_states(app, bound, bound.provisioning_plan(), translator):
+        if context.instance.get_latest_materialization_event(key) is None:
+            description = "first recorded after a worker run, which provisions its changelogs"
+            context.log_event(AssetMaterialization(asset_key=key, description=description, metadata=metadata))
 
 
 def store_assets(
@@ -173,6 +199,7 @@ def store_assets(
                 f"partitions {chosen}" if pinned else "any partition",
             )
         descriptions = bound.describe_partitions(chosen) if changed else []
+        first_changelog_records(context, app, bound, translator)
         for store in app.stores:
             key = store_key(app, store, translator)
             if changed:

@@ -22,7 +22,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_stateful.assets import WorkerConfig
+from dagster_stateful.assets import WorkerConfig, first_changelog_records
 from dagster_stateful.checks import freshness_evaluation
 from dagster_stateful.core.app import App
 from dagster_stateful.core.monitoring.report import WorkerReport
@@ -158,8 +158,11 @@ def _record_worker_run(
                 },
             )
         )
+    first_changelog_records(context, app, bound, translator)
     for store in app.stores:
-        context.log_event(freshness_evaluation(bound, store, max_changelog_lag, store_key(app, store, translator)))
+        evaluation = freshness_evaluation(bound, store, max_changelog_lag, store_key(app, store, translator))
+        # log_event takes an AssetCheckEvaluation (dagster 1.13 handles it); its annotation does not say so.
+        context.log_event(evaluation)  # type: ignore[arg-type]
     context.add_output_metadata(worker_metadata(report))
 
 

@@ -35,6 +35,15 @@ def asset_def(defs, key: AssetKey):
     return defs.get_assets_def(key)
 
 
+def materializations(result) -> list:
+    return [e.event_specific_data.materialization for e in result.all_events if e.is_step_materialization]
+
+
+def stored(result, app) -> list:
+    """The store's materializations in a run (a worker run may record its changelog's first one too)."""
+    return [m for m in materializations(result) if m.asset_key == store_key(app, "totals")]
+
+
 def json_object(value: object) -> Mapping[str, Any]:
     """The value of a JSON metadata entry that holds an object."""
     assert isinstance(value, Mapping), value
@@ -70,7 +79,7 @@ def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
         tags={"dagster/asset_partition_range_start": "0", "dagster/asset_partition_range_end": str(PARTITIONS - 1)},
     )
 
-    metadata = result.asset_materializations_for_node(job_name(app, "stores"))[0].metadata
+    metadata = stored(result, app)[0].metadata
     assert metadata["messages_processed"].value == len(orders)
     assert metadata["lag_left"].value == 0 and metadata["stop_reason"].value == "caught_up"
     assert metadata["processing_guarantee"].value == "at-least-once"
@@ -86,7 +95,7 @@ def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
         resources=resources,
         tags={"dagster/asset_partition_range_start": "0", "dagster/asset_partition_range_end": str(PARTITIONS - 1)},
     )
-    assert idle.success and idle.asset_materializations_for_node(job_name(app, "stores")) == [], "nothing to do"
+    assert idle.success and stored(idle, app) == [], "nothing to do"
 
 
 def test_one_partition_of_the_state_store_can_be_materialized_alone(deployment):
@@ -94,7 +103,7 @@ def test_one_partition_of_the_state_store_can_be_materialized_alone(deployment):
 
     result = materialize([asset_def(defs, store_key(app, "totals"))], resources=resources, partition_key="1")
 
-    metadata = result.asset_materializations_for_node(job_name(app, "stores"))[0].metadata
+    metadata = stored(result, app)[0].metadata
     assert set(json_object(metadata["messages_per_partition"].value)) == {"1"}
     assert set(json_object(metadata["keys_per_partition"].value)) == {"1"}
     committed = bound.kafka.committed_offsets(app.consumer_group, app.source, range(PARTITIONS))
@@ -110,8 +119,12 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
     )
 
     assert result.success
-    events = [e.event_specific_data.materialization for e in result.all_events if e.is_step_materialization]
+    events = [m for m in materializations(result) if m.asset_key == store_key(app, "totals")]
     assert sorted(m.partition for m in events) == [str(p) for p in range(PARTITIONS)]
+    changelog = instance.get_latest_materialization_event(changelog_key(app, "totals"))
+    assert changelog is not None, "the changelog the worker provisioned is recorded, not 'never materialized'"
+    recorded = changelog.asset_materialization
+    assert recorded is not None and recorded.metadata["records_upper_bound"].value == 12, "its size: one per key"
     idle = defs.resolve_job_def(job_name(app, "worker")).execute_in_process(
         instance=instance, run_config={"ops": {job_name(app, "run_worker_op"): {"config": {"max_seconds": 120}}}}
     )
@@ -222,7 +235,7 @@ def test_each_store_materialization_carries_its_freshness_check_which_flags_part
 
     run = materialize([asset_def(defs, store_key(app, "totals"))], resources=resources, partition_key="1")
 
-    assert [m.partition for m in run.asset_materializations_for_node(job_name(app, "stores"))] == ["1"]
+    assert [m.partition for m in stored(run, app)] == ["1"]
     [result] = run.get_asset_check_evaluations()
     assert result.check_name == "local_state_fresh" and result.asset_key == store_key(app, "totals")
     assert not result.passed and "partitions [0, 2] are behind their changelog" in (result.description or "")
