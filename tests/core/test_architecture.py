@@ -122,6 +122,7 @@ def test_the_engine_api_loads_without_dagster_or_pyspark():
 def test_the_dagster_api_is_exported_from_the_package():
     import dagster_stateful
     from dagster_stateful.builder import build_stateful_definitions
+    from dagster_stateful.component import StatefulAppComponent
     from dagster_stateful.pipes import SparkPipesResource
     from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
     from dagster_stateful.translator import StatefulTranslator
@@ -132,9 +133,11 @@ def test_the_dagster_api_is_exported_from_the_package():
     assert dagster_stateful.KafkaResource is KafkaResource
     assert dagster_stateful.StateStoreResource is StateStoreResource
     assert dagster_stateful.StatefulSparkResource is StatefulSparkResource
+    assert dagster_stateful.StatefulAppComponent is StatefulAppComponent
     assert sorted(dagster_stateful.__all__) == sorted(
         [
             "build_stateful_definitions",
+            "StatefulAppComponent",
             "KafkaResource",
             "SparkPipesResource",
             "StateStoreResource",
