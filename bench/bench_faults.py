@@ -25,6 +25,18 @@ anything a failed run committed anyway, and other ways out that were tried. The 
 when any order was lost, an exactly-once case was not exact, or a final run did not end caught up
 with no lag.
 
+With `--seeds N` it runs the soak instead: every storm (1 the SIGKILL storm, 1w the windowed one,
+2 two workers killed in turn, 3 the broker outage) N times under each guarantee, each run with a
+fresh seed, and prints one row per run with its seed (`FAULT_SEED=<seed>` replays a test's random
+choices; `--seed` here replays the soak's):
+
+    storm | guarantee | seed | faults | messages | state wiped | compacted away | lost | doubled | final run
+
+"state wiped" counts restarts on a deleted state directory (full restores, where compaction may
+have taken committed records: the only at-least-once doubles), "compacted away" the changelog
+records compaction removed. It exits 1 when anything was lost, anything doubled under exactly-once,
+or a final run did not end caught up.
+
 A single-node broker is started in a temporary directory (unless KAFKA_BOOTSTRAP_SERVERS is set);
 case 3 always starts a broker of its own, since it stops and restarts it. Case 7 runs its workers as
 the user `nobody` when run as root (root ignores file permissions).
@@ -32,6 +44,7 @@ the user `nobody` when run as root (root ignores file permissions).
     .venv/bin/python bench/bench_faults.py                              # every case once, a few minutes
     .venv/bin/python bench/bench_faults.py --cases 1,2 --repetitions 3 --kills 50 --orders 100000
     .venv/bin/python bench/bench_faults.py --cases 4,5,6,7 --orders 2000   # a quick look
+    .venv/bin/python bench/bench_faults.py --seeds 20 --orders 4000 --kills 10  # the soak
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ sys.path.insert(0, str(TESTS))  # the harness and the cases live with the tests
 
 from fault_harness import FaultResult, RestartableBroker  # noqa: E402
 from fault_scenarios import (  # noqa: E402
+    AT_LEAST_ONCE,
     EXACTLY_ONCE,
     Lab,
     ReadOnlyMoment,
@@ -65,6 +79,7 @@ from fault_scenarios import (  # noqa: E402
     retention_cut,
     shadowed_corruption,
     sigkill_storm,
+    windowed_sigkill_storm,
     zombie_fenced,
 )
 
@@ -87,6 +102,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--damage-rounds", type=int, default=2, help="stores damaged in turn in case 4")
     parser.add_argument("--cut", type=int, default=200, help="orders case 6 deletes past the committed offset")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random choices (default: random)")
+    parser.add_argument("--seeds", type=int, default=0, help="run the soak: every storm N times per guarantee")
     parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args()
 
@@ -172,6 +188,92 @@ def _run_case(case: str, args: argparse.Namespace, lab: Lab, small: int, work: P
         "9e": lambda: evicted_member_fenced(lab, small, args.customers, args.partitions),
     }
     return [runners[case]()]
+
+
+STORMS = ("1", "1w", "2", "3")
+GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
+
+
+def run_soak(args: argparse.Namespace, bootstrap: str, scratch: Path, seed: int) -> list[tuple[str, int, FaultResult]]:
+    """Every storm `args.seeds` times under each guarantee, each with a fresh seed: (guarantee, seed, result)."""
+    rng = random.Random(seed)
+    rows: list[tuple[str, int, FaultResult]] = []
+    for round_ in range(args.seeds):
+        for storm in STORMS:
+            for guarantee in GUARANTEES:
+                run_seed = rng.randrange(2**32)
+                work = scratch / f"soak-{storm}-{guarantee}-{round_}"
+                work.mkdir(parents=True)
+                began = time.monotonic()
+                for result in _run_storm(storm, guarantee, args, Lab(bootstrap, work, run_seed), work):
+                    rows.append((guarantee, run_seed, result))
+                    print(
+                        f"   round {round_ + 1} storm {storm} {guarantee} seed {run_seed}: {result.case}: "
+                        f"{result.faults} faults, lost {result.lost}, doubled {result.doubled}, "
+                        f"final run {'caught up' if final_run_ok(result) else 'NOT CAUGHT UP'} "
+                        f"({time.monotonic() - began:.0f} s)",
+                        flush=True,
+                    )
+    return rows
+
+
+def _run_storm(storm: str, guarantee: str, args: argparse.Namespace, lab: Lab, work: Path) -> list[FaultResult]:
+    small = max(1000, args.orders // 4)
+    if storm == "3":
+        broker = RestartableBroker(work / "kafka")
+        own = Lab(broker.start(), work, lab.seed)
+        try:
+            return broker_outage(own, broker, orders=small, outage_seconds=args.outage_seconds, guarantee=guarantee)
+        finally:
+            broker.stop()
+    if storm == "1w":
+        return [windowed_sigkill_storm(lab, orders=args.orders, kills=args.kills, guarantee=guarantee)]
+    if storm == "2":
+        kills, customers, partitions = args.alternating_kills, args.customers, args.partitions + 1
+        return [alternating_kills(lab, kills, customers, partitions, args.feed_rate, guarantee=guarantee)]
+    return [sigkill_storm(lab, args.orders, args.customers, args.partitions, args.kills, guarantee=guarantee)]
+
+
+def print_soak(rows: list[tuple[str, int, FaultResult]]) -> bool:
+    header = (
+        "storm",
+        "guarantee",
+        "seed",
+        "faults",
+        "messages",
+        "state wiped",
+        "compacted away",
+        "lost",
+        "doubled",
+        "final run",
+    )
+    table = []
+    healthy = True
+    for guarantee, seed, result in rows:
+        ok = final_run_ok(result)
+        exact = guarantee == AT_LEAST_ONCE or result.doubled == 0
+        healthy = healthy and ok and exact and result.lost == 0 and not result.totals_short
+        table.append(
+            (
+                result.case,
+                guarantee,
+                str(seed),
+                str(result.faults),
+                f"{result.messages:,}",
+                str(result.counters.get("state deleted before a restart", 0)),
+                str(result.counters.get("changelog records compacted away", 0)),
+                str(result.lost),
+                str(result.doubled),
+                "caught up" if ok else "NOT CAUGHT UP",
+            )
+        )
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    print("\n== soak")
+    print(" | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)))
+    print("-+-".join("-" * width for width in widths))
+    for row in table:
+        print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    return healthy
 
 
 def final_run_ok(result: FaultResult) -> bool:
@@ -283,12 +385,19 @@ def main() -> int:
                 bootstrap = broker.start(tie_to_parent=True)
                 print(f"broker: {bootstrap} started in {time.monotonic() - began:.1f} s")
             print("== running (each case's own time)")
-            results = run_cases(args, cases, bootstrap, scratch, seed)
+            if args.seeds:
+                soak = run_soak(args, bootstrap, scratch, seed)
+            else:
+                results = run_cases(args, cases, bootstrap, scratch, seed)
         finally:
             if broker is not None:
                 broker.stop()
-    healthy = print_table(results)
-    print_findings(results)
+    if args.seeds:
+        healthy = print_soak(soak)
+        print_findings({f"{result.case} seed {run_seed}": [result] for _, run_seed, result in soak})
+    else:
+        healthy = print_table(results)
+        print_findings(results)
     if not healthy:
         print("\nFAILED: an order was lost, or a final run did not end caught up with no lag (see above)")
         return 1

@@ -9,7 +9,7 @@ from typing import Any, TypedDict
 import orjson
 from kafka_helpers import create_topic, produce
 
-from dagster_stateful.core import App, State
+from dagster_stateful.core import Aggregate, App, State
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
 from dagster_stateful.core.state.keys import split_store_key
 
@@ -42,6 +42,37 @@ def totals_app(
         **{**FAST_COMMITS, **settings},
     )
     app.dataframe().apply(step, stateful=True)
+    return app
+
+
+WINDOW_MS, WINDOW_GRACE_MS = 1000, 200
+
+
+def empty_tally() -> dict[str, int]:
+    return {"count": 0, "total": 0}
+
+
+def tally_order(tally: dict[str, int], order: dict) -> dict[str, int]:
+    return {"count": tally["count"] + 1, "total": tally["total"] + order["amount"]}
+
+
+def windows_app(bootstrap: str, source: str, state_dir: Path, name: str, **settings) -> App:
+    """An app tallying each customer's orders (count and total) per tumbling window of event time
+    (`WINDOW_MS`, `WINDOW_GRACE_MS` of grace) in store "windows", sending each window's final tally
+    to `<name>-out` and late orders to its dead-letter topic."""
+    app = App(
+        name=name,
+        source=source,
+        stores=["windows"],
+        output=f"{name}-out",
+        on_error="dead-letter",
+        state_dir=state_dir,
+        kafka=bootstrap,
+        consumer_config={**FAST_GROUP, **settings.pop("consumer_config", {})},
+        **{**FAST_COMMITS, **settings},
+    )
+    windows = app.dataframe().tumbling_window(WINDOW_MS, grace=WINDOW_GRACE_MS, store="windows")
+    app.to_topic(windows.aggregate(Aggregate(empty_tally, tally_order), name="tally").final())
     return app
 
 

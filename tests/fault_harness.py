@@ -518,23 +518,29 @@ def replay_windows(messages: Iterable[Message], size: int, grace: int, retention
 
 def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
     """A windowed app's store (no worker may run): the tally of every window it holds, and each
-    partition's stream time (-1: none stored)."""
+    partition's stream time (-1: none stored). A window whose retention (size + grace) the stream
+    time has reached is gone for every reader of the store: the next commit of its partition
+    deletes it (a worker killed after a commit, or one with nothing to process in the partition,
+    leaves it there until then)."""
     app = build_app(spec)
     windows: dict[Window, dict] = {}
     stream_times: dict[int, int] = {}
+    retention = spec.window_size_ms + spec.window_grace_ms
     for partition in range(spec.partitions):
         part = app.state.partition(STORE, partition)
         part.open()
         try:
+            held: dict[Window, dict] = {}
             stream_times[partition] = -1
             for key, value in part.items():
                 if key == STREAM_TIME_KEY:
                     stream_times[partition] = orjson.loads(value)
                 else:
                     start, customer = split_window_key(key)
-                    windows[(customer.decode(), start)] = orjson.loads(value)
+                    held[(customer.decode(), start)] = orjson.loads(value)
         finally:
             part.close()
+        windows.update({w: t for w, t in held.items() if w[1] + retention > stream_times[partition]})
     return windows, stream_times
 
 

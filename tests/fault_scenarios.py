@@ -396,14 +396,19 @@ def compacted_away(bootstrap: str, topic: str, partitions: int) -> int:
 
 
 def alternating_kills(
-    lab: Lab, kills: int = 6, customers: int = 400, partitions: int = 4, rate: float = 400.0
+    lab: Lab,
+    kills: int = 6,
+    customers: int = 400,
+    partitions: int = 4,
+    rate: float = 400.0,
+    guarantee: str = AT_LEAST_ONCE,
 ) -> FaultResult:
     """Workers A and B of one app (one consumer group, separate state directories) run while orders
     keep coming; A and B are SIGKILLed in turn (each once both process, after 100-400 more messages
     and a random delay). The survivor takes the dead one's partitions (restoring them into its own
     state directory) and, once it processes them, the dead one is restarted and takes some back:
     restores and rebalances while processing. Then both stop (SIGTERM) and A runs until caught up."""
-    result = FaultResult("2 two workers killed in turn")
+    result = FaultResult("2 two workers killed in turn" + (" (exactly-once)" if guarantee == EXACTLY_ONCE else ""))
     source = lab.orders_topic(partitions, 0, customers)
     base = lab.spec(
         source,
@@ -412,6 +417,7 @@ def alternating_kills(
         until_caught_up=False,
         max_seconds=600,
         session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=guarantee,
     )
     specs = {
         "A": replace(base, state_dir=str(lab.work_dir / f"{base.name}-A")),
@@ -515,6 +521,7 @@ def broker_outage(
     partitions: int = 3,
     outage_seconds: float = 0.0,
     impatient_timeout: float = 3.0,
+    guarantee: str = AT_LEAST_ONCE,
 ) -> list[FaultResult]:
     """Stop the broker (the case's own, at `lab.bootstrap`) while two apps' workers run, and start it
     again on the same ports after at least `outage_seconds` (its restart alone takes several seconds,
@@ -526,14 +533,16 @@ def broker_outage(
     second impatient worker, started while the broker is down, must stop with a clear error once its
     admin timeout has passed. After each, a run (the next one, where the worker stopped) completes
     without loss. Returns the patient app's result, then the impatient app's."""
-    patient = FaultResult("3 broker outage (patient worker, processing)")
-    impatient = FaultResult("3 broker outage (impatient worker, restoring)")
+    suffix = " (exactly-once)" if guarantee == EXACTLY_ONCE else ""
+    patient = FaultResult(f"3 broker outage (patient worker, processing){suffix}")
+    impatient = FaultResult(f"3 broker outage (impatient worker, restoring){suffix}")
     patient_spec = lab.spec(
         lab.orders_topic(partitions, orders, customers),
         partitions,
         step_delay=0.05,
         admin_timeout_seconds=PATIENT_TIMEOUT,
         session_timeout_ms=3000,
+        processing_guarantee=guarantee,
     )
     impatient_spec = lab.spec(
         lab.orders_topic(partitions, orders // 2, customers=orders),  # a key per order: a long restore
@@ -541,6 +550,7 @@ def broker_outage(
         restore_delay=0.1,
         admin_timeout_seconds=impatient_timeout,
         session_timeout_ms=3000,
+        processing_guarantee=guarantee,
     )
     impatient.runs.append(summarize("before", run_worker(impatient_spec, lab.log("before")), impatient_spec))
     build_app(impatient_spec).clear_state()

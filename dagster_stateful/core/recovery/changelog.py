@@ -84,7 +84,8 @@ class ChangelogRestore:
         self._bulk = kind is RestoreKind.FULL
         self._chunk_records = chunk_records
         restored = self._restored_here if self._bulk else None
-        self.filter = UncommittedFilter(committed_source_offset, restored)
+        at_committed = not self._bulk and store.source_offset == committed_source_offset
+        self.filter = UncommittedFilter(committed_source_offset, restored, 0 if self._bulk else start, at_committed)
         self._started: float | None = None
         self._last_progress = self._last_log = time.monotonic()
 
@@ -112,6 +113,7 @@ class ChangelogRestore:
             self._note_no_records()
             return 0
         skipped = self.filter.skipped
+        self._note_offsets(messages)
         self._deduplicate(messages)
         self.position = record_position(messages[-1])[2] + 1
         self._last_progress = time.monotonic()
@@ -149,6 +151,17 @@ class ChangelogRestore:
             self.report.records_skipped,
             self.report.seconds,
         )
+        if self.filter.applied_uncommitted:
+            log.warning(
+                "Store %r partition %d: applied %d changelog records of uncommitted messages whose committed record "
+                "compaction may have removed (from offset %d of %s on); the messages they came from will be processed "
+                "again, so those keys may count them twice (at-least-once)",
+                self.store.store,
+                self.store.partition,
+                self.filter.applied_uncommitted,
+                self.filter.gap_at,
+                self.store.changelog_topic,
+            )
         return self.report
 
     def suspend(self) -> RestoreReport:
@@ -189,6 +202,11 @@ class ChangelogRestore:
         self.report.records_skipped = self.filter.skipped
         self.report.records_uncommitted_applied = self.filter.applied_uncommitted
         self.report.seconds = time.monotonic() - self._started if self._started is not None else 0.0
+
+    def _note_offsets(self, messages: list[Message]) -> None:
+        if self.filter.gap_at is None:
+            first, last = record_position(messages[0])[2], record_position(messages[-1])[2]
+            self.filter.note_batch(first, last, len(messages), lambda: (record_position(m)[2] for m in messages))
 
     def _restored_here(self, key: bytes) -> bool:
         return key in self._batch or self.store.get(key) is not None

@@ -66,6 +66,8 @@ class StoreShape:
     ttl: int | None = None
     window_size: int | None = None
     """A window store's window size (ms); None for a key-value or aggregation store."""
+    window_retention: int | None = None
+    """How long (ms of stream time) a window store keeps a window after its start."""
 
 
 class StoreReader:
@@ -130,7 +132,10 @@ class StoreReader:
         """A window or expiring store's stream time in `partition` (-1: none yet)."""
         known = self._stream_times.get(partition)
         if known is None:
-            known = self._stream_times[partition] = decode_stream_time(self._database(partition).get(STREAM_TIME_KEY))
+            data = self._database(partition).get(STREAM_TIME_KEY)
+            window_store = self._shape.window_size is not None
+            known = self._decode(data) if data is not None and window_store else decode_stream_time(data)
+            self._stream_times[partition] = known
         return known
 
     def get(self, message_key: Any, state_key: str | bytes, default: Any = None) -> Any:
@@ -181,19 +186,24 @@ class StoreReader:
         partitions: Iterable[int] | None = None,
     ) -> Iterator[WindowEntry]:
         """The windows of a window store, oldest first within each partition: those starting in
-        [start_from, start_to] (ms; either bound optional), only `message_key`'s when given."""
+        [start_from, start_to] (ms; either bound optional), only `message_key`'s when given. A window
+        whose retention the partition's stream time has reached is left out (the next commit deletes it)."""
         size = self._shape.window_size
         if size is None:
             raise ConfigurationError(f"store {self.store!r} is not a window store; read it with get() or items()")
         wanted = None if message_key is None else self._key_bytes(message_key)
         first = None if start_from is None else max(start_from, 0).to_bytes(_START_BYTES, "big")
+        retention = self._shape.window_retention
         for partition in self._chosen(partitions):
+            expired_before = -1 if retention is None else self.stream_time(partition) - retention
             for store_key, data in self._database(partition).items(first):
                 if store_key == STREAM_TIME_KEY:
                     continue
                 start, key = split_window_key(store_key)
                 if start_to is not None and start > start_to:
                     break
+                if start <= expired_before:
+                    continue
                 if wanted is None or key == wanted:
                     yield WindowEntry(partition, self._decode_key(key), start, start + size, self._decode(data))
 

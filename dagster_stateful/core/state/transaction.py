@@ -40,10 +40,12 @@ class PartitionTransaction:
         committed_offset: int | None,
         live_stores: Mapping[str, WindowBounds | None] | None = None,
         ttls: Mapping[str, int] | None = None,
+        stream_times: Mapping[str, int] | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a
         `State`, or, with the bounds of their windows, a `windows.WindowState`; ttls: the TTL (ms)
-        of the key-value stores whose entries expire, whose steps get a `ttl.TtlState`."""
+        of the key-value stores whose entries expire, whose steps get a `ttl.TtlState`;
+        stream_times: the stream time of each window or TTL store that the last commit recorded."""
         live_stores, ttls = live_stores or {}, ttls or {}
         self.partition = partition
         self.stores = stores
@@ -75,6 +77,12 @@ class PartitionTransaction:
         """The windowed aggregations' stores."""
         self.views: dict[str, State | LiveState | WindowState] = {**self.states, **self.live, **self.windows}
         """Every store, by name: what the steps get."""
+        self.clocked: dict[str, TtlState | WindowState] = {
+            name: state for name, state in self.views.items() if isinstance(state, TtlState | WindowState)
+        }
+        """The stores that keep stream time, by name."""
+        for name, state in self.clocked.items():
+            state.start_from((stream_times or {}).get(name))
         self.window_list = list(self.windows.values())
         self._state_list = list(self.views.values())
         self._cache_list = list(self.caches.values())
@@ -87,6 +95,12 @@ class PartitionTransaction:
     @property
     def has_progress(self) -> bool:
         return self.next_offset is not None and self.next_offset != self.committed_offset
+
+    @property
+    def expiries_due(self) -> bool:
+        """Whether a store holds windows or entries that the last commit's stream time expired: the
+        next commit deletes them, even without progress."""
+        return any(state.expiries_due for state in self.clocked.values())
 
     @property
     def offset_to_commit(self) -> int:
@@ -139,6 +153,8 @@ class PartitionTransaction:
         offset = self.next_offset - 1
         for state in self.expiring:
             state.expire(offset)
+        for window in self.window_list:
+            window.expire_committed(offset)
         for name in self._evicting:
             self._evict(name, offset)
 
@@ -152,6 +168,17 @@ class PartitionTransaction:
             else:
                 cache.delete_live(key, offset)
         cache.accept()
+
+    def stream_times_to_commit(self) -> dict[str, int]:
+        """The stream time of each store that keeps it, as the commit being prepared records it."""
+        times = {name: state.stream_time_to_commit for name, state in self.clocked.items()}
+        return {name: time for name, time in times.items() if time is not None and time >= 0}
+
+    @property
+    def committed_stream_times(self) -> dict[str, int]:
+        """The stream time of each store that keeps it, as the last commit recorded it (where known)."""
+        times = {name: state.committed_stream_time for name, state in self.clocked.items()}
+        return {name: time for name, time in times.items() if time is not None and time >= 0}
 
     def changes(self, store: str) -> list[Change]:
         """(key, serialized value or None for a delete, source offset), each changed key once."""
@@ -172,4 +199,6 @@ class PartitionTransaction:
         """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
         for cache in self.caches.values():
             cache.mark_clean()
+        for state in self.clocked.values():
+            state.mark_committed()
         self.committed_offset = self.next_offset

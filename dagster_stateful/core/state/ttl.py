@@ -8,8 +8,12 @@ that a restore or a reprocessing expires exactly the entries the first run did.
 Each value is stored behind a 12-byte header, `EXPIRY_MAGIC` and its expiry (stream time of its
 last `set` plus the TTL, 8 bytes big-endian), so the changelog and every restore carry expiries
 with the values. An entry whose expiry stream time has reached reads as missing at once; it is
-deleted from RocksDB, and tombstoned in the changelog, by the next commit (`expire`), which pops
-due entries from an in-memory heap of (expiry, key), one per live key. The heap is built at the
+deleted from RocksDB, and tombstoned in the changelog, by the next commit once a commit's stream
+time has reached its expiry (`expire`; a deletion decided by the stream time of messages a crash
+might leave uncommitted could remove the entry's committed value from the compacted changelog),
+popping due entries from an in-memory heap of (expiry, key), one per live key. The stream time of
+the last commit comes from the commit itself (`start_from`, see `processing.commit_metadata`)
+and wins over the store's. The heap is built at the
 first commit of the partition from RocksDB and the record cache; values stored before the store
 had a TTL (no header) get one then (expiring a TTL after that stream time), so switching a TTL on
 for an existing store needs nothing else.
@@ -62,11 +66,13 @@ class TtlState(State):
     """Key-value state of one expiring store for the current message key; the partition transaction
     reports each message's timestamp to it (`observe`) before the steps run."""
 
-    __slots__ = ("_expiring", "_stored_stream_time", "_stream_time", "_tracked", "ttl")
+    __slots__ = ("_committed_stream_time", "_expiring", "_stored_stream_time", "_stream_time", "_tracked", "ttl")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, ttl: int) -> None:
         super().__init__(partition, cache, serde)
         self.ttl = ttl
+        self._committed_stream_time: int | None = None
+        """The stream time of the partition's last commit (None: not known yet; read with the store)."""
         self.forget()
 
     def forget(self) -> None:
@@ -78,6 +84,32 @@ class TtlState(State):
         self._tracked: dict[bytes, int] = {}
         """Keys in the heap, with the expiry they are in it under (their value's may be later)."""
 
+    def start_from(self, committed_stream_time: int | None) -> None:
+        """The stream time the partition's last commit recorded (None: the commit recorded none, so the
+        store's own is taken): processing starts from it, whatever a restore found in the store."""
+        self._committed_stream_time = committed_stream_time
+
+    @property
+    def committed_stream_time(self) -> int | None:
+        return self._committed_stream_time
+
+    @property
+    def stream_time_to_commit(self) -> int:
+        """The stream time a commit now records (-1: none yet)."""
+        return self.stream_time
+
+    def mark_committed(self) -> None:
+        """The commit of everything processed so far succeeded: its stream time is the committed one."""
+        if self._stream_time is not None:
+            self._committed_stream_time = self._stream_time
+
+    @property
+    def expiries_due(self) -> bool:
+        """Whether entries wait for the next commit to delete them (the last commit's stream time
+        reached their expiry)."""
+        committed, heap = self._committed_stream_time, self._expiring
+        return committed is not None and bool(heap) and heap is not None and heap[0][0] <= committed
+
     @property
     def stream_time(self) -> int:
         """The largest message timestamp this partition has seen (-1: none yet)."""
@@ -85,7 +117,12 @@ class TtlState(State):
             data = self._values.get(STREAM_TIME_KEY, _MISSING)
             if data is _MISSING:
                 data = self._partition.get(STREAM_TIME_KEY)
-            self._stored_stream_time = self._stream_time = decode_stream_time(data)
+            found = decode_stream_time(data)
+            self._stored_stream_time = found
+            if self._committed_stream_time is None:
+                self._committed_stream_time = found
+            # The last commit's wins, unless this transaction has moved stream time since.
+            self._stream_time = found if STREAM_TIME_KEY in self._cache.dirty else self._committed_stream_time
         return self._stream_time
 
     def observe(self, timestamp: int) -> None:
@@ -127,25 +164,26 @@ class TtlState(State):
         self._tracked[store_key] = expiry
 
     def expire(self, offset: int) -> int:
-        """Before a commit: delete every entry stream time has reached (a tombstone each, in the
-        commit), and keep stream time, both as changes of the message at source `offset`. Returns
-        how many entries expired."""
+        """Before a commit: delete every entry the last commit's stream time has reached (a tombstone
+        each, in the commit), and keep stream time, both as changes of the message at source
+        `offset`. Returns how many entries expired."""
         stream_time = self.stream_time
+        committed = self._committed_stream_time if self._committed_stream_time is not None else -1
         heap = self._ensure_heap(offset)
         expired = 0
-        while heap and heap[0][0] <= stream_time:
+        while heap and heap[0][0] <= committed:
             _, store_key = heapq.heappop(heap)
             del self._tracked[store_key]
             data = self._stored(store_key)
             if data is None:
                 continue  # deleted, or its set was undone
             expiry, _ = split_expiry(data)
-            if expiry is not None and expiry > stream_time:
+            if expiry is not None and expiry > committed:
                 self._track(store_key, expiry)  # set again since it entered the heap
                 continue
             self._cache.put(store_key, None, offset)
             expired += 1
-        if stream_time > self._stored_stream_time:
+        if stream_time != self._stored_stream_time:
             self._cache.put(STREAM_TIME_KEY, encode_stream_time(stream_time), offset)
             self._stored_stream_time = stream_time
         self._cache.accept()

@@ -10,8 +10,13 @@ changelog, and both are restored from it.
 
 Stream time decides everything else: a window closes once stream time reaches its end plus the
 grace period (a message only for closed windows is late), and expires once stream time reaches
-its start plus the retention period: it is then deleted, locally and with a tombstone in the
-changelog, so a restore never replays it. Which windows are live is indexed in memory (start ->
+its start plus the retention period. An expired window is gone for readers at once; it is
+deleted, locally and with a tombstone in the changelog, by the next commit once a commit's
+stream time (`committed_stream_time`) has reached its retention: a deletion decided by the stream
+time of messages a crash might leave uncommitted could remove the window's committed tally from
+the compacted changelog, and the messages processed again would then find it empty. The stream
+time of the last commit comes from the commit itself (`start_from`, see
+`processing.commit_metadata`) and wins over the store's. Which windows are live is indexed in memory (start ->
 message prefixes; read from RocksDB and the record cache at the partition's first message, and
 again after a message or a commit was undone) so that closing and expiring cost nothing while no
 window is due.
@@ -67,7 +72,7 @@ class WindowState(LiveState):
     """The windows of one window store partition, for the current message key and event time (bound
     by the partition transaction)."""
 
-    __slots__ = ("_bounds", "_closing", "_expiring", "_index", "_stream_time", "timestamp")
+    __slots__ = ("_bounds", "_closing", "_committed_stream_time", "_expiring", "_index", "_stream_time", "timestamp")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds) -> None:
         """`cache` must be live (made with `live.live_serializer`)."""
@@ -75,6 +80,8 @@ class WindowState(LiveState):
         self._bounds = bounds
         self.timestamp = 0
         """The current message's event time in ms (set before each message)."""
+        self._committed_stream_time: int | None = None
+        """The stream time of the partition's last commit (None: not known yet; read with the store)."""
         self.forget()
 
     def forget(self) -> None:
@@ -85,6 +92,55 @@ class WindowState(LiveState):
         self._expiring: list[int] = []
         """Starts of every live window (a heap)."""
         self._stream_time: int | None = None
+
+    def start_from(self, committed_stream_time: int | None) -> None:
+        """The stream time the partition's last commit recorded (None: the commit recorded none, so the
+        store's own is taken): processing starts from it, whatever a restore found in the store."""
+        self._committed_stream_time = committed_stream_time
+
+    @property
+    def committed_stream_time(self) -> int | None:
+        return self._committed_stream_time
+
+    @property
+    def stream_time_to_commit(self) -> int | None:
+        """The stream time a commit now records (None: the partition has none yet)."""
+        if self._stream_time is not None:
+            return self._stream_time
+        if self._committed_stream_time is not None:
+            return self._committed_stream_time
+        data = self._partition.get(STREAM_TIME_KEY)
+        return None if data is None else self._decode(data)
+
+    def mark_committed(self) -> None:
+        """The commit of everything processed so far succeeded: its stream time is the committed one."""
+        if self._stream_time is not None:
+            self._committed_stream_time = self._stream_time
+
+    @property
+    def expiries_due(self) -> bool:
+        """Whether windows wait for the next commit to delete them (the last commit's stream time
+        reached their retention)."""
+        committed, expiring = self._committed_stream_time, self._expiring
+        return (
+            self._index is not None
+            and committed is not None
+            and bool(expiring)
+            and expiring[0] + self._bounds.retention <= committed
+        )
+
+    def expire_committed(self, offset: int) -> None:
+        """Before a commit: delete the windows whose retention the last commit's stream time reached,
+        as changes of the message at source `offset`."""
+        committed = self._committed_stream_time
+        if self._index is None or committed is None:
+            return
+        expiring, index, retention = self._expiring, self._index, self._bounds.retention
+        while expiring and expiring[0] + retention <= committed:
+            start = heapq.heappop(expiring)
+            for prefix in index.pop(start, ()):
+                self._cache.delete_live(window_key(start, prefix), offset)
+        self._cache.accept()
 
     @property
     def message_key(self) -> bytes:
@@ -129,9 +185,7 @@ class WindowState(LiveState):
             return updated, []
         self._stream_time = timestamp
         self._cache.put_live(STREAM_TIME_KEY, timestamp, self._offset)
-        closed = self._close(timestamp)
-        self._expire(timestamp)
-        return updated, closed
+        return updated, self._close(timestamp)
 
     def _close(self, stream_time: int) -> list[Window]:
         closing, index, bounds = self._closing, self._index, self._bounds
@@ -144,14 +198,6 @@ class WindowState(LiveState):
                 if aggregate is not None:
                     closed.append((prefix[4:], start, aggregate))
         return closed
-
-    def _expire(self, stream_time: int) -> None:
-        expiring, index, retention = self._expiring, self._index, self._bounds.retention
-        assert index is not None
-        while expiring and expiring[0] + retention <= stream_time:
-            start = heapq.heappop(expiring)
-            for prefix in index.pop(start, ()):
-                self._cache.delete_live(window_key(start, prefix), self._offset)
 
     def _read(self, key: bytes) -> Any:
         current = self._values.get(key, _MISSING)
@@ -178,7 +224,21 @@ class WindowState(LiveState):
                 index.setdefault(int.from_bytes(key[:_START_BYTES], "big"), set()).add(key[_START_BYTES:])
         index = {start: prefixes for start, prefixes in index.items() if prefixes}
         self._index = index
-        self._stream_time = stream_time
+        self._stream_time = self._reconcile_stream_time(stream_time)
+        stream_time = self._stream_time
         self._expiring = sorted(index)
         self._closing = [start for start in self._expiring if self._bounds.closes_at(start) > stream_time]
         return index
+
+    def _reconcile_stream_time(self, found: int) -> int:
+        """The stream time to go on from, given the one the store and the record cache hold: the last
+        commit's when it is known and this transaction has not moved it (it is then written back, so
+        the next commit records it), else the one found."""
+        committed = self._committed_stream_time
+        if committed is None:
+            self._committed_stream_time = found
+            return found
+        if committed == found or STREAM_TIME_KEY in self._cache.dirty:
+            return found
+        self._cache.put_live(STREAM_TIME_KEY, committed, self._offset)
+        return committed

@@ -73,6 +73,8 @@ def results(outputs: list[Any]) -> list[tuple[str, int, Any]]:
 
 
 def commit(txn: PartitionTransaction, store: StorePartition) -> None:
+    """As the worker commits: expiries first, then the changes with the offset."""
+    txn.prepare_commit()
     changes = txn.changes("windows")
     store.commit(((key, value) for key, value, _ in changes), None, txn.offset_to_commit)
     txn.committed()
@@ -153,7 +155,9 @@ def test_a_message_whose_windows_all_closed_is_late_and_changes_nothing(store):
     assert stored_windows(store) == {(("a", 0)): 5, ("a", 1000): 18}
 
 
-def test_windows_past_their_retention_are_deleted_and_their_deletes_go_to_the_changelog(store):
+def test_windows_past_their_retention_are_deleted_by_the_commit_after_the_one_whose_stream_time_reached_it(store):
+    """Only a committed stream time deletes: a deletion decided by messages a crash might leave
+    uncommitted could remove a window's committed tally from the compacted changelog."""
     frame = frame_of("current", retention=3 * SIZE)
     txn = transaction(store, frame)
     feed(frame, txn, [("a", 100, 1), ("b", 1100, 2), ("a", 2100, 3)])
@@ -161,6 +165,11 @@ def test_windows_past_their_retention_are_deleted_and_their_deletes_go_to_the_ch
     assert set(stored_windows(store)) == {("a", 0), ("b", 1000), ("a", 2000)}
 
     feed(frame, txn, [("b", 3000, 4)], start=3)  # stream time 3000: window 0 has lived its 3 s
+    commit(txn, store)
+    assert ("a", 0) in stored_windows(store), "stream time 3000 is committed only now"
+
+    feed(frame, txn, [("b", 3100, 5)], start=4)
+    txn.prepare_commit()
     changes = {split_window_key(key): value for key, value, _ in txn.changes("windows") if key != STREAM_TIME_KEY}
     commit(txn, store)
 
@@ -192,7 +201,8 @@ def test_a_message_failing_after_the_window_step_leaves_no_trace_and_its_windows
     outputs = feed(frame, txn, [("c", 1300, 8)], start=3)
     assert results(outputs) == [("a", 0, 1), ("b", 0, 2)], "the windows it closed close again, once"
     commit(txn, store)
-    assert stored_windows(store) == {("c", 1000): 8}, "nothing of the failed message was kept"
+    # Windows 0 expired at stream time 1300, which this commit records: the next commit deletes them.
+    assert stored_windows(store) == {("a", 0): 1, ("b", 0): 2, ("c", 1000): 8}, "nothing of the failed message kept"
 
 
 def test_a_reopened_store_knows_its_windows_and_stream_time_and_closes_them(store, directory):
@@ -213,6 +223,28 @@ def test_a_reopened_store_knows_its_windows_and_stream_time_and_closes_them(stor
         assert results([closing]) == [("a", 0, 9), ("b", 0, 2), ("a", 1000, 4)]
     finally:
         reopened.close()
+
+
+def test_the_stream_time_the_last_commit_recorded_judges_messages_and_is_written_back(store):
+    """A restore may leave a store's stream time behind the last commit's (compaction removed its
+    committed record, and a record of an uncommitted message is never taken): processing goes on
+    from the commit's, so messages processed again are judged as the first time."""
+    frame = frame_of("final")
+    txn = transaction(store, frame)
+    feed(frame, txn, [("a", 100, 1)])
+    commit(txn, store)
+
+    resumed = PartitionTransaction(
+        0, {"windows": store}, JsonSerde(), 1, live_stores=frame.live_stores, stream_times={"windows": 1300}
+    )
+    late, closing = feed(frame, resumed, [("b", 150, 2), ("c", 1400, 4)], start=1)
+
+    assert late.late, "window 0 closed at 1200, before the commit's stream time 1300"
+    assert results([closing]) == [], "and it closed then: it is not passed on again"
+    assert resumed.window_list[0].stream_time == 1400
+    assert resumed.stream_times_to_commit() == {"windows": 1400}
+    commit(resumed, store)
+    assert stored_windows(store) == {("c", 1000): 4}, "window 0 expired by the stream time the commit began with"
 
 
 @pytest.mark.parametrize(

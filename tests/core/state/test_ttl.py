@@ -1,7 +1,9 @@
 """Expiring key-value state on a real RocksDB store (no Kafka): entries read as missing once stream
-time passes their TTL, a set extends them, commits delete and tombstone what expired, stream time
-and expiries survive a reopen, a store switched to a TTL keeps its old entries until they expire,
-failed messages and roll-backs leave no trace, and the configurations refused."""
+time passes their TTL, a set extends them, commits delete and tombstone what a committed stream
+time expired (never what only uncommitted messages did), stream time and expiries survive a
+reopen, the stream time a commit recorded wins over the store's, a store switched to a TTL keeps
+its old entries until they expire, failed messages and roll-backs leave no trace, and the
+configurations refused."""
 
 from __future__ import annotations
 
@@ -60,6 +62,14 @@ def commit(txn: PartitionTransaction, store: StorePartition) -> dict[bytes, byte
     return {key: value for key, value, _ in changes}
 
 
+def commit_later(txn: PartitionTransaction, store: StorePartition, offset: int, timestamp: int) -> dict:
+    """One more message (of a key nothing else uses) and its commit: the commit that deletes what the
+    previous commit's stream time expired. The changes it made."""
+    message(txn, "z", offset, timestamp)
+    txn.accept_message(offset)
+    return commit(txn, store)
+
+
 def stored(store: StorePartition) -> dict[str, tuple[int | None, object]]:
     """(expiry, value) of every entry in RocksDB, by message key + state key."""
     entries = {}
@@ -114,10 +124,15 @@ def test_a_commit_deletes_and_tombstones_exactly_what_expired_and_keeps_stream_t
     message(txn, "d", 3, 1500).set("order", 3)
     txn.accept_message(3)
     changes = commit(txn, store)
+    assert decode_stream_time(changes[STREAM_TIME_KEY]) == 1500
+    assert key_of("a", "order") not in changes, "stream time 1500 was not committed when this commit began"
+    assert message(txn, "a", 4, 1500).get("order") is None, "but the entry reads as missing"
+    txn.accept_message(4)
+
+    changes = commit_later(txn, store, 5, 1500)
 
     assert changes[key_of("a", "order")] is None and changes[key_of("b", "order")] is None, "tombstones"
     assert key_of("c", "order") not in changes, "not expired: unchanged"
-    assert decode_stream_time(changes[STREAM_TIME_KEY]) == 1500
     assert stored(store) == {"corder": (1900, 2), "dorder": (2500, 3)}
 
 
@@ -140,6 +155,7 @@ def test_a_reopened_store_knows_its_stream_time_and_expiries(directory, store):
     assert message(reopened, "b", 4, 1100).get("order") == 2
     reopened.accept_message(4)
     commit(reopened, store)
+    commit_later(reopened, store, 5, 1100)
     assert stored(store) == {"border": (1800, 2)}
 
 
@@ -159,7 +175,8 @@ def test_a_store_switched_to_a_ttl_keeps_its_entries_until_they_expire_a_ttl_lat
 
     message(txn, "b", 2, 5000 + TTL)
     txn.accept_message(2)
-    assert commit(txn, store)[key_of("a", "order")] is None
+    commit(txn, store)
+    assert commit_later(txn, store, 3, 5000 + TTL)[key_of("a", "order")] is None
     assert stored(store) == {}
 
 
@@ -177,7 +194,8 @@ def test_a_failed_messages_set_leaves_no_trace_and_expiry_still_holds(store):
     txn.accept_message(2)
     message(txn, "c", 3, 1000)
     txn.accept_message(3)
-    changes = commit(txn, store)
+    commit(txn, store)
+    changes = commit_later(txn, store, 4, 1000)
 
     assert changes[key_of("a", "order")] is None, "expired on its own set's time"
     assert key_of("b", "order") not in changes
@@ -231,3 +249,23 @@ def test_aggregations_cannot_keep_their_aggregates_in_an_expiring_store():
     with pytest.raises(ConfigurationError, match="has a ttl"):
         frame.tumbling_window(1000, store="seen").aggregate(Count()).final()
     frame.filter(lambda value, state: True, store="seen").aggregate(Count(), store="counts")
+
+
+def test_the_stream_time_the_last_commit_recorded_wins_over_the_stores(store):
+    """A restore may leave a store's stream time behind the last commit's (compaction removed its
+    committed record): processing goes on from the commit's, which the next commit writes back."""
+    txn = transaction(store)
+    message(txn, "a", 0, 100).set("order", 1)
+    txn.accept_message(0)
+    commit(txn, store)
+
+    resumed = PartitionTransaction(0, {"seen": store}, JsonSerde(), 1, ttls={"seen": TTL}, stream_times={"seen": 1200})
+
+    assert message(resumed, "a", 1, 150).get("order") is None, "expired at 1100, before the commit's 1200"
+    assert resumed.expiring[0].stream_time == 1200
+    resumed.accept_message(1)
+    changes = commit(resumed, store)
+
+    assert decode_stream_time(changes[STREAM_TIME_KEY]) == 1200
+    assert changes[key_of("a", "order")] is None, "the last commit's stream time had expired it"
+    assert stored(store) == {}
