@@ -69,6 +69,28 @@ class ProducerFencedError(DeliveryError):
     zombie and must stop without committing."""
 
 
+class CommitTimeoutError(DeliveryError):
+    """A commit could not finish in the time the run had: Kafka did not answer before a bounded
+    worker's deadline (`max_seconds` plus its shutdown grace), or within the commit's own timeout.
+
+    `committed` is, per source partition the commit was for, the offset committed before it (None:
+    never committed); `uncommitted` the offset it tried to commit. The messages in between were
+    processed but not committed: the next run processes them again (unless Kafka completes the
+    commit after the worker gave up, in which case the next run restores the stores from their
+    changelogs). Nothing is lost either way.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        committed: dict[int, int | None] | None = None,
+        uncommitted: dict[int, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.committed = dict(committed or {})
+        self.uncommitted = dict(uncommitted or {})
+
+
 class StateLockedError(StatefulError):
     """A state partition (or the app's state) is held by another worker or process."""
 

@@ -29,6 +29,7 @@ from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
 from dagster_stateful.core.state.stores import Store
 from dagster_stateful.errors import (
+    CommitTimeoutError,
     ConfigurationError,
     DeliveryError,
     KafkaOperationError,
@@ -49,6 +50,7 @@ __all__ = [
     "AppState",
     "BytesSerde",
     "Collect",
+    "CommitTimeoutError",
     "ConfigurationError",
     "Count",
     "DeliveryError",

@@ -39,6 +39,7 @@ from dagster_stateful.core.monitoring.describe import PartitionDescription, desc
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.core.processing.worker import RunLimits, Worker
 from dagster_stateful.core.recovery.planner import RestoreMethod
 from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequest, SstWriter, restore_partitions
@@ -283,15 +284,18 @@ class App:
         max_seconds: float | None = None,
         until_caught_up: bool = True,
         partitions: Iterable[int] | None = None,
+        grace_seconds: float = SHUTDOWN_GRACE_SECONDS,
     ) -> Worker:
-        """One bounded worker, not started: `run()` it; `stop.request()` from another thread ends it."""
+        """One bounded worker, not started: `run()` it; `stop.request()` from another thread ends it.
+        With `max_seconds`, it ends within `max_seconds` + `grace_seconds` whatever the brokers do
+        (a commit that cannot finish by then raises `CommitTimeoutError`)."""
         return Worker(
             config=self.config,
             kafka=self.kafka,
             dataframe=self._dataframe,
             listeners=self.listeners,
             state=self.state,
-            limits=RunLimits(max_messages, max_seconds, until_caught_up),
+            limits=RunLimits(max_messages, max_seconds, until_caught_up, grace_seconds),
             snapshot_root=self.snapshot_root,
             partitions=None if partitions is None else list(partitions),
         )
@@ -302,10 +306,12 @@ class App:
         max_seconds: float | None = None,
         until_caught_up: bool = True,
         partitions: Iterable[int] | None = None,
+        grace_seconds: float = SHUTDOWN_GRACE_SECONDS,
     ) -> WorkerReport:
         """Run one bounded worker in this process: until caught up, `max_messages` or `max_seconds`,
-        whichever comes first. `partitions` pins it to those source partitions (see `Worker`)."""
-        worker = self.worker(max_messages, max_seconds, until_caught_up, partitions)
+        whichever comes first, then ending within `grace_seconds` (see `worker`). `partitions` pins
+        it to those source partitions (see `Worker`)."""
+        worker = self.worker(max_messages, max_seconds, until_caught_up, partitions, grace_seconds)
         with kafka_errors(f"running a worker of app {self.name!r}"):
             return worker.run()
 
@@ -384,7 +390,12 @@ class App:
                 "cannot be read from outside: read its changelog topic, or keep it in RocksDB to query it"
             )
         bounds = self._dataframe.live_stores.get(store)
-        shape = StoreShape(store, self.config.store_ttls.get(store), None if bounds is None else bounds.size)
+        shape = StoreShape(
+            store,
+            self.config.store_ttls.get(store),
+            None if bounds is None else bounds.size,
+            None if bounds is None else bounds.retention,
+        )
         return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)
 
     def clear_state(self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None) -> list[Path]:

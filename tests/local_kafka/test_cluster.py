@@ -20,10 +20,14 @@ from kafka_helpers import produce, read_committed, wait_for
 
 from dagster_stateful.core import State
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
+from dagster_stateful.core.processing.worker import Worker
 from dagster_stateful.core.state.keys import split_store_key
 from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
 
 PARTITIONS = 3
+MAX_SECONDS = 120
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,6 +68,13 @@ def slow_total(order: dict, state: State) -> dict:
     return add_to_total(order, state)
 
 
+def run_into(worker: Worker, outcome: dict[str, object]) -> None:
+    try:
+        outcome["report"] = worker.run()
+    except Exception as error:  # noqa: BLE001 - asserted on by the test
+        outcome["error"] = error
+
+
 def in_sync_replicas(bootstrap: str, topic: str) -> dict[int, int]:
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return {partition: len(info.isrs) for partition, info in metadata.topics[topic].partitions.items()}
@@ -79,20 +90,26 @@ def test_a_broker_killed_while_a_worker_commits_loses_nothing_and_rejoins(cluste
     app = totals_app(
         bootstrap, source, tmp_path, unique_name("totals"), step=slow_total, processing_guarantee="exactly-once"
     )
-    worker = app.worker(max_seconds=240)
+    worker = app.worker(max_seconds=MAX_SECONDS)
     outcome: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("report", worker.run()), daemon=True)
+    thread = threading.Thread(target=run_into, args=(worker, outcome), daemon=True)
     thread.start()
 
     def committed() -> int:
         return sum(o or 0 for o in kafka.committed_offsets(app.consumer_group, source, range(PARTITIONS)).values())
 
     wait_for(lambda: 0 < committed() < 3_000, 120, "the worker's first commits")
+    for internal in ("__consumer_offsets", "__transaction_state"):  # a dead broker leaves them two in-sync replicas
+        layout = kafka.topic_layout(internal)
+        assert layout is not None and layout.replication_factor == 3, (internal, layout)
+        assert kafka.topic_config(internal)["min.insync.replicas"] == "2", internal
     nodes.kill(2)
-    thread.join(240)
+    thread.join(MAX_SECONDS + SHUTDOWN_GRACE_SECONDS + 5)
 
-    report = outcome["report"]
-    assert report.stop_reason == "caught_up" and report.total_processed >= 6_000  # type: ignore[attr-defined]
+    assert not thread.is_alive(), "the worker ended within max_seconds and its grace"
+    report = outcome.get("report")
+    assert isinstance(report, WorkerReport), f"the worker failed: {outcome.get('error')!r}"
+    assert report.stop_reason == "caught_up" and report.total_processed >= 6_000
     assert committed() == 6_000
     changelog = app.changelog_topic("totals")
     latest = {

@@ -6,13 +6,16 @@ writes the engine needs: topic layouts (partitions, replication) and configs, to
 low/high watermarks, a consumer group's committed offsets and members. Every admin call waits out
 transient failures (brokers down or unreachable, partitions without a leader yet, coordinators
 loading) with capped exponential backoff for up to `admin_timeout_seconds`, so a worker survives a
-broker restart; past that it raises a retriable `KafkaOperationError`. librdkafka's own log lines
+broker restart; past that it raises a retriable `KafkaOperationError`. A bounded worker's clients
+(`until`) also give up at the worker's deadline. librdkafka's own log lines
 go through Python logging (`ClientLog`), not raw to stderr.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -41,7 +44,7 @@ from dagster_stateful.core.kafka.errors import (
     is_transient,
     kafka_error_of,
 )
-from dagster_stateful.errors import ConfigurationError
+from dagster_stateful.errors import ConfigurationError, KafkaOperationError
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +145,17 @@ class KafkaClients:
             raise ConfigurationError(f"admin_timeout_seconds must be positive, got {admin_timeout_seconds!r}")
         self.settings = dict(settings)
         self.admin_timeout_seconds = float(admin_timeout_seconds)
+        self.deadline: float | None = None
+        """A `time.monotonic()` moment past which admin calls give up (see `until`); None: none."""
         self._admin: AdminClient | None = None
+
+    def until(self, deadline: float | None) -> KafkaClients:
+        """These clients (the same admin client), with admin calls that also give up at `deadline`
+        (a `time.monotonic()` moment; None: only after `admin_timeout_seconds`)."""
+        self.admin()
+        bounded = copy.copy(self)
+        bounded.deadline = deadline
+        return bounded
 
     @property
     def bootstrap_servers(self) -> str:
@@ -301,7 +314,15 @@ class KafkaClients:
         passed; then raise a retriable `KafkaOperationError` about `what`. Other errors, and codes in
         `final`, are raised at once. After an error that hints at stale leaders, `topic`'s metadata is
         refreshed before the next try."""
-        backoff = _Backoff(self.admin_timeout_seconds)
+        backoff = _Backoff(self._seconds_allowed())
+        if backoff.seconds <= 0:
+            raise KafkaOperationError(
+                f"the run's deadline passed before {what}: a bounded worker makes no Kafka call past its max_seconds "
+                "and grace",
+                code=KafkaError._TIMED_OUT,
+                code_name="_TIMED_OUT",
+                retriable=True,
+            )
         failure: Exception
         while True:
             timeout = backoff.attempt_timeout()
@@ -312,11 +333,21 @@ class KafkaClients:
             except KafkaException as error:
                 last, failure = _transient_or_raise(error, what, final), error
             if backoff.remaining() <= 0:
-                raise gave_up_error(last, what, self.bootstrap_servers, self.admin_timeout_seconds) from failure
+                raise gave_up_error(last, what, self.bootstrap_servers, backoff.seconds) from failure
             self._log_retry(backoff, last, what)
             backoff.sleep()
             if topic is not None and last.code() in STALE_METADATA:
                 self._refresh_metadata(topic, min(timeout, backoff.remaining()))
+
+    def time_left(self, seconds: float, at_least: float = -math.inf) -> float:
+        """`seconds`, or the time left before the deadline when that is shorter (<= 0 once it
+        passed), but not less than `at_least`."""
+        left = seconds if self.deadline is None else min(seconds, self.deadline - time.monotonic())
+        return max(at_least, left)
+
+    def _seconds_allowed(self) -> float:
+        """How long the next admin call may retry: the admin timeout, or the time left before the deadline."""
+        return self.time_left(self.admin_timeout_seconds)
 
     def _log_retry(self, backoff: _Backoff, last: KafkaError, what: str) -> None:
         """A warning once failures have lasted WARN_AFTER seconds (an outage being waited out), else debug."""
@@ -330,7 +361,7 @@ class KafkaClients:
             backoff.elapsed(),
             what,
             last.name(),
-            self.admin_timeout_seconds,
+            backoff.seconds,
         )
 
     def _refresh_metadata(self, topic: str, timeout: float) -> None:

@@ -7,7 +7,8 @@ carries like any change):
    the processed source offset in a header (outputs were produced while processing);
 2. waits until Kafka acknowledged every changelog and output record (a failure stops here:
    nothing is committed, and the messages will be processed again);
-3. commits the source offsets;
+3. commits the source offsets, with the stream time of each store that keeps one in the commit's
+   metadata (`commit_metadata`);
 4. writes each store partition's changes with both offsets in one RocksDB WriteBatch, then its
    `.checkpoint` file (a store found damaged here is reported by `StoresDamaged` once every other
    partition is written: its commit is in the changelog, so it is restored, not lost).
@@ -24,6 +25,12 @@ Exactly-once (Kafka Streams' exactly_once_v2): steps 1-3 are one Kafka transacti
 join it with the consumer's group metadata and it commits atomically. A transaction Kafka aborts
 raises `TransactionAborted` (nothing was written; the caller rewinds), a fenced producer raises
 `ProducerFencedError`. RocksDB is written only after the transaction committed.
+
+A bounded worker's commit gives up at its deadline (`lifecycle.Deadline`): every wait (a full
+producer queue, the acknowledgements, the source commit, the transaction's calls) ends there, the
+calls that ignore their timeout run bounded (`kafka.bounded.BoundedCalls`), and the commit raises
+`CommitTimeoutError` naming the partitions and offsets it did not commit; like a delivery failure,
+it is sticky for the run.
 """
 
 from __future__ import annotations
@@ -34,11 +41,14 @@ from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
 from dagster_stateful.core.kafka.records import Headers, position
+from dagster_stateful.core.processing.commit_metadata import encode_stream_times
+from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
 from dagster_stateful.core.recovery.changelog import source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
-from dagster_stateful.errors import DeliveryError, StoreCorruptedError
+from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +139,19 @@ class Committer:
         changelog_topics: dict[str, str] | None,
         delivery_timeout_seconds: float = DEFAULT_DELIVERY_TIMEOUT_MS / 1000,
         transactions: KafkaTransactions | None = None,
+        deadline: Deadline | None = None,
+        consumer_calls: BoundedCalls | None = None,
     ) -> None:
         """delivery_timeout_seconds: the producer's `delivery.timeout.ms`, in seconds (see
         `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements.
-        transactions: the producer's transactions, under exactly-once (None: at-least-once)."""
+        transactions: the producer's transactions, under exactly-once (None: at-least-once).
+        deadline: when a commit gives up (a bounded worker's; None: none). consumer_calls: the
+        consumer's bounded calls (its synchronous commit has no timeout of its own)."""
         self._consumer = consumer
+        self._deadline = deadline or Deadline(None)
+        self._consumer_calls = consumer_calls or BoundedCalls("consumer")
+        self._committing: list[PartitionTransaction] = []
+        """The transactions of the commit under way (empty between commits)."""
         self.transactions = transactions
         self._delivery_timeout = delivery_timeout_seconds
         self._producer = producer
@@ -155,22 +173,29 @@ class Committer:
         return self._failure
 
     def commit(self, transactions: Iterable[PartitionTransaction]) -> dict[int, int]:
-        """Commit every transaction with progress; returns the committed offset per partition.
+        """Commit every transaction with progress, or with expired windows or entries to delete;
+        returns the committed offset per partition.
 
         Raises `DeliveryError`, writing nothing, when this or any earlier delivery failed."""
-        pending = [txn for txn in transactions if txn.has_progress]
+        pending = [txn for txn in transactions if txn.has_progress or txn.expiries_due]
         self._refuse_after_failure([txn.partition for txn in pending])
         if not pending:
             return {}
         for txn in pending:
             txn.prepare_commit()
         prepared = {txn.partition: {store: txn.changes(store) for store in txn.stores} for txn in pending}
-        if self._changelog_topics is not None:
-            for txn in pending:
-                self._produce_changelog(txn.partition, prepared[txn.partition])
-        offsets = [TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit) for txn in pending]
+        offsets = [
+            TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit, self._metadata(txn))
+            for txn in pending
+        ]
+        self._committing = pending
         try:
+            if self._changelog_topics is not None:
+                for txn in pending:
+                    self._produce_changelog(txn.partition, prepared[txn.partition])
             self._deliver_and_commit_offsets(offsets)
+        except CallTimedOut as timed_out:
+            raise self._timed_out(timed_out) from timed_out
         except CommitDeferred as deferred:
             log.info(
                 "Commit of %s partitions %s deferred: %s",
@@ -179,6 +204,8 @@ class Committer:
                 deferred,
             )
             return {}
+        finally:
+            self._committing = []
         damaged: dict[int, StoreCorruptedError] = {}
         for txn in pending:
             try:
@@ -190,6 +217,10 @@ class Committer:
         if damaged:
             raise StoresDamaged(damaged, committed)
         return committed
+
+    @staticmethod
+    def _metadata(txn: PartitionTransaction) -> str:
+        return encode_stream_times(txn.stream_times_to_commit())
 
     def _write_stores(self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
         for store, changes in changes_by_store.items():
@@ -231,11 +262,48 @@ class Committer:
                 self._producer.produce(topic, value, key, target, None, None, 0, headers)
                 return
             except BufferError:
-                self._producer.poll(0.1)
+                self._wait_for_room(topic)
             except KafkaException as error:
                 if self.transactions is not None:
                     self.transactions.raise_if_fenced(f"producing a record to {topic}", error)
                 raise
+
+    def _wait_for_room(self, topic: str) -> None:
+        """Serve delivery reports until the full producer queue may take a record, up to the deadline."""
+        if self._deadline.passed():
+            timed_out = CallTimedOut(f"producing a record to {topic}", "the producer's queue stayed full")
+            raise self._timed_out(timed_out) from timed_out
+        self._producer.poll(self._deadline.bound(0.1))
+
+    def _timed_out(self, timed_out: CallTimedOut) -> CommitTimeoutError:
+        """The run's failure once a commit (or a record) gave up at the deadline, naming the commit's partitions."""
+        committed = {txn.partition: txn.committed_offset for txn in self._committing}
+        uncommitted = {txn.partition: txn.offset_to_commit for txn in self._committing}
+        before = {p: "none" if offset is None else offset for p, offset in committed.items()}
+        what = (
+            f"{self._source_topic} partitions {sorted(uncommitted)}, processed up to offsets {uncommitted} (committed "
+            f"before: {before})"
+            if uncommitted
+            else f"the messages of {self._source_topic} processed since the last commit"
+        )
+        exactly_once = self.transactions is not None
+        aborted = (
+            "Its open transaction is aborted (by this worker, by the broker after transaction.timeout.ms, or when the "
+            "next worker with this transactional id starts): read_committed readers never see its records. "
+            if exactly_once
+            else ""
+        )
+        self._failure = CommitTimeoutError(
+            f"Kafka did not answer in time: {timed_out}. Not committed: {what}; nothing more is committed in this "
+            f"run, and the next run processes those messages again from the committed offsets. {aborted}Should Kafka "
+            "complete this commit after the worker gave up, the next run finds the offsets committed and restores the "
+            f"stores from their changelogs: nothing is lost{' or doubled' if exactly_once else ''} either way. Check "
+            "that the brokers and the group and transaction coordinators answer; a longer max_seconds or grace lets "
+            "a worker wait out longer outages.",
+            committed,
+            uncommitted,
+        )
+        return self._failure
 
     def _refuse_after_failure(self, partitions: list[int]) -> None:
         """Raise again when an earlier commit failed, or a delivery report since brought a failure."""
@@ -271,11 +339,21 @@ class Committer:
                 self._tracker.errors.clear()  # the aborted transaction's records are gone with it
                 raise
             return
-        remaining = self._producer.flush(self._delivery_timeout + FLUSH_MARGIN_SECONDS)
+        if self._deadline.passed():
+            raise CallTimedOut("committing the source offsets", "the worker's deadline passed")
+        waited = self._delivery_timeout + FLUSH_MARGIN_SECONDS
+        allowed = self._deadline.bound(waited)
+        remaining = self._producer.flush(allowed)
+        if remaining and allowed < waited:
+            raise CallTimedOut(f"waiting for Kafka to acknowledge {remaining} records", "the worker's deadline passed")
         if remaining or self._tracker.errors:
             self._fail(remaining, [tp.partition for tp in offsets])
         try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+            self._consumer_calls.call(
+                "committing the source offsets",
+                lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
+                self._deadline.bound(waited),
+            )
         except KafkaException as error:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
             if kafka_error is None or kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:

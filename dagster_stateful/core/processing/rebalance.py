@@ -23,6 +23,7 @@ from dagster_stateful.core.config import AppConfig, MissingOffsets
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.processing.commit_metadata import decode_stream_times
 from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
@@ -107,7 +108,8 @@ class PartitionAssignments:
             partition = topic_partition.partition
             committed = topic_partition.offset if topic_partition.offset >= 0 else None
             self._check_source_offset(partition, committed)
-            self.restorations.add(RestoringPartition(partition, committed, now))
+            times = decode_stream_times(topic_partition.metadata, f"{self.config.source}[{partition}]")
+            self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times))
             starts.append(TopicPartition(self.config.source, partition, topic_partition.offset))
         log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
         return starts
@@ -171,7 +173,9 @@ class PartitionAssignments:
         )
         self._report.stores_recovered += 1
         consumer.pause([TopicPartition(self.config.source, partition)])
-        restoring = RestoringPartition(partition, txn.committed_offset, time.monotonic(), dict(txn.stores))
+        restoring = RestoringPartition(
+            partition, txn.committed_offset, time.monotonic(), dict(txn.stores), txn.committed_stream_times
+        )
         restoring.rewind_to = start
         self.restorations.add(restoring)
 
@@ -196,6 +200,7 @@ class PartitionAssignments:
             restored.committed,
             self._live_stores,
             self.config.store_ttls,
+            restored.stream_times,
         )
         offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
         if offsets:
@@ -319,10 +324,10 @@ class PartitionAssignments:
         # Not the subscribed consumer: its committed() can stall until timeout inside a cooperative
         # rebalance callback. A second consumer of the group that never joins it reads the same offsets.
         for attempt in range(1, COMMITTED_ATTEMPTS + 1):
-            try:
-                return self._offset_reader.committed(partitions, timeout=COMMITTED_TIMEOUT)
+            try:  # a bounded worker's deadline cuts the wait short
+                return self._offset_reader.committed(partitions, timeout=self._kafka.time_left(COMMITTED_TIMEOUT, 0.1))
             except KafkaException as error:
-                if attempt == COMMITTED_ATTEMPTS:
+                if attempt == COMMITTED_ATTEMPTS or self._kafka.time_left(COMMITTED_TIMEOUT) <= 0:
                     raise RecoveryError(
                         f"could not read group {self.config.consumer_group!r}'s committed offsets for "
                         f"{self.config.source} partitions {[tp.partition for tp in partitions]} after {attempt} "

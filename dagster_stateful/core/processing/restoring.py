@@ -25,6 +25,8 @@ class RestoringPartition:
     """The group's committed offset; once the stores are open, the offset processing starts from."""
     assigned_at: float
     stores: dict[str, StorePartition] = field(default_factory=dict)
+    stream_times: dict[str, int] = field(default_factory=dict)
+    """The stream time of each window or TTL store that the group's last commit recorded."""
     opened: bool = False
     """Whether every store is open (their locks taken) and the replays they need are known."""
     pending: list[ChangelogRestore] = field(default_factory=list)

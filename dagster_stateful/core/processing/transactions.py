@@ -9,7 +9,11 @@ verdicts are classified as Kafka Streams does: retriable errors are retried with
 abortable error aborts the transaction and raises `TransactionAborted` (the caller drops its
 uncommitted work and processes again from the committed offsets); a fatal one (another producer
 with this transactional id fenced this one) raises `ProducerFencedError`, after which this worker
-must stop without committing.
+must stop without committing. No call blocks past the run's deadline (`lifecycle.Deadline`): the
+retries stop there, and `send_offsets_to_transaction`, which librdkafka lets wait for an absent
+coordinator whatever its timeout, runs bounded (`kafka.bounded.BoundedCalls`); past the deadline a
+call raises `CallTimedOut` and the transaction stays open until it is aborted (by `abort`, by the
+broker after `transaction.timeout.ms`, or by the next worker with this transactional id).
 """
 
 from __future__ import annotations
@@ -18,16 +22,28 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import NoReturn, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
+from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.errors import ConfigurationError, DeliveryError, ProducerFencedError
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+MIN_CALL_SECONDS = 1.0
+"""The shortest timeout a transactional call is given while the transaction timeout lasts."""
+ATTEMPT_SECONDS = 10.0
+"""The timeout given to one try of a transactional call, which is tried again (librdkafka resumes a
+call that timed out) while the transaction timeout lasts: a stalled try is logged and retried
+instead of holding the worker for the whole transaction timeout in one silent wait."""
+CALL_MARGIN_SECONDS = 1.0
+"""How much longer than its timeout a call run bounded is waited for, for librdkafka's verdict."""
 
 
 class TransactionAborted(Exception):
@@ -38,8 +54,12 @@ class TransactionAborted(Exception):
 
 def transactional_config(config: AppConfig, worker_client_id: str) -> dict[str, object]:
     """The producer settings exactly-once adds: the worker's transactional id (its static member id,
-    or its host and state directory, so that a restarted worker fences its zombie) and the
-    transaction timeout, which also bounds the delivery timeout. Empty under at-least-once."""
+    or its host and state directory, so that a restarted worker fences its zombie), the
+    transaction timeout, which also bounds the delivery timeout, and no re-bootstrapping (measured
+    with librdkafka 2.16: after every broker was down, a re-bootstrapped transactional producer
+    never sends the TxnOffsetCommit of `send_offsets_to_transaction`, which then waits until the
+    producer is fenced; without it, the producer reconnects to the brokers it knew and the
+    transaction goes on). Empty under at-least-once."""
     if not config.exactly_once:
         return {}
     identity = config.group_instance_id or hashlib.sha256(worker_client_id.encode()).hexdigest()[:16]
@@ -48,6 +68,7 @@ def transactional_config(config: AppConfig, worker_client_id: str) -> dict[str, 
         "transaction.timeout.ms": config.transaction_timeout_ms,
         # A record may not wait longer than its transaction may stay open.
         "delivery.timeout.ms": config.transaction_timeout_ms,
+        "metadata.recovery.strategy": "none",
     }
 
 
@@ -64,10 +85,16 @@ def refuse_pinned_exactly_once(config: AppConfig, partitions: list[int] | None) 
 class KafkaTransactions:
     """The transactions of one transactional producer (its config names the transactional id)."""
 
-    def __init__(self, producer: Producer, consumer: Consumer, timeout_seconds: float) -> None:
+    def __init__(
+        self, producer: Producer, consumer: Consumer, timeout_seconds: float, deadline: Deadline | None = None
+    ) -> None:
+        """timeout_seconds: how long a call retries (the transaction timeout); deadline: when every
+        call must have returned (a bounded worker's; None: no deadline)."""
         self._producer = producer
         self._consumer = consumer
         self._timeout = timeout_seconds
+        self._deadline = deadline or Deadline(None)
+        self._calls = BoundedCalls("transactional producer")
         self.open = False
         self.aborted = 0
         """Transactions aborted in this run (each one's messages were processed again)."""
@@ -92,16 +119,19 @@ class KafkaTransactions:
         self._call(
             "sending the source offsets to the transaction",
             lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
+            bounded=True,
         )
         self._call("committing the transaction", lambda timeout: self._producer.commit_transaction(timeout))
         self.open = False
 
-    def abort(self) -> None:
-        """Abort the open transaction (nothing of it becomes visible to `read_committed` readers)."""
+    def abort(self, seconds: float | None = None) -> None:
+        """Abort the open transaction (nothing of it becomes visible to `read_committed` readers),
+        waiting at most `seconds` (default: the transaction timeout, up to the deadline)."""
         if not self.open:
             return
+        timeout = self._deadline.bound(self._timeout) if seconds is None else seconds
         try:
-            self._producer.abort_transaction(self._timeout)
+            self._producer.abort_transaction(max(0.1, timeout))
         except KafkaException as error:
             kafka_error = _kafka_error(error)
             if kafka_error is not None and kafka_error.fatal():
@@ -111,11 +141,11 @@ class KafkaTransactions:
             self.open = False
         self.aborted += 1
 
-    def abort_quietly(self) -> None:
+    def abort_quietly(self, seconds: float | None = None) -> None:
         """Abort the open transaction of a run that stops without its final commit; a failure is only
         logged (the broker aborts the transaction after its timeout, or when the worker restarts)."""
         try:
-            self.abort()
+            self.abort(seconds)
         except (KafkaException, DeliveryError) as error:
             log.warning("Aborting the open transaction failed (%s); the broker aborts it", error)
 
@@ -127,15 +157,28 @@ class KafkaTransactions:
             self.open = False
             raise ProducerFencedError(_fenced_message(doing, kafka_error)) from error
 
-    def _call(self, doing: str, call: Callable[[float], _T]) -> _T:
-        deadline = time.monotonic() + self._timeout
+    def _call(self, doing: str, call: Callable[[float], _T], bounded: bool = False) -> _T:
+        """`call(timeout)` in tries of `ATTEMPT_SECONDS`, tried again within the transaction timeout
+        while Kafka says a retry may succeed, never past the deadline (then `CallTimedOut`).
+        bounded: the call may ignore its timeout (it waits for a broker that is down), so it runs
+        in a thread waited for until the transaction timeout or the deadline, and the margin."""
+        until = time.monotonic() + self._timeout
+        last = "no try"
         while True:
+            left = max(MIN_CALL_SECONDS, until - time.monotonic())
+            seconds = self._deadline.bound(min(ATTEMPT_SECONDS, left))
+            if seconds <= 0:
+                raise CallTimedOut(doing, f"the worker's deadline passed (last try: {last})")
             try:
-                return call(max(1.0, deadline - time.monotonic()))
+                if bounded:
+                    wait = self._deadline.bound(left + CALL_MARGIN_SECONDS)
+                    return self._calls.call(doing, partial(call, seconds), wait)
+                return call(seconds)
             except KafkaException as error:
                 kafka_error = _kafka_error(error)
-                if kafka_error is not None and kafka_error.retriable() and time.monotonic() < deadline:
-                    log.info("%s failed (%s); retrying", doing.capitalize(), kafka_error.str())
+                if kafka_error is not None and kafka_error.retriable() and time.monotonic() < until:
+                    last = kafka_error.str()
+                    log.info("%s failed (%s); retrying", doing.capitalize(), last)
                     continue
                 self._raise_classified(doing, kafka_error, error)
 

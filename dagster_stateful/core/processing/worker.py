@@ -10,6 +10,12 @@ and a clean close. Partition assignment and revocation are handled by
 (`transactions.KafkaTransactions`, one transactional id per worker), the consumer reads
 `read_committed`, and an aborted transaction rewinds every partition to its committed offset; runs
 pinned to partitions are refused (the group cannot fence them).
+
+A run with `max_seconds` ends within `max_seconds` plus its grace (`RunLimits.grace_seconds`),
+whatever the brokers do: its commits give up at `lifecycle.CLOSE_RESERVE_SECONDS` before that end
+(`CommitTimeoutError`, naming what was not committed) and every admin call at the same moment;
+closing the clients takes what is left, a close that does not finish by then is left to the
+background (see `kafka.bounded`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from confluent_kafka import TopicPartition
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.provisioning import provision
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
@@ -34,7 +41,7 @@ from dagster_stateful.core.processing.commit import (
     delivery_timeout_seconds,
 )
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
-from dagster_stateful.core.processing.lifecycle import RunLimits, StopSignal
+from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, Deadline, RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
 from dagster_stateful.core.processing.transactions import (
@@ -48,6 +55,7 @@ from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.errors import (
+    CommitTimeoutError,
     ConfigurationError,
     DeliveryError,
     ProcessingError,
@@ -95,10 +103,15 @@ class Worker:
         self.stop = StopSignal()
         self.report = WorkerReport(config.name, processing_guarantee=config.processing_guarantee.value)
         self._dataframe = dataframe
+        self._commit_deadline = self._end = Deadline(None)
+        """When commits give up, and when the run must have ended (see `RunLimits.deadlines`)."""
+        self._consumer_calls = BoundedCalls("consumer")
 
     def run(self) -> WorkerReport:
         config = self.config
         started = time.monotonic()
+        self._commit_deadline, self._end = self.limits.deadlines(started)
+        self.kafka = self.kafka.until(self._commit_deadline.at)
         activity = self.state.activity_lock()
         failed = False
         try:
@@ -119,6 +132,7 @@ class Worker:
             self.report.stop_reason = self._loop(started)
             self.listeners.transition(AppState.PENDING_SHUTDOWN)
             self._commit()
+            self._commit()  # what the final commit's stream time expired: a store left tidy
         except ProcessingError:
             failed = True
             if not self._committer.failed:
@@ -194,8 +208,10 @@ class Worker:
         self._producer = kafka.producer(producer_config)
         transactions = None
         if config.exactly_once:
-            transactions = KafkaTransactions(self._producer, self._consumer, config.transaction_timeout_ms / 1000)
-            transactions.initialize()
+            transactions = KafkaTransactions(
+                self._producer, self._consumer, config.transaction_timeout_ms / 1000, self._commit_deadline
+            )
+            self._initialize(transactions)
         self._restore_consumer = kafka.consumer(
             {"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG}
         )
@@ -208,6 +224,8 @@ class Worker:
             changelogs,
             delivery_timeout_seconds(producer_config),
             transactions,
+            self._commit_deadline,
+            self._consumer_calls,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
         restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
@@ -238,6 +256,15 @@ class Worker:
             self.report.messages_processed,
             self._recover_damaged,
         )
+
+    def _initialize(self, transactions: KafkaTransactions) -> None:
+        try:
+            transactions.initialize()
+        except CallTimedOut as timed_out:
+            raise CommitTimeoutError(
+                f"the worker of app {self.config.name!r} could not start exactly-once processing: {timed_out}. "
+                "Nothing was processed or committed. Check that the brokers and the transaction coordinator answer."
+            ) from timed_out
 
     def _snapshot_store(self, store: str) -> SnapshotStore:
         assert self.snapshot_root is not None
@@ -305,6 +332,30 @@ class Worker:
                     return StopReason.CAUGHT_UP if self._assignments.transactions else StopReason.NO_PARTITIONS
                 next_check = time.monotonic() + CAUGHT_UP_CHECK_INTERVAL
 
+    def _close_time(self) -> float:
+        return self._end.bound(CLOSE_TIMEOUT_SECONDS)
+
+    def _commit_before_closing(self, assignments: PartitionAssignments) -> None:
+        """Commit what the held partitions processed since the last commit, as their revocation would
+        (a failure is only logged: the run's own error, if any, is the one raised)."""
+        if assignments.dirty or not assignments.transactions:
+            return
+        try:
+            self._commit()
+        except Exception:
+            log.exception("Committing the partitions of %r before closing failed", self.config.name)
+
+    def _close_producer(self) -> None:
+        producer = getattr(self, "_producer", None)
+        if producer is None:
+            return
+        committer = getattr(self, "_committer", None)
+        if committer is not None and committer.transactions is not None:
+            # Every committed record was flushed by its commit; a fenced producer must not flush.
+            committer.transactions.abort_quietly(self._close_time())
+        else:
+            producer.flush(self._close_time())
+
     def _caches_overflow(self) -> bool:
         """Evict what the record caches hold past `cache_max_bytes`; True when only a commit can help."""
         caches = [cache for txn in self._transactions.values() for cache in txn.caches.values()]
@@ -368,37 +419,31 @@ class Worker:
 
     def _close(self, failed: bool) -> None:
         """Close what was opened, in order; a failure while starting leaves some clients unopened.
-        A store that fails to close is reported after every other client closed (only logged when
-        the run already failed, so that the first error is the one raised)."""
+        The stores are committed (unless the run closes dirty) and closed before the consumer leaves
+        the group, so that its revocation has nothing left to do; every client's close is bounded by
+        the run's end. A store that fails to close is reported after every other client closed (only
+        logged when the run already failed, so that the first error is the one raised)."""
         assignments = getattr(self, "_assignments", None)
-        if assignments is not None:
-            assignments.shutting_down = True
-        consumer = getattr(self, "_consumer", None)
-        if consumer is not None:
-            try:
-                consumer.close()
-                if assignments is not None:
-                    assignments.raise_failure()
-            except Exception:
-                log.exception("Closing the consumer of %r failed", self.config.name)
         close_error: StateStoreError | None = None
         if assignments is not None:
+            assignments.shutting_down = True
+            self._commit_before_closing(assignments)
             try:
                 assignments.close_all()
             except StateStoreError as error:
                 close_error = error
-        producer = getattr(self, "_producer", None)
-        if producer is not None:
-            committer = getattr(self, "_committer", None)
-            if committer is not None and committer.transactions is not None:
-                # Every committed record was flushed by its commit; a fenced producer must not flush.
-                committer.transactions.abort_quietly()
-            else:
-                producer.flush(30)
-        for name in ("_restore_consumer", "_offset_reader"):
+        consumer = getattr(self, "_consumer", None)
+        if consumer is not None:
+            self._consumer_calls.close(
+                f"closing the consumer of {self.config.name!r}", consumer.close, self._close_time()
+            )
+        for name, what in (("_restore_consumer", "restore consumer"), ("_offset_reader", "offset reader")):
             client = getattr(self, name, None)
             if client is not None:
-                client.close()
+                BoundedCalls(what).close(
+                    f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
+                )
+        self._close_producer()  # last: delivering what is left may take the rest of the time
         if close_error is not None:
             if not failed:
                 raise close_error
