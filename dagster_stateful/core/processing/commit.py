@@ -27,10 +27,13 @@ raises `TransactionAborted` (nothing was written; the caller rewinds), a fenced 
 `ProducerFencedError`. RocksDB is written only after the transaction committed.
 
 A bounded worker's commit gives up at its deadline (`lifecycle.Deadline`): every wait (a full
-producer queue, the acknowledgements, the source commit, the transaction's calls) ends there, the
-calls that ignore their timeout run bounded (`kafka.bounded.BoundedCalls`), and the commit raises
+producer queue, the acknowledgements, the transaction's calls) ends there, the calls that ignore
+their timeout run bounded (`kafka.bounded.BoundedCalls`), and the commit raises
 `CommitTimeoutError` naming the partitions and offsets it did not commit; like a delivery failure,
-it is sticky for the run.
+it is sticky for the run. The at-least-once source commit is the exception: confluent-kafka's
+synchronous commit takes no timeout, and made from another thread (while the worker's, which
+serves the rebalance callbacks, waits) it stalled cooperative rebalances for minutes, so it runs
+on the worker's thread, after acknowledgements that are bounded.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
+from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers, position
 from dagster_stateful.core.processing.commit_metadata import encode_stream_times
 from dagster_stateful.core.processing.lifecycle import Deadline
@@ -140,16 +143,13 @@ class Committer:
         delivery_timeout_seconds: float = DEFAULT_DELIVERY_TIMEOUT_MS / 1000,
         transactions: KafkaTransactions | None = None,
         deadline: Deadline | None = None,
-        consumer_calls: BoundedCalls | None = None,
     ) -> None:
         """delivery_timeout_seconds: the producer's `delivery.timeout.ms`, in seconds (see
         `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements.
         transactions: the producer's transactions, under exactly-once (None: at-least-once).
-        deadline: when a commit gives up (a bounded worker's; None: none). consumer_calls: the
-        consumer's bounded calls (its synchronous commit has no timeout of its own)."""
+        deadline: when a commit gives up (a bounded worker's; None: none)."""
         self._consumer = consumer
         self._deadline = deadline or Deadline(None)
-        self._consumer_calls = consumer_calls or BoundedCalls("consumer")
         self._committing: list[PartitionTransaction] = []
         """The transactions of the commit under way (empty between commits)."""
         self.transactions = transactions
@@ -349,11 +349,9 @@ class Committer:
         if remaining or self._tracker.errors:
             self._fail(remaining, [tp.partition for tp in offsets])
         try:
-            self._consumer_calls.call(
-                "committing the source offsets",
-                lambda: self._consumer.commit(offsets=offsets, asynchronous=False),
-                self._deadline.bound(waited),
-            )
+            # On the worker's own thread: a commit made from another one while this thread waits
+            # (serving no rebalance callback) stalled a cooperative rebalance for minutes.
+            self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as error:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
             if kafka_error is None or kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:

@@ -225,7 +225,6 @@ class Worker:
             delivery_timeout_seconds(producer_config),
             transactions,
             self._commit_deadline,
-            self._consumer_calls,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
         restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
