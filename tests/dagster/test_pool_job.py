@@ -87,12 +87,14 @@ def started_run(instance: DagsterInstance, members: int) -> str | None:
 
 
 def partition_owners(instance: DagsterInstance, run_id: str) -> dict[str, set[str]]:
-    """Kafka partition -> the member steps of the run that materialized it."""
+    """Kafka partition -> the member steps of the run that materialized it (in the store: a run
+    may also record its changelog's first materialization, which has no partition)."""
     owners: dict[str, set[str]] = {}
     for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
         assert entry.dagster_event is not None
-        partition = str(entry.dagster_event.step_materialization_data.materialization.partition)
-        owners.setdefault(partition, set()).add(str(entry.step_key))
+        partition = entry.dagster_event.step_materialization_data.materialization.partition
+        if partition is not None:
+            owners.setdefault(partition, set()).add(str(entry.step_key))
     return owners
 
 
