@@ -229,13 +229,26 @@ class StorePartition:
         return self.db.items(from_key)
 
     def close(self) -> None:
-        """Close the database and release the lock (also when closing the database fails)."""
+        """Close the database and release the lock (also when closing the database fails). A copy
+        that closing finds damaged is moved aside, not raised: everything it held is committed to
+        the changelog, and the next open starts empty and restores it fully."""
         database, self._db = self._db, None
         try:
             if database is not None:
                 if not database.persistent:
                     remove_checkpoint(self.path)
                 database.close()
+        except StoreCorruptedError as error:
+            aside = self._quarantine(self.path, error)
+            log.warning(
+                "Store %r partition %d was found damaged while closing (%s); moved it to %s, the next "
+                "assignment restores it fully from %s",
+                self.store,
+                self.partition,
+                error,
+                aside,
+                self.changelog_topic,
+            )
         finally:
             self._lock.release()
 

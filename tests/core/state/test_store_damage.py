@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from state_damage import CONFIG, KEYS, committed_store, damage_data_block
 
+from dagster_stateful.core import AppConfig
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.errors import StateLockedError, StoreCorruptedError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,7 +25,9 @@ import sys
 from pathlib import Path
 
 from dagster_stateful.core import AppConfig
+from dagster_stateful.core import AppConfig
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.errors import StateStoreError
 
 part = StateDirectory(Path(sys.argv[1]), AppConfig(name="app", source="orders", stores=("totals",))).partition(
@@ -177,3 +181,28 @@ def test_iterating_over_a_damaged_block_raises_instead_of_ending_early(tmp_path)
         assert [key for key, _ in intact.items()] == sorted(KEYS)
     finally:
         intact.close()
+
+
+class DamageFoundOnClose(PartitionDatabase):
+    """RocksDB that reports, as it closes, the corruption a background compaction met."""
+
+    def close(self) -> None:
+        super().close()
+        raise StoreCorruptedError("closing: Corruption: block checksum mismatch", str(self.path), "totals", 0)
+
+
+def test_a_copy_found_damaged_while_closing_is_moved_aside_and_the_next_open_starts_empty(tmp_path):
+    state = committed_store(tmp_path)
+    config = AppConfig(name="app", source="orders", stores=("totals",), store_backends={"totals": DamageFoundOnClose})
+    part = StateDirectory(tmp_path, config).partition("totals", 0)
+
+    part.open()
+    part.close()
+
+    assert len(state.corrupt_copies("totals", 0)) == 1, "the damaged copy is kept aside"
+    reopened = state.partition("totals", 0)
+    reopened.open(lock_timeout=0)  # closing let go of the lock
+    try:
+        assert not reopened.has_local_state and list(reopened.items()) == []
+    finally:
+        reopened.close()
