@@ -58,7 +58,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -267,12 +267,7 @@ def print_soak(rows: list[tuple[str, int, FaultResult]]) -> bool:
                 "caught up" if ok else "NOT CAUGHT UP",
             )
         )
-    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
-    print("\n== soak")
-    print(" | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)))
-    print("-+-".join("-" * width for width in widths))
-    for row in table:
-        print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    _print_rows("soak", header, table)
     return healthy
 
 
@@ -318,13 +313,18 @@ def print_table(results: dict[str, list[FaultResult]]) -> bool:
                 "caught up, lag 0" if ok else "NOT CAUGHT UP",
             )
         )
+    _print_rows("results", header, rows)
+    return healthy
+
+
+def _print_rows(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A section titled `title`: `header`, a rule, then `rows`, each column as wide as its widest cell."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    print("\n== results")
+    print(f"\n== {title}")
     print(" | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)))
     print("-+-".join("-" * width for width in widths))
     for row in rows:
         print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-    return healthy
 
 
 def print_findings(results: dict[str, list[FaultResult]]) -> None:

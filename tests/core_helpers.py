@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import orjson
-from kafka_helpers import create_topic, produce
+from kafka_helpers import create_topic, produce, read_committed, read_messages
 
 from dagster_stateful.core import Aggregate, App, State
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
@@ -20,6 +20,8 @@ class CommitSettings(TypedDict):
 
 FAST_COMMITS: CommitSettings = {"commit_interval": 0.5}
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+NOT_JSON = b"not json"
+"""A source message that is no order (a poison message): `running_sums` leaves it out."""
 
 
 def add_to_total(order: dict, state: State) -> dict:
@@ -94,6 +96,28 @@ def orders_topic(bootstrap: str, name: str, partitions: int, orders: list[tuple[
     create_topic(bootstrap, name, partitions=partitions)
     produce(bootstrap, name, orders)
     return name
+
+
+def running_sums(bootstrap: str, source: str) -> dict[str, list[int]]:
+    """Per customer, the total after each of its orders, recomputed from the source topic."""
+    sums: dict[str, list[int]] = {}
+    for message in sorted(read_messages(bootstrap, source), key=lambda m: (m.partition(), m.offset())):
+        if message.value() == NOT_JSON:
+            continue
+        order = orjson.loads(message.value())
+        previous = sums.setdefault(order["customer"], [])
+        previous.append((previous[-1] if previous else 0) + order["amount"])
+    return sums
+
+
+def outputs_per_customer(bootstrap: str, output: str, timeout: float = 30.0) -> dict[str, list[int]]:
+    """Per customer, the totals of the outputs a `read_committed` reader sees, in order (every
+    transaction on `output` must end within `timeout` s): `running_sums` when each appears once."""
+    seen: dict[str, list[int]] = {}
+    for message in sorted(read_committed(bootstrap, output, timeout), key=lambda m: (m.partition(), m.offset())):
+        result = orjson.loads(message.value())
+        seen.setdefault(result["customer"], []).append(result["total"])
+    return seen
 
 
 def checkpoint_of(directory: Path) -> Checkpoint:

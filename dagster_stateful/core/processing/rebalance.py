@@ -1,14 +1,12 @@
 """What a worker does when Kafka gives it partitions, takes them back, or declares them lost.
 
 Owns `PartitionAssignments`, the rebalance callbacks and the partitions they hand to the worker.
-On assignment (inside the callback, quick work only): read the group's committed offsets, decide
-where processing starts (a missing offset resumes from the local state's own offset, or stops
-with the operator's options), refuse a committed offset below the source's low watermark, open
-each store partition, wipe local state that is ahead of the starting offset, and take the
-partition paused when a store needs restoring: the worker restores it between polls
-(`restoring.Restorations`) and `activate()` resumes it. On revocation: commit, close the
-partition's stores (or suspend their restore) before letting go. On loss (the group moved on
-without us): drop uncommitted work and close.
+On assignment (inside the callback, quick work only): read the group's committed offsets and
+decide where processing starts (`starting_offsets.StartingOffsets`), open each store partition,
+wipe local state that is ahead of the starting offset, and take the partition paused when a store
+needs restoring: the worker restores it between polls (`restoring.Restorations`) and `activate()`
+resumes it. On revocation: commit, close the partition's stores (or suspend their restore) before
+letting go. On loss (the group moved on without us): drop uncommitted work and close.
 """
 
 from __future__ import annotations
@@ -17,14 +15,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from dagster_stateful.core.config import AppConfig, MissingOffsets
+from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.commit_metadata import decode_stream_times
 from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition
+from dagster_stateful.core.processing.starting_offsets import StartingOffsets
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
@@ -32,12 +31,9 @@ from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.windows import WindowBounds
-from dagster_stateful.errors import RecoveryError, StateLockedError, StateStoreError, StoreCorruptedError
+from dagster_stateful.errors import StateLockedError, StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
-
-COMMITTED_ATTEMPTS = 3
-COMMITTED_TIMEOUT = 15.0
 
 
 class PartitionAssignments:
@@ -68,7 +64,7 @@ class PartitionAssignments:
         self._kafka = kafka
         self._state = state
         self._listeners = listeners
-        self._offset_reader = offset_reader
+        self._starts = StartingOffsets(config, kafka, state, offset_reader)
         self._restorer = restorer
         self._report = report
         self._commit = commit
@@ -104,10 +100,10 @@ class PartitionAssignments:
         self._report.rebalances += 1
         starts = []
         now = time.monotonic()
-        for topic_partition in self._committed_offsets(partitions):
+        for topic_partition in self._starts.committed(partitions):
             partition = topic_partition.partition
             committed = topic_partition.offset if topic_partition.offset >= 0 else None
-            self._check_source_offset(partition, committed)
+            self._starts.check_source_offset(partition, committed)
             times = decode_stream_times(topic_partition.metadata, f"{self.config.source}[{partition}]")
             self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times))
             starts.append(TopicPartition(self.config.source, partition, topic_partition.offset))
@@ -320,22 +316,6 @@ class PartitionAssignments:
 
     # Opening a partition.
 
-    def _committed_offsets(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        # Not the subscribed consumer: its committed() can stall until timeout inside a cooperative
-        # rebalance callback. A second consumer of the group that never joins it reads the same offsets.
-        for attempt in range(1, COMMITTED_ATTEMPTS + 1):
-            try:  # a bounded worker's deadline cuts the wait short
-                return self._offset_reader.committed(partitions, timeout=self._kafka.time_left(COMMITTED_TIMEOUT, 0.1))
-            except KafkaException as error:
-                if attempt == COMMITTED_ATTEMPTS or self._kafka.time_left(COMMITTED_TIMEOUT) <= 0:
-                    raise RecoveryError(
-                        f"could not read group {self.config.consumer_group!r}'s committed offsets for "
-                        f"{self.config.source} partitions {[tp.partition for tp in partitions]} after {attempt} "
-                        f"attempts ({error}); is the group coordinator reachable?"
-                    ) from error
-                log.warning("Reading committed offsets failed (%s); retrying", error)
-        raise AssertionError("unreachable")
-
     def _try_open(self, restoring: RestoringPartition) -> None:
         """Open the partition's stores without waiting for a lock another holder keeps (the evicted
         owner may still be letting go): try again on the next call, until the state directory's
@@ -352,8 +332,8 @@ class PartitionAssignments:
                 return
             raise
         try:
-            restoring.committed = self._starting_offset(partition, restoring.committed, restoring.stores)
-            self._wipe_ahead(partition, restoring.committed, restoring.stores)
+            restoring.committed = self._starts.starting_offset(partition, restoring.committed, restoring.stores)
+            self._starts.wipe_ahead(partition, restoring.committed, restoring.stores)
             restoring.pending = self._replays(restoring.stores, restoring.committed)
         except BaseException:
             self.restorations.suspend(partition)
@@ -368,20 +348,6 @@ class PartitionAssignments:
                 len(restoring.pending),
                 restoring.records_left,
             )
-
-    def _wipe_ahead(self, partition: int, start: int | None, stores: dict[str, StorePartition]) -> None:
-        for name, store in stores.items():
-            if store.source_offset is not None and store.source_offset > (start or 0):
-                log.warning(
-                    "Store %r partition %d holds state up to source offset %d but processing starts at %s "
-                    "(offsets were reset?); rebuilding it from the changelog",
-                    name,
-                    partition,
-                    store.source_offset,
-                    start,
-                )
-                store.wipe()
-                store.open(lock_timeout=0)
 
     def _replays(self, stores: dict[str, StorePartition], start: int | None) -> list[ChangelogRestore]:
         if self._restorer is None:
@@ -402,47 +368,6 @@ class PartitionAssignments:
         loaded = load_snapshot_if_faster(store, self._snapshots(store.store), low, high)
         if loaded is not None:
             self.restorations.reports.append(loaded)
-
-    def _starting_offset(self, partition: int, committed: int | None, stores: dict[str, StorePartition]) -> int | None:
-        if committed is not None:
-            return committed
-        local = sorted({store.source_offset for store in stores.values() if store.source_offset is not None})
-        if not local:
-            return None  # nothing committed: processing starts from the beginning and rebuilds the state
-        where = f"{self.config.source}[{partition}]"
-        if self.config.missing_offsets is MissingOffsets.FAIL:
-            raise RecoveryError(
-                f"group {self.config.consumer_group!r} has no committed offset on {where}, but the local state at "
-                f"{self._state.app_dir} was committed at source offset {local[0]} (the group's offsets expired "
-                "after offsets.retention.minutes, or were deleted). Options: (1) set the group's offset to it "
-                f"(`kafka-consumer-groups --reset-offsets --to-offset {local[0]} --group "
-                f"{self.config.consumer_group} --topic {self.config.source}:{partition} --execute`); (2) run with "
-                "missing_offsets='resume-from-state', which does that by itself; (3) clear the state and the "
-                "changelog to reprocess from the source's beginning."
-            )
-        log.warning(
-            "Group %r has no committed offset on %s (expired or deleted); resuming from source offset %d, where "
-            "the local state was committed",
-            self.config.consumer_group,
-            where,
-            local[0],
-        )
-        return local[0]
-
-    def _check_source_offset(self, partition: int, committed: int | None) -> None:
-        if committed is None:
-            return
-        low, _ = self._kafka.watermarks(self.config.source, [partition])[partition]
-        if committed < low:
-            raise RecoveryError(
-                f"group {self.config.consumer_group!r} committed offset {committed} on "
-                f"{self.config.source}[{partition}], "
-                f"below the topic's low watermark {low}: messages {committed}..{low - 1} were deleted (retention) "
-                "before they were processed. Options: accept the gap and move the group to the low watermark "
-                f"(`kafka-consumer-groups --reset-offsets --to-earliest --group {self.config.consumer_group} "
-                f"--topic {self.config.source}:{partition} --execute`), or reprocess from a source that still holds "
-                "them."
-            )
 
 
 def _damaged_store(stores: dict[str, StorePartition], error: StoreCorruptedError) -> StorePartition | None:

@@ -12,11 +12,11 @@ deleted from RocksDB, and tombstoned in the changelog, by the next commit once a
 time has reached its expiry (`expire`; a deletion decided by the stream time of messages a crash
 might leave uncommitted could remove the entry's committed value from the compacted changelog),
 popping due entries from an in-memory heap of (expiry, key), one per live key. The stream time of
-the last commit comes from the commit itself (`start_from`, see `processing.commit_metadata`)
-and wins over the store's. The heap is built at the
-first commit of the partition from RocksDB and the record cache; values stored before the store
-had a TTL (no header) get one then (expiring a TTL after that stream time), so switching a TTL on
-for an existing store needs nothing else.
+the last commit comes from the commit itself and wins over the store's
+(`stream_time.CommittedStreamTime`). The heap is built at the first commit of the partition from
+RocksDB and the record cache; values stored before the store had a TTL (no header) get one then
+(expiring a TTL after that stream time), so switching a TTL on for an existing store needs
+nothing else.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.stream_time import CommittedStreamTime
 
 __all__ = ["EXPIRY_MAGIC", "TtlState", "split_expiry", "with_expiry"]
 
@@ -62,7 +63,7 @@ def decode_stream_time(data: bytes | None) -> int:
     return -1 if data is None else int.from_bytes(data, "big", signed=True)
 
 
-class TtlState(State):
+class TtlState(State, CommittedStreamTime):
     """Key-value state of one expiring store for the current message key; the partition transaction
     reports each message's timestamp to it (`observe`) before the steps run."""
 
@@ -72,7 +73,6 @@ class TtlState(State):
         super().__init__(partition, cache, serde)
         self.ttl = ttl
         self._committed_stream_time: int | None = None
-        """The stream time of the partition's last commit (None: not known yet; read with the store)."""
         self.forget()
 
     def forget(self) -> None:
@@ -84,24 +84,10 @@ class TtlState(State):
         self._tracked: dict[bytes, int] = {}
         """Keys in the heap, with the expiry they are in it under (their value's may be later)."""
 
-    def start_from(self, committed_stream_time: int | None) -> None:
-        """The stream time the partition's last commit recorded (None: the commit recorded none, so the
-        store's own is taken): processing starts from it, whatever a restore found in the store."""
-        self._committed_stream_time = committed_stream_time
-
-    @property
-    def committed_stream_time(self) -> int | None:
-        return self._committed_stream_time
-
     @property
     def stream_time_to_commit(self) -> int:
         """The stream time a commit now records (-1: none yet)."""
         return self.stream_time
-
-    def mark_committed(self) -> None:
-        """The commit of everything processed so far succeeded: its stream time is the committed one."""
-        if self._stream_time is not None:
-            self._committed_stream_time = self._stream_time
 
     @property
     def expiries_due(self) -> bool:
@@ -119,10 +105,7 @@ class TtlState(State):
                 data = self._partition.get(STREAM_TIME_KEY)
             found = decode_stream_time(data)
             self._stored_stream_time = found
-            if self._committed_stream_time is None:
-                self._committed_stream_time = found
-            # The last commit's wins, unless this transaction has moved stream time since.
-            self._stream_time = found if STREAM_TIME_KEY in self._cache.dirty else self._committed_stream_time
+            self._stream_time = self._settle_stream_time(found, STREAM_TIME_KEY in self._cache.dirty)
         return self._stream_time
 
     def observe(self, timestamp: int) -> None:

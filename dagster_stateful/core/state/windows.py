@@ -15,8 +15,8 @@ deleted, locally and with a tombstone in the changelog, by the next commit once 
 stream time (`committed_stream_time`) has reached its retention: a deletion decided by the stream
 time of messages a crash might leave uncommitted could remove the window's committed tally from
 the compacted changelog, and the messages processed again would then find it empty. The stream
-time of the last commit comes from the commit itself (`start_from`, see
-`processing.commit_metadata`) and wins over the store's. Which windows are live is indexed in memory (start ->
+time of the last commit comes from the commit itself and wins over the store's
+(`stream_time.CommittedStreamTime`). Which windows are live is indexed in memory (start ->
 message prefixes; read from RocksDB and the record cache at the partition's first message, and
 again after a message or a commit was undone) so that closing and expiring cost nothing while no
 window is due.
@@ -34,6 +34,7 @@ from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.stream_time import CommittedStreamTime
 
 __all__ = ["STREAM_TIME_KEY", "Window", "WindowBounds", "WindowState", "split_window_key", "window_key"]
 
@@ -68,7 +69,7 @@ class WindowBounds:
         return start + self.size + self.grace
 
 
-class WindowState(LiveState):
+class WindowState(LiveState, CommittedStreamTime):
     """The windows of one window store partition, for the current message key and event time (bound
     by the partition transaction)."""
 
@@ -81,7 +82,6 @@ class WindowState(LiveState):
         self.timestamp = 0
         """The current message's event time in ms (set before each message)."""
         self._committed_stream_time: int | None = None
-        """The stream time of the partition's last commit (None: not known yet; read with the store)."""
         self.forget()
 
     def forget(self) -> None:
@@ -93,15 +93,6 @@ class WindowState(LiveState):
         """Starts of every live window (a heap)."""
         self._stream_time: int | None = None
 
-    def start_from(self, committed_stream_time: int | None) -> None:
-        """The stream time the partition's last commit recorded (None: the commit recorded none, so the
-        store's own is taken): processing starts from it, whatever a restore found in the store."""
-        self._committed_stream_time = committed_stream_time
-
-    @property
-    def committed_stream_time(self) -> int | None:
-        return self._committed_stream_time
-
     @property
     def stream_time_to_commit(self) -> int | None:
         """The stream time a commit now records (None: the partition has none yet)."""
@@ -111,11 +102,6 @@ class WindowState(LiveState):
             return self._committed_stream_time
         data = self._partition.get(STREAM_TIME_KEY)
         return None if data is None else self._decode(data)
-
-    def mark_committed(self) -> None:
-        """The commit of everything processed so far succeeded: its stream time is the committed one."""
-        if self._stream_time is not None:
-            self._committed_stream_time = self._stream_time
 
     @property
     def expiries_due(self) -> bool:
@@ -234,11 +220,7 @@ class WindowState(LiveState):
         """The stream time to go on from, given the one the store and the record cache hold: the last
         commit's when it is known and this transaction has not moved it (it is then written back, so
         the next commit records it), else the one found."""
-        committed = self._committed_stream_time
-        if committed is None:
-            self._committed_stream_time = found
-            return found
-        if committed == found or STREAM_TIME_KEY in self._cache.dirty:
-            return found
-        self._cache.put_live(STREAM_TIME_KEY, committed, self._offset)
-        return committed
+        stream_time = self._settle_stream_time(found, STREAM_TIME_KEY in self._cache.dirty)
+        if stream_time != found:
+            self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
+        return stream_time

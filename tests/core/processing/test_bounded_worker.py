@@ -21,10 +21,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import orjson
 import pytest
-from core_helpers import FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic, totals_in_store
-from kafka_helpers import create_topic, produce, read_committed, read_messages, wait_for
+from core_helpers import (
+    FAST_GROUP,
+    add_to_total,
+    expected_totals,
+    make_orders,
+    orders_topic,
+    outputs_per_customer,
+    running_sums,
+    totals_in_store,
+)
+from kafka_helpers import create_topic, produce, read_messages, wait_for
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -171,24 +179,6 @@ def commits_past(app: App, source: str, before: int) -> Callable[[], bool]:
     return lambda: committed_total(app, source) > before
 
 
-def running_sums(bootstrap: str, source: str) -> dict[str, list[int]]:
-    """Per customer, the total after each of its orders, recomputed from the source topic."""
-    sums: dict[str, list[int]] = {}
-    for message in sorted(read_messages(bootstrap, source), key=lambda m: (m.partition(), m.offset())):
-        order = orjson.loads(message.value())
-        previous = sums.setdefault(order["customer"], [])
-        previous.append((previous[-1] if previous else 0) + order["amount"])
-    return sums
-
-
-def outputs_per_customer(bootstrap: str, output: str) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = {}
-    for message in sorted(read_committed(bootstrap, output, timeout=90), key=lambda m: (m.partition(), m.offset())):
-        result = orjson.loads(message.value())
-        seen.setdefault(result["customer"], []).append(result["total"])
-    return seen
-
-
 def assert_exact(app: App, bootstrap: str, source: str, output: str) -> None:
     """A fresh run (of the same app, at full speed) catches up; its store's totals match the source
     exactly and, under exactly-once, so do the committed outputs, each appearing once."""
@@ -199,7 +189,8 @@ def assert_exact(app: App, bootstrap: str, source: str, output: str) -> None:
     orders = [(message.key(), message.value()) for message in read_messages(bootstrap, source)]
     assert totals_in_store(fresh, PARTITIONS) == expected_totals(orders), "nothing is lost or doubled"
     if app.config.exactly_once:
-        assert outputs_per_customer(bootstrap, output) == running_sums(bootstrap, source), "each output appears once"
+        outputs = outputs_per_customer(bootstrap, output, timeout=90)
+        assert outputs == running_sums(bootstrap, source), "each output appears once"
 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])

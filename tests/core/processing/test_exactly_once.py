@@ -10,37 +10,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 import pytest
-from core_helpers import FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic, totals_in_store
-from kafka_helpers import create_topic, produce, read_committed, read_messages
+from core_helpers import (
+    FAST_GROUP,
+    NOT_JSON,
+    add_to_total,
+    expected_totals,
+    make_orders,
+    orders_topic,
+    outputs_per_customer,
+    running_sums,
+    totals_in_store,
+)
+from kafka_helpers import create_topic, produce, read_committed
 
 from dagster_stateful.core import App, State
 from dagster_stateful.errors import ConfigurationError
 
 ORDERS = 600
 CUSTOMERS = 40
-NOT_JSON = b"not json"
-
-
-def running_sums(bootstrap: str, source: str) -> dict[str, list[int]]:
-    """Per customer, the total after each of its orders, recomputed from the source topic."""
-    sums: dict[str, list[int]] = {}
-    for message in sorted(read_messages(bootstrap, source), key=lambda m: (m.partition(), m.offset())):
-        if message.value() == NOT_JSON:
-            continue
-        order = orjson.loads(message.value())
-        previous = sums.setdefault(order["customer"], [])
-        previous.append((previous[-1] if previous else 0) + order["amount"])
-    return sums
-
-
-def outputs_per_customer(bootstrap: str, output: str) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = {}
-    for message in sorted(read_committed(bootstrap, output), key=lambda m: (m.partition(), m.offset())):
-        result = orjson.loads(message.value())
-        seen.setdefault(result["customer"], []).append(result["total"])
-    return seen
 
 
 def exactly_once_app(bootstrap: str, source: str, output: str, state_dir: Path, name: str, step) -> App:
