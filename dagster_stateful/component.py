@@ -250,8 +250,8 @@ _APP_MODULE = '''\
 """The stateful app of this component, with one stateful step: it counts the messages of each key
 on the topic `{app_name}-input` and sends the counts to `{app_name}-counts`.
 
-`defs.yaml` names `{attribute}` below; write your steps here (see dagster_stateful's README,
-"Writing a stateful app").
+`defs.yaml` names `{attribute}` below; write your steps here (see dagster_stateful's docs/apps.md,
+"An app, end to end").
 """
 
 from dagster_stateful.core import App, State

@@ -3,11 +3,11 @@
 Owns `MemoryDatabase` and `LruDatabase` (Kafka Streams' in-memory key-value store and its
 `MemoryLRUCache`), both `backend.StoreBackend`s. Neither keeps anything across `close()`: every
 assignment of the partition restores it in full from the changelog, which is the price of their
-speed (see the README). An `LruDatabase` holds at most `max_entries` keys; the entries a commit
-would push out are named by `evictions`, so the engine deletes them in that commit and sends their
-tombstones to the changelog, and a restore never brings them back. Recency counts the reads that
-reach the store and every write (reads the record cache answers do not reach it, as in Kafka
-Streams).
+speed (see docs/apps.md, "Stores: expiry, kinds and your own"). An `LruDatabase` holds at most
+`max_entries` keys; the entries a commit would push out are named by `evictions`, so the engine
+deletes them in that commit and sends their tombstones to the changelog, and a restore never brings
+them back. Recency counts the reads that reach the store and every write (reads the record cache
+answers do not reach it, as in Kafka Streams).
 """
 
 from __future__ import annotations
