@@ -536,10 +536,14 @@ def broker_outage(
     suffix = " (exactly-once)" if guarantee == EXACTLY_ONCE else ""
     patient = FaultResult(f"3 broker outage (patient worker, processing){suffix}")
     impatient = FaultResult(f"3 broker outage (impatient worker, restoring){suffix}")
+    busy_from = min(300, orders // 10)
+    release = lab.work_dir / f"release-patient-{uuid.uuid4().hex[:8]}"
     patient_spec = lab.spec(
         lab.orders_topic(partitions, orders, customers),
         partitions,
         step_delay=0.05,
+        hold_at=busy_from + PROGRESS_EVERY,
+        release_file=str(release),
         admin_timeout_seconds=PATIENT_TIMEOUT,
         session_timeout_ms=3000,
         processing_guarantee=guarantee,
@@ -556,7 +560,7 @@ def broker_outage(
     build_app(impatient_spec).clear_state()
     with ExitStack() as running:
         processing = running.enter_context(WorkerProcess(patient_spec, lab.log("patient-through-the-outage")))
-        wait_until_processed(processing, min(300, orders // 10))
+        wait_until_processed(processing, busy_from)
         restoring = running.enter_context(WorkerProcess(impatient_spec, lab.log("impatient-through-the-outage")))
         restoring.wait_for(
             lambda events: sum(1 for e in events if e.kind == "batch") >= 2, 120, "the impatient worker to restore"
@@ -565,6 +569,7 @@ def broker_outage(
         assert processing.alive, f"the patient worker ended too soon for the outage:\n{processing.log_tail()}"
         broker.stop()
         down = time.monotonic()
+        release.touch()  # the patient worker processes on while the broker is down
         started_during = run_worker(impatient_spec, lab.log("started-during-the-outage"), impatient_timeout + 120)
         impatient.runs.append(summarize("started during the outage", started_during))
         time.sleep(max(0.0, outage_seconds - (time.monotonic() - down)))

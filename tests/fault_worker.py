@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -107,6 +108,10 @@ class WorkerSpec:
     """Extra seconds each restored batch takes (a restore listener's sleep): a window to strike in."""
     step_delay: float = 0.0
     """Seconds the step sleeps every `PROGRESS_EVERY` messages (a slow step): a window to strike in."""
+    hold_at: int = 0
+    """The step stops at this message (0: never) until `release_file` exists, after a "holding"
+    event: the worker is certainly busy processing when the harness strikes."""
+    release_file: str = ""
     admin_timeout_seconds: float = 60.0
     session_timeout_ms: int = 3000
     on_error: str = "raise"
@@ -272,6 +277,12 @@ def _install_commit_faults(spec: WorkerSpec) -> None:
     KafkaClients.producer = producer  # type: ignore[method-assign]
 
 
+def _wait_for_release(release: Path, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _worker_main(spec: WorkerSpec) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _install_commit_faults(spec)
@@ -283,6 +294,9 @@ def _worker_main(spec: WorkerSpec) -> int:
             _emit("progress", processed[0])
             if spec.step_delay:
                 time.sleep(spec.step_delay)
+        if processed[0] == spec.hold_at:
+            _emit("holding", processed[0])
+            _wait_for_release(Path(spec.release_file))
 
     app = build_app(spec, observe=progress)
     app.add_restore_listener(_PrintingRestoreListener(spec.restore_delay))
