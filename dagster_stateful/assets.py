@@ -17,6 +17,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
+    AssetObservation,
     AssetSpec,
     BackfillPolicy,
     Config,
@@ -31,7 +32,7 @@ from pydantic import Field
 
 from dagster_stateful.checks import freshness_check_spec, freshness_result
 from dagster_stateful.core.app import App
-from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole
+from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole, TopicStatus
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.metadata import partitions_metadata, snapshot_metadata, topic_metadata, worker_metadata
 from dagster_stateful.naming import (
@@ -93,6 +94,7 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
             deps=[source_key(app, translator)],
             group_name=group_name(app, translator),
             kinds={"kafka"},
+            skippable=True,
             description=f"Compacted changelog of store `{store}`: every state change, the source of "
             "truth for restoring the store.",
         )
@@ -103,11 +105,18 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
     def changelogs(
         context: AssetExecutionContext, kafka: KafkaResource, state_store: StateStoreResource
     ) -> Iterator[MaterializeResult]:
+        """Provision the changelogs. A changelog is materialized when provisioning created it (or it
+        has no materialization yet); one that was there already is observed, so its stores, which
+        depend on it, are not shown as unsynced by a provisioning that changed nothing."""
         bound = state_store.bind(app, kafka)
         plan = bound.provision()
         context.log.info("Provisioning plan for %s:\n%s", app.name, plan.describe())
         for key, metadata in changelog_states(app, bound, plan, translator):
-            yield MaterializeResult(asset_key=key, metadata=metadata)
+            created = metadata["status"] == TopicStatus.CREATED.value
+            if created or context.instance.get_latest_materialization_event(key) is None:
+                yield MaterializeResult(asset_key=key, metadata=metadata)
+            else:
+                context.log_event(AssetObservation(asset_key=key, metadata=metadata))
 
     return changelogs
 
@@ -149,10 +158,18 @@ def store_assets(
     source_partitions: int,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
     max_changelog_lag: int = 100_000,
+    pool_size: int = 1,
 ):
     """The state stores of `app`, partitioned by Kafka partition; each materialization runs a bounded
-    worker and carries the stores' freshness check, evaluated after it."""
+    worker and carries the stores' freshness check, evaluated after it. With `pool_size` > 1 the
+    schedule and the lag sensor run the pool job instead, which each store's description says."""
     partitions_def = kafka_partitions(source_partitions)
+    pool_note = (
+        f" Its worker schedule and lag sensor launch the job `{job_name(app, 'worker')}` instead: a pool of "
+        f"{pool_size} workers per run."
+        if pool_size > 1
+        else ""
+    )
     specs = [
         AssetSpec(
             store_key(app, store, translator),
@@ -164,7 +181,7 @@ def store_assets(
             partitions_def=partitions_def,
             skippable=True,
             description=f"State store `{store}` of app `{app.name}` ({app.store_profile(store)['kind']}), one "
-            "database per Kafka partition. Materializing runs a bounded worker on the chosen partitions.",
+            "database per Kafka partition. Materializing runs a bounded worker on the chosen partitions." + pool_note,
             metadata={f"store_{name}": value for name, value in app.store_profile(store).items()},
         )
         for store in app.stores

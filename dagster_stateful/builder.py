@@ -17,8 +17,6 @@ from dagster import (
     DefaultScheduleStatus,
     DefaultSensorStatus,
     Definitions,
-    RunRequest,
-    RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
@@ -39,11 +37,11 @@ from dagster_stateful.jobs import (
     spark_restore_job,
     worker_job,
 )
-from dagster_stateful.naming import job_name, snapshot_key
+from dagster_stateful.naming import job_name, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor, snapshot_sensor
-from dagster_stateful.sensors.lag import IN_PROGRESS
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
+from dagster_stateful.worker_target import WorkerTarget, worker_target
 
 
 def build_stateful_definitions(
@@ -87,13 +85,15 @@ def build_stateful_definitions(
     for app in apps:
         readers.setdefault(app.source, []).append(app)
         partitions = _partitions_of(app, source_partitions)
-        parts.add_app(app, partitions, worker_every_minutes, schedule_status, compaction_cron, max_changelog_lag)
+        target = parts.add_app(
+            app, partitions, worker_every_minutes, schedule_status, compaction_cron, max_changelog_lag
+        )
         checks = stateful_checks(app, max_snapshot_age_hours, translator, check_cron)
         parts.checks += checks
         if check_cron is not None:
             parts.sensors.append(checks_sensor(app, checks, sensor_status))
         parts.sensors += [
-            lag_sensor(app, lag_threshold, default_status=sensor_status, translator=translator),
+            lag_sensor(app, target, lag_threshold, default_status=sensor_status, translator=translator),
             rebalance_sensor(app, restore_threshold, default_status=sensor_status, translator=translator),
         ]
         if app.config.use_changelog_topics:
@@ -142,15 +142,21 @@ class _Parts:
         status: DefaultScheduleStatus,
         compaction_cron: str,
         max_changelog_lag: int,
-    ) -> None:
+    ) -> WorkerTarget:
+        """Adds the app's assets, jobs and schedules; returns what its worker schedule and lag sensor launch."""
         translator = self.translator
         worker = worker_job(app, translator, self.pool_size, max_changelog_lag)
-        self.assets.append(store_assets(app, partitions, translator, max_changelog_lag))
+        self.assets.append(store_assets(app, partitions, translator, max_changelog_lag, self.pool_size))
+        target = worker_target(
+            app, worker, [store_key(app, s, translator) for s in app.stores], partitions, self.pool_size
+        )
         self.jobs += [worker, restore_job(app, translator), query_state_job(app), clear_state_job(app)]
+        if target.job is not worker:
+            self.jobs.append(target.job)
         if worker_every_minutes:
-            self.schedules.append(worker_schedule(app, worker, worker_every_minutes, status))
+            self.schedules.append(worker_schedule(app, target, worker_every_minutes, status))
         if not app.config.use_changelog_topics:
-            return
+            return target
         compaction = define_asset_job(
             job_name(app, "compaction"),
             selection=AssetSelection.assets(*(snapshot_key(app, s, translator) for s in app.stores)),
@@ -167,12 +173,13 @@ class _Parts:
                 description="Daily snapshot of every store (Spark).",
             )
         )
+        return target
 
 
-def worker_schedule(app: App, worker, every_minutes: int, status: DefaultScheduleStatus):
+def worker_schedule(app: App, target: WorkerTarget, every_minutes: int, status: DefaultScheduleStatus):
     @schedule(
         name=job_name(app, "worker_schedule"),
-        job=worker,
+        job=target.job,
         cron_schedule=f"*/{every_minutes} * * * *",
         default_status=status,
         description=f"A bounded worker of `{app.name}` every {every_minutes} minutes (skipped while the "
@@ -192,9 +199,9 @@ def worker_schedule(app: App, worker, every_minutes: int, status: DefaultSchedul
                 f"no lag: group {app.consumer_group} has processed every message of {app.source} "
                 f"({partitions} partitions); nothing to do"
             )
-        running = context.instance.get_runs(RunsFilter(job_name=worker.name, statuses=IN_PROGRESS), limit=1)
+        running = target.run_in_progress(context.instance)
         if running:
-            return SkipReason(f"worker run {running[0].run_id} is still in progress")
-        return RunRequest(run_key=None, tags={"dagster-stateful/lag": str(lag)})
+            return SkipReason(f"worker run {running.run_id} is still in progress")
+        return target.run_request(None, {"dagster-stateful/lag": str(lag)})
 
     return run_worker_on_schedule

@@ -8,7 +8,8 @@ the source's low watermark, the sign of data lost to retention; up-to-date local
 a changelog replay, by digest), on each snapshot asset (not too old) and on each state-store asset
 (local state not too far behind its changelog: evaluated by the store's own materialization, so
 every worker run carries its result). Each result says what it found, where, and what to do.
-With a cron, an automation-condition sensor (`checks_sensor`) evaluates them on that schedule.
+With a cron, an automation-condition sensor (`checks_sensor`) evaluates them on that schedule and
+after each materialization of the asset they check.
 """
 
 from typing import Any
@@ -47,9 +48,9 @@ def stateful_checks(
     check_cron: str | None = None,
 ) -> list:
     """The checks of the changelogs and snapshots of every store of `app`; with `check_cron`, each is
-    evaluated on that schedule by a Dagster automation-condition sensor (see `checks_sensor`), so
-    it never stays "Not evaluated". The store's own check is part of the store asset
-    (`freshness_check_spec`)."""
+    evaluated on that schedule and after each materialization of its asset by a Dagster
+    automation-condition sensor (see `checks_sensor`), so it never stays "Not evaluated". The
+    store's own check is part of the store asset (`freshness_check_spec`)."""
     automation = _automation(check_cron)
     checks = []
     for store in app.stores:
@@ -61,10 +62,12 @@ def stateful_checks(
 
 
 def _automation(check_cron: str | None) -> AutomationCondition | None:
-    """At each tick of `check_cron`, unless the check is running already."""
+    """At each tick of `check_cron` and after each materialization of the checked asset (which
+    would otherwise leave its checks "Not evaluated"), unless the check is running already."""
     if check_cron is None:
         return None
-    return AutomationCondition.cron_tick_passed(check_cron) & ~AutomationCondition.in_progress()
+    due = AutomationCondition.cron_tick_passed(check_cron) | AutomationCondition.any_deps_updated()
+    return due & ~AutomationCondition.in_progress()
 
 
 def checks_sensor(app: App, checks: list, default_status: DefaultSensorStatus) -> AutomationConditionSensorDefinition:

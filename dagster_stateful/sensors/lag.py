@@ -8,14 +8,14 @@ threshold and no worker run of the app is in progress; the run key is the commit
 a retry of the same tick never doubles work.
 """
 
+from __future__ import annotations
+
 import time
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetObservation,
-    DagsterRunStatus,
     DefaultSensorStatus,
-    RunRequest,
-    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -29,27 +29,22 @@ from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
-IN_PROGRESS = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]
+if TYPE_CHECKING:
+    from dagster_stateful.worker_target import WorkerTarget
 
 
 def lag_sensor(
     app: App,
+    target: WorkerTarget,
     lag_threshold: int = 1000,
     window_seconds: float = 900.0,
     minimum_interval_seconds: int = 30,
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
 ):
-    worker = job_name(app, "worker")
-
     @sensor(
         name=job_name(app, "lag_sensor"),
-        job_name=worker,
+        job=target.job,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
         description=f"Consumer lag of app `{app.name}` (Burrow-style status per partition); requests a worker "
@@ -99,19 +94,17 @@ def lag_sensor(
                 asset_events=events,
                 cursor=cursor,
             )
-        running = context.instance.get_runs(RunsFilter(job_name=worker, statuses=IN_PROGRESS), limit=1)
+        running = target.run_in_progress(context.instance)
         if running:
             return SensorResult(
-                skip_reason=SkipReason(f"total lag {total}, but worker run {running[0].run_id} is still in progress"),
+                skip_reason=SkipReason(f"total lag {total}, but worker run {running.run_id} is still in progress"),
                 asset_events=events,
                 cursor=cursor,
             )
         run_key = "lag-" + "-".join(f"{p}:{committed.get(p)}" for p in partitions)
         return SensorResult(
             run_requests=[
-                RunRequest(
-                    run_key=run_key, tags={"dagster-stateful/trigger": "lag", "dagster-stateful/lag": str(total)}
-                )
+                target.run_request(run_key, {"dagster-stateful/trigger": "lag", "dagster-stateful/lag": str(total)})
             ],
             asset_events=events,
             cursor=cursor,

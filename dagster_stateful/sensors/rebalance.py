@@ -26,8 +26,8 @@ from dagster_stateful.core.app import App
 from dagster_stateful.naming import job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
-from dagster_stateful.sensors.lag import IN_PROGRESS
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
+from dagster_stateful.worker_target import IN_PROGRESS
 
 
 def rebalance_sensor(

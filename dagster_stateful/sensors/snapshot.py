@@ -14,7 +14,7 @@ from dagster_stateful.core.app import App
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.naming import job_name
 from dagster_stateful.resources import KafkaResource, StateStoreResource
-from dagster_stateful.sensors.lag import IN_PROGRESS
+from dagster_stateful.worker_target import IN_PROGRESS
 
 
 def snapshot_sensor(

@@ -134,6 +134,12 @@ def test_example_generates_orders_and_keeps_totals(example):
     assert all(m.metadata["source_lag"].value == 0 for m in materializations)
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C reaches a command started from a terminal, but not one started by a shell in the
+    background (such a shell ignores SIGINT, and its children inherit that): undo it here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key != "KAFKA_BOOTSTRAP_SERVERS"}
@@ -145,6 +151,7 @@ def test_run_command_serves_the_ui_and_stops_everything_on_ctrl_c(tmp_path):
         stdout=output,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_as_in_a_terminal,
     )
     try:
         wait_for(
