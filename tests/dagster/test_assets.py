@@ -147,7 +147,10 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
         c for c in stateful_checks(app) if {k.asset_key for k in c.check_keys} == {changelog_key(app, "totals")}
     ]
     check_results = materialize(
-        [asset_def(defs, changelog_key(app, "totals")), *changelog_checks], resources=resources, instance=instance
+        [asset_def(defs, changelog_key(app, "totals")), *changelog_checks],
+        selection=AssetSelection.checks(*changelog_checks),
+        resources=resources,
+        instance=instance,
     ).get_asset_check_evaluations()
     assert {c.check_name: c.passed for c in check_results} == {
         "partition_parity": True,

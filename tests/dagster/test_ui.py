@@ -206,14 +206,23 @@ def test_the_changelog_is_materialized_and_its_checks_evaluated(ui: UI):
     wait_for(every_check_passed, 240, "the changelog's five checks, evaluated after its materialization", interval=5)
 
 
+def test_the_snapshot_page_shows_the_sensor_that_takes_the_first_snapshot_within_minutes(ui: UI):
+    page = ui.open("/assets/order_totals/totals_snapshot")
+
+    expect(page.get_by_text("Automation details")).to_be_visible()
+    expect(page.get_by_text("order_totals__snapshot_sensor").first).to_be_visible()
+
+
 def test_the_store_page_plots_the_lag_sensors_observations(ui: UI):
     def plotted() -> bool:
         page = ui.open(STORE)
         page.get_by_role("button", name="Plots").first.click()
         page.get_by_role("button", name="Events").first.click()
+        # the materializations' plots come first: once they show, every plot has loaded
+        expect(page.get_by_text("messages_processed", exact=True).first).to_be_visible(timeout=120_000)
         return page.get_by_text("lag", exact=True).count() > 0
 
-    wait_for(plotted, 120, "a plot of `lag`, the lag sensor's observations, on the store's page", interval=5)
+    wait_for(plotted, 300, "a plot of `lag`, the lag sensor's observations, on the store's page", interval=5)
 
 
 def test_the_catalog_shows_every_name_whole(ui: UI):
