@@ -275,8 +275,12 @@ def test_a_worker_schedule_tick_without_lag_skips_and_says_why(ui: UI):
         expect(ticks.first).to_be_visible()
         for index in range(min(ticks.count(), 3)):
             ticks.nth(index).locator("td").nth(1).locator("*").first.hover()
-            if page.get_by_text("no lag: group order-totals has processed every message").count():
+            reason = page.get_by_text("no lag: group order-totals has processed every message")
+            try:
+                expect(reason.first).to_be_visible(timeout=5_000)  # the tooltip shows after a delay
                 return True
+            except AssertionError:
+                continue
         return False
 
     wait_for(skipped_for_no_lag, 150, "a worker schedule tick skipped with the reason 'no lag'", interval=10)
