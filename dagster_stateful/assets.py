@@ -34,7 +34,13 @@ from dagster_stateful.checks import freshness_check_spec, freshness_result
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole, TopicStatus
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
-from dagster_stateful.metadata import partitions_metadata, snapshot_metadata, topic_metadata, worker_metadata
+from dagster_stateful.metadata import (
+    partitions_metadata,
+    snapshot_metadata,
+    store_run_metadata,
+    topic_metadata,
+    worker_metadata,
+)
 from dagster_stateful.naming import (
     changelog_key,
     group_name,
@@ -223,7 +229,8 @@ def store_assets(
                 yield MaterializeResult(
                     asset_key=key,
                     metadata={
-                        **worker_metadata(report),
+                        **worker_metadata(report, store_totals=False),
+                        **store_run_metadata(report, store),
                         **partitions_metadata(d for d in descriptions if d.store == store),
                         "state_sample": MetadataValue.json(state_sample(bound, store, chosen)),
                     },

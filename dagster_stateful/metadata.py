@@ -1,9 +1,15 @@
 """Turning the core's results into the metadata a person wants to see in the Dagster UI.
 
 Owns the metadata of worker runs (messages, committed offsets, restores, lag, rebalances, bad
-messages), of store partitions (keys, bytes on disk, offsets, how far behind the changelog) and of
-topics (partitions, config, low/high offsets). Plain numbers where the UI can plot them, JSON or
-Markdown tables where a breakdown helps.
+messages, commit latency, store metrics), of store partitions (keys, bytes on disk, offsets, how far
+behind the changelog) and of topics (partitions, config, low/high offsets). Plain numbers where the
+UI can plot them, JSON or Markdown tables where a breakdown helps.
+
+A run's store metrics (see `core.monitoring.store_metrics`) are plain numbers under a prefix:
+`totals.` for every store together in a run's metadata, `store.` for one store in its own
+materialization: `<prefix>.<operation>_count`, `_mean_ms` and `_p99_ms` for each operation (get, put,
+delete, fold, range), `<prefix>.cache_hit_ratio`, and for RocksDB stores
+`<prefix>.rocksdb_bytes_read`, `_bytes_written` and `_pending_compaction_bytes`.
 """
 
 from __future__ import annotations
@@ -14,11 +20,15 @@ from typing import Any
 from dagster import MetadataValue
 
 from dagster_stateful.core.monitoring.describe import PartitionDescription
+from dagster_stateful.core.monitoring.latency import Latency
 from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
+from dagster_stateful.core.monitoring.store_metrics import OPERATIONS, StoreMetrics
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest
 
 
-def worker_metadata(report: WorkerReport) -> dict[str, Any]:
+def worker_metadata(report: WorkerReport, store_totals: bool = True) -> dict[str, Any]:
+    """A run's metadata; `store_totals`: with the metrics of every store together (a store's own
+    materialization carries its own instead, see `store_run_metadata`)."""
     return {
         "processing_guarantee": report.processing_guarantee,
         "stop_reason": report.stop_reason.value,
@@ -34,8 +44,67 @@ def worker_metadata(report: WorkerReport) -> dict[str, Any]:
         "dead_lettered_messages": report.dead_lettered,
         "transactions_aborted": report.transactions_aborted,
         "duration_seconds": round(report.seconds, 3),
+        **commit_metadata(report.commit_latency),
+        **(store_totals_metadata(report) if store_totals else {}),
         **restore_metadata(report.restores),
     }
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 4)
+
+
+def commit_metadata(latency: Latency) -> dict[str, Any]:
+    """How long the run's commits took (those that committed something)."""
+    return {
+        "commits": latency.samples,
+        "commit_p50_ms": _ms(latency.p50_seconds),
+        "commit_p99_ms": _ms(latency.p99_seconds),
+    }
+
+
+def store_metrics_metadata(metrics: StoreMetrics, prefix: str) -> dict[str, Any]:
+    """One store's (or every store's) metrics as numbers the UI plots, each named `<prefix>.<figure>`."""
+    entries: dict[str, Any] = {}
+    for name in OPERATIONS:
+        operation = metrics.operation(name)
+        entries[f"{prefix}.{name}_count"] = operation.count
+        entries[f"{prefix}.{name}_mean_ms"] = _ms(operation.latency.mean_seconds)
+        entries[f"{prefix}.{name}_p99_ms"] = _ms(operation.latency.p99_seconds)
+    if metrics.cache_hit_ratio is not None:
+        entries[f"{prefix}.cache_hit_ratio"] = round(metrics.cache_hit_ratio, 4)
+    if metrics.rocksdb is not None:
+        entries[f"{prefix}.rocksdb_bytes_read"] = metrics.rocksdb.bytes_read
+        entries[f"{prefix}.rocksdb_bytes_written"] = metrics.rocksdb.bytes_written
+        entries[f"{prefix}.rocksdb_pending_compaction_bytes"] = metrics.rocksdb.pending_compaction_bytes
+    return entries
+
+
+def store_totals_metadata(report: WorkerReport) -> dict[str, Any]:
+    """Every store's metrics together (`totals.`), and a table of each store's."""
+    rows = [
+        "| store | partitions | gets | puts | deletes | folds | ranges | p99 ms (get / put / fold) | cache hit ratio | "
+        "RocksDB bytes read / written |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows += [_store_row(metrics) for metrics in report.store_metrics.values()]
+    return {
+        **store_metrics_metadata(report.store_totals, "totals"),
+        "store_metrics": MetadataValue.md("\n".join(rows) if report.store_metrics else "No store was committed."),
+    }
+
+
+def _store_row(metrics: StoreMetrics) -> str:
+    counts = " | ".join(str(metrics.operation(name).count) for name in OPERATIONS)
+    p99 = " / ".join(f"{_ms(metrics.operation(name).latency.p99_seconds):g}" for name in ("get", "put", "fold"))
+    ratio = "n/a" if metrics.cache_hit_ratio is None else f"{metrics.cache_hit_ratio:.3f}"
+    rocksdb = "n/a" if metrics.rocksdb is None else f"{metrics.rocksdb.bytes_read} / {metrics.rocksdb.bytes_written}"
+    return f"| {metrics.store} | {metrics.partitions} | {counts} | {p99} | {ratio} | {rocksdb} |"
+
+
+def store_run_metadata(report: WorkerReport, store: str) -> dict[str, Any]:
+    """`store`'s metrics in a run (`store.`), for its materialization: zero when the run committed none of it."""
+    return store_metrics_metadata(report.store_metrics.get(store, StoreMetrics(store)), "store")
 
 
 def restore_metadata(restores: Iterable[RestoreReport]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""Helpers for engine tests: an order-totals app, order messages, and reading a store's content."""
+"""Helpers for engine tests: an order-totals app, order messages, an open store partition, and reading
+a store's content."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -11,7 +12,9 @@ from kafka_helpers import create_topic, produce, read_committed, read_messages
 
 from dagster_stateful.core import Aggregate, App, State
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
+from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import split_store_key
+from dagster_stateful.core.state.partition import StorePartition
 
 
 class CommitSettings(TypedDict):
@@ -147,3 +150,13 @@ def totals_in_store(app: App, partitions: int) -> dict[str, int]:
         for (message_key, state_key), value in store_content(app, "totals", partitions).items()
         if state_key == b"total"
     }
+
+
+def opened_partition(directory: StateDirectory, store: str, number: int = 0) -> Generator[StorePartition, None, None]:
+    """`store`'s partition, open until the generator is closed (a fixture's `yield from`)."""
+    part = directory.partition(store, number)
+    part.open()
+    try:
+        yield part
+    finally:
+        part.close()

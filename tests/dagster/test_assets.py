@@ -92,6 +92,9 @@ def test_state_store_asset_runs_a_worker_over_all_partitions(deployment):
     assert integer(metadata["bytes_on_disk"].value) > 0
     assert sum(json_object(metadata["committed_offsets"].value).values()) == len(orders)
     assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
+    assert metadata["store.get_count"].value == metadata["store.put_count"].value == len(orders), "a get and a set each"
+    assert 0 < metadata["store.get_p99_ms"].value < 1_000 and 0 <= metadata["store.cache_hit_ratio"].value < 1
+    assert metadata["store.rocksdb_bytes_written"].value > 0 and metadata["commits"].value >= 1
     sample = metadata["state_sample"].value
     assert isinstance(sample, list) and len(sample) == 5, "a sample of the store's state"
     assert all(row["value"] == expected_totals(orders)[row["key"]] and row["state_key"] == "total" for row in sample)

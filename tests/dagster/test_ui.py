@@ -1,6 +1,6 @@
 """End to end in a real browser: what the Dagster UI shows on the example deployment is true at a
 glance. A worker launched from the UI succeeds; the store's page shows its check's result and the
-automation that runs its worker, and plots the sensor's lag; changelogs are materialized and
+automation that runs its worker, and plots its store metrics and the sensor's lag; changelogs are materialized and
 their checks evaluated; the catalog shows whole names; the shared topic sits in a group of its own;
 re-provisioning leaves the stores in sync; a worker schedule with no lag skips and says why; a run
 with nothing to do records no materialization.
@@ -213,13 +213,15 @@ def test_the_snapshot_page_shows_the_sensor_that_takes_the_first_snapshot_within
     expect(page.get_by_text("order_totals__snapshot_sensor").first).to_be_visible()
 
 
-def test_the_store_page_plots_the_lag_sensors_observations(ui: UI):
+def test_the_store_page_plots_the_store_metrics_and_the_lag_sensors_observations(ui: UI):
     def plotted() -> bool:
         page = ui.open(STORE)
         page.get_by_role("button", name="Plots").first.click()
         page.get_by_role("button", name="Events").first.click()
         # the materializations' plots come first: once they show, every plot has loaded
         expect(page.get_by_text("messages_processed", exact=True).first).to_be_visible(timeout=120_000)
+        for metric in ("store.get_count", "store.get_p99_ms", "store.cache_hit_ratio", "commit_p99_ms"):
+            expect(page.get_by_text(metric, exact=True).first).to_be_visible()
         return page.get_by_text("lag", exact=True).count() > 0
 
     wait_for(plotted, 300, "a plot of `lag`, the lag sensor's observations, on the store's page", interval=5)

@@ -1,14 +1,17 @@
 """What a bounded worker run did: the report it returns.
 
 Owns `RestoreReport` (one store partition's restore) and `WorkerReport` (messages processed and
-offsets committed per partition, restores, rebalances, bad messages, lag left, why it stopped),
-both plain data.
+offsets committed per partition, restores, rebalances, bad messages, lag left, why it stopped, the
+stores' metrics and how long commits took), both plain data.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from dagster_stateful.core.monitoring.latency import Latency
+from dagster_stateful.core.monitoring.store_metrics import ALL_STORES, StoreMetrics
 
 
 class RestoreKind(StrEnum):
@@ -80,6 +83,12 @@ class WorkerReport:
     """Commits made early because uncommitted state changes filled the record cache (`cache_max_bytes`)."""
     lag: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
+    store_metrics: dict[str, StoreMetrics] = field(default_factory=dict)
+    """Per store, over the partitions this run committed (see `store_metrics.StoreMetrics`)."""
+    store_totals: StoreMetrics = field(default_factory=lambda: StoreMetrics(ALL_STORES))
+    """The same over every store (percentiles over all their timed calls)."""
+    commit_latency: Latency = field(default_factory=Latency)
+    """How long this run's commits took, each from its start to its stores' writes."""
 
     @property
     def total_processed(self) -> int:

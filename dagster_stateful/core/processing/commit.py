@@ -13,7 +13,9 @@ carries like any change):
    `.checkpoint` file (a store found damaged here is reported by `StoresDamaged` once every other
    partition is written: its commit is in the changelog, so it is restored, not lost).
 Every record of the run (outputs and dead letters while processing, changelog records at commit)
-is produced through `Committer.produce`.
+is produced through `Committer.produce`. The committer also gathers the run's store metrics
+(`Committer.metrics`): the counters of every store partition a commit sees, and how long each
+commit that went through took.
 
 At-least-once: a delivery failure is sticky for the run: a record Kafka rejected (changelog or
 output) is lost for good, so once one failed, or one was not acknowledged in time, every later
@@ -39,6 +41,7 @@ on the worker's thread, after acknowledgements that are bounded.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
@@ -46,6 +49,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers, position
+from dagster_stateful.core.monitoring.store_metrics import RunStoreMetrics
 from dagster_stateful.core.processing.commit_metadata import encode_stream_times
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
@@ -160,6 +164,8 @@ class Committer:
         self._changelog_topics = changelog_topics
         """Changelog topic per store; None when changelogs are off."""
         self._failure: DeliveryError | None = None
+        self.metrics = RunStoreMetrics()
+        """The run's store metrics: `metrics.summary()` once its stores are closed."""
 
     @property
     def failed(self) -> bool:
@@ -177,7 +183,10 @@ class Committer:
         returns the committed offset per partition.
 
         Raises `DeliveryError`, writing nothing, when this or any earlier delivery failed."""
-        pending = [txn for txn in transactions if txn.has_progress or txn.expiries_due]
+        started = time.perf_counter()
+        held = list(transactions)
+        self._track_metrics(held)
+        pending = [txn for txn in held if txn.has_progress or txn.expiries_due]
         self._refuse_after_failure([txn.partition for txn in pending])
         if not pending:
             return {}
@@ -214,9 +223,15 @@ class Committer:
                 damaged[txn.partition] = error
             txn.committed()
         committed = {txn.partition: txn.offset_to_commit for txn in pending}
+        self.metrics.commit_latency.record(time.perf_counter() - started)
         if damaged:
             raise StoresDamaged(damaged, committed)
         return committed
+
+    def _track_metrics(self, transactions: list[PartitionTransaction]) -> None:
+        for txn in transactions:
+            for store, partition in txn.stores.items():
+                self.metrics.track(store, partition.metrics)
 
     @staticmethod
     def _metadata(txn: PartitionTransaction) -> str:

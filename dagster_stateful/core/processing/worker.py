@@ -174,6 +174,7 @@ class Worker:
             report.skipped = self._bad_input.skipped
             report.dead_lettered = self._bad_input.dead_lettered
             report.late = self._bad_input.late
+            report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
             try:
                 report.lag = self._group_lag()
             except StatefulError as error:

@@ -4,7 +4,8 @@ Owns `State`. Values are serialized by `State.set`, inside the step, so a value 
 refuses fails that message under the app's error policy instead of every commit; the record cache
 keeps bytes, and `State.get` returns a freshly deserialized object, so mutating it in place changes
 nothing until it is `set`. Writes go to the record cache (`cache.StoreCache`), journaled, so the
-partition transaction can undo the writes of a message that fails.
+partition transaction can undo the writes of a message that fails. Each call is counted in the
+partition's metrics; `TIMED_OPERATIONS` says which are timed on sampled messages (see `view.timed_variant`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from dagster_stateful.core.state.serialization import Serde, fast_dumps
 from dagster_stateful.core.state.view import KeyView
 from dagster_stateful.errors import StateSerializationError
 
-__all__ = ["State"]
+__all__ = ["TIMED_OPERATIONS", "State"]
 
 _MISSING: Any = object()
+
+TIMED_OPERATIONS = {"get": "get", "set": "put", "delete": "delete"}
+"""`State`'s methods timed on sampled messages, with the operation each one is."""
 
 
 class State(KeyView):
@@ -34,9 +38,11 @@ class State(KeyView):
 
     def get(self, key: str | bytes, default: Any = None) -> Any:
         """A new object on every call: change it, then `set` it, for the change to count."""
+        self._metrics.gets += 1
         store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
         data = self._values.get(store_key, _MISSING)
         if data is _MISSING:
+            self._metrics.misses += 1
             data = self._partition.get(store_key)
             self._cache.remember(store_key, data)
         if data is None:
@@ -50,6 +56,7 @@ class State(KeyView):
         """Raises `StateSerializationError` (a failure of the step) when the serializer refuses `value`."""
         if value is None:
             raise ValueError("state values cannot be None; use state.delete(key)")
+        self._metrics.puts += 1
         store_key = self._prefix + (key.encode() if key.__class__ is str else encode_state_key(key))
         try:
             data = self._dumps(value)
@@ -58,6 +65,7 @@ class State(KeyView):
         self._cache.put(store_key, data if data.__class__ is bytes else self._as_bytes(key, data), self._offset)
 
     def delete(self, key: str | bytes) -> None:
+        self._metrics.deletes += 1
         self._cache.put(self._prefix + encode_state_key(key), None, self._offset)
 
     def _encode(self, key: str | bytes, value: Any) -> bytes:

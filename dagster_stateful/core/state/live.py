@@ -5,7 +5,8 @@ per message key, one aggregate per aggregation name, held in a live `cache.Store
 object the aggregator returned. A message costs a dictionary look-up and the aggregator's call;
 the state serializer runs once per key and commit (`StoreCache.changes`), and the deserializer
 only for a key the cache does not hold. Writes are journaled like `State`'s, so a message that
-fails in a later step leaves no trace.
+fails in a later step leaves no trace. Each fold is counted in the partition's metrics, and timed
+on sampled messages (`TIMED_OPERATIONS`, see `view.timed_variant`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from dagster_stateful.core.state.serialization import Serde, fast_dumps
 from dagster_stateful.core.state.view import KeyView
 from dagster_stateful.errors import StateSerializationError
 
-__all__ = ["LiveState", "live_serializer"]
+__all__ = ["TIMED_OPERATIONS", "LiveState", "live_serializer"]
 
 _MISSING: Any = object()
+
+TIMED_OPERATIONS = {"_fold_key": "fold"}
+"""`LiveState`'s methods timed on sampled messages, with the operation each one is."""
 
 
 class LiveState(KeyView):
@@ -44,8 +48,10 @@ class LiveState(KeyView):
 
     def _fold_key(self, key: bytes, value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
         """`fold` under store key `key`."""
+        self._metrics.folds += 1
         current = self._values.get(key, _MISSING)
         if current is _MISSING:
+            self._metrics.misses += 1
             current = self._load(key)
         aggregate = first(value) if current is None else add(current, value)
         if aggregate is None:

@@ -6,6 +6,8 @@ is handed to the state directory's quarantine and the partition starts empty, to
 restored, while any other failure to open raises and moves nothing), the partition's two offsets
 kept inside the database, committing data and offsets in one atomic write before publishing the
 `.checkpoint` mirror, and finishing a restore so that its offsets become durable only after its data.
+Its `metrics` (see `monitoring.store_metrics`) count the operations on it, the bytes read from it,
+and take RocksDB's bytes written and pending compaction when its database closes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from dagster_stateful.core.monitoring.store_metrics import (
+    PENDING_COMPACTION_PROPERTY,
+    PartitionMetrics,
+    RocksDBCounters,
+)
 from dagster_stateful.core.state.backend import BackendFactory, StoreBackend
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
@@ -78,6 +85,8 @@ class StorePartition:
         self.changelog_offset: int | None = None
         self.source_offset: int | None = None
         self.recovered_from_corruption = False
+        self.metrics = PartitionMetrics()
+        """What the state views and this partition did, counted while it is open."""
 
     @property
     def db(self) -> StoreBackend:
@@ -137,6 +146,7 @@ class StorePartition:
         its changelog. Returns where the damaged copy went."""
         if self._db is not None:
             database, self._db = self._db, None
+            self._note_rocksdb_closing(database)
             try:
                 database.close()
             except StateStoreError as failure:
@@ -158,7 +168,10 @@ class StorePartition:
     def get(self, key: bytes) -> bytes | None:
         """The stored value of `key`; raises `StoreCorruptedError` when RocksDB finds the data damaged
         (a plain `StateStoreError` when the machine is short of files, memory or disk)."""
-        return self.db.get(key)
+        data = self.db.get(key)
+        if data is not None:
+            self.metrics.bytes_read += len(data)
+        return data
 
     def commit(
         self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int | None, source_offset: int
@@ -225,8 +238,33 @@ class StorePartition:
         return read_checkpoint(self.path)
 
     def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Every stored (key, value) from `from_key` (or the first key) on, in key order."""
-        return self.db.items(from_key)
+        """Every stored (key, value) from `from_key` (or the first key) on, in key order: one range
+        operation, timed until the iteration ends or is dropped."""
+        entries = self.db.items(from_key)
+        metrics = self.metrics
+        metrics.ranges += 1
+        started = time.perf_counter()
+        try:
+            for key, value in entries:
+                metrics.bytes_read += len(key) + len(value)
+                yield key, value
+        finally:
+            metrics.latency["range"].record(time.perf_counter() - started)
+
+    def rocksdb_counters(self) -> RocksDBCounters | None:
+        """RocksDB's figures of this open partition so far, in every database it had (None when it is
+        not a RocksDB store, or not open)."""
+        database = self._db
+        if not isinstance(database, PartitionDatabase):
+            return None
+        metrics = self.metrics
+        return RocksDBCounters(
+            metrics.bytes_read, metrics.bytes_written + database.bytes_written, _pending_compaction_bytes(database)
+        )
+
+    def _note_rocksdb_closing(self, database: StoreBackend) -> None:
+        if isinstance(database, PartitionDatabase):
+            self.metrics.rocksdb_closed(database.bytes_written, _pending_compaction_bytes(database))
 
     def close(self) -> None:
         """Close the database and release the lock (also when closing the database fails). A copy
@@ -235,6 +273,7 @@ class StorePartition:
         database, self._db = self._db, None
         try:
             if database is not None:
+                self._note_rocksdb_closing(database)
                 if not database.persistent:
                     remove_checkpoint(self.path)
                 database.close()
@@ -256,3 +295,8 @@ class StorePartition:
         """Delete the partition's local state (closed first). The next open starts empty."""
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _pending_compaction_bytes(database: PartitionDatabase) -> int:
+    estimate = database.rocksdb_property(PENDING_COMPACTION_PROPERTY)
+    return int(estimate) if estimate and estimate.isdigit() else 0

@@ -137,6 +137,8 @@ class PartitionDatabase:
             raise self._open_error(error) from error
         self._meta_handle = self._db.get_column_family_handle(META_COLUMN_FAMILY)
         self._meta = self._db.get_column_family(META_COLUMN_FAMILY)
+        self.bytes_written = 0
+        """Bytes of the write batches since the database opened: RocksDB's `rocksdb.bytes.written`, kept here."""
 
     @property
     def _where(self) -> str:
@@ -215,6 +217,7 @@ class PartitionDatabase:
                 batch.put(key, value)
         for key, value in meta.items():
             batch.put(key, value, self._meta_handle)
+        size = batch.size_in_bytes()  # a written batch is consumed
         try:
             if durable:
                 self._db.write(batch)
@@ -222,6 +225,7 @@ class PartitionDatabase:
                 self._db.write(batch, self._fast_writes)
         except Exception as error:
             raise self._write_error("writing (nothing of this write was applied) to", error) from error
+        self.bytes_written += size
 
     def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) from `from_key` (or the first key) on, in key order. Raises

@@ -6,13 +6,16 @@ one RocksDB put) and the values read or committed lately, and the view each step
 (`kv.State`, `ttl.TtlState`, `live.LiveState` or `windows.WindowState`). The writes of the message
 being processed are journaled and undone if it fails, so a step that fails half-way leaves no
 trace. Before a commit, expiring stores delete what has expired and bounded stores what the commit
-would push out (`prepare_commit`).
+would push out (`prepare_commit`). When the transaction starts and after each commit, its views
+take their `view.timed_variant` for a burst of messages (see `store_metrics.SAMPLE_EVERY`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dagster_stateful.core.monitoring.store_metrics import SAMPLE_EVERY, TIMED_BURST
+from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
@@ -20,10 +23,19 @@ from dagster_stateful.core.state.live import LiveState, live_serializer
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
 from dagster_stateful.core.state.ttl import TtlState
+from dagster_stateful.core.state.view import KeyView, timed_variant
 from dagster_stateful.core.state.windows import WindowBounds, WindowState
 from dagster_stateful.errors import StateStoreError
 
 __all__ = ["Change", "PartitionTransaction"]
+
+_TIMED: dict[type[KeyView], type[KeyView]] = {
+    State: timed_variant(State, kv.TIMED_OPERATIONS),
+    LiveState: timed_variant(LiveState, live.TIMED_OPERATIONS),
+    TtlState: timed_variant(TtlState, kv.TIMED_OPERATIONS),
+    WindowState: timed_variant(WindowState, live.TIMED_OPERATIONS),
+}
+"""The views a sampled message's operations are timed in, by class."""
 
 
 class PartitionTransaction:
@@ -85,12 +97,17 @@ class PartitionTransaction:
             state.start_from((stream_times or {}).get(name))
         self.window_list = list(self.windows.values())
         self._state_list = list(self.views.values())
+        self._sampled: list[tuple[KeyView, type[KeyView]]] = [
+            (view, _TIMED[type(view)]) for view in self._state_list if type(view) in _TIMED
+        ]
+        """The views whose operations bursts of messages time, with their timed class."""
         self._cache_list = list(self.caches.values())
         self.journals = [cache.journal for cache in self._cache_list]
         """The current message's writes, per store (see `accept_message`)."""
         self.next_offset: int | None = committed_offset
         """Offset of the next message to process on the source partition."""
         self.committed_offset = committed_offset
+        self._time_next_messages(TIMED_BURST)
 
     @property
     def has_progress(self) -> bool:
@@ -122,6 +139,12 @@ class PartitionTransaction:
         """`begin_message` with the message key's `keys.message_prefix` already made."""
         for state in self._state_list:
             state._bind(prefix, offset)
+
+    def _time_next_messages(self, count: int) -> None:
+        """Time the state operations of the next `count` messages."""
+        for view, timed in self._sampled:
+            view._metrics.timed_messages_left = count
+            view.__class__ = timed
 
     def accept_message(self, offset: int) -> None:
         """The message at `offset` succeeded: its writes stay in the cache, tagged with its offset."""
@@ -201,4 +224,6 @@ class PartitionTransaction:
             cache.mark_clean()
         for state in self.clocked.values():
             state.mark_committed()
+        processed = (self.next_offset or 0) - (self.committed_offset or 0)
+        self._time_next_messages(min(TIMED_BURST, max(1, processed // SAMPLE_EVERY)))
         self.committed_offset = self.next_offset

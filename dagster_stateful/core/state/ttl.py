@@ -114,7 +114,12 @@ class TtlState(State, CommittedStreamTime):
             self._stream_time = timestamp
 
     def get(self, key: str | bytes, default: Any = None) -> Any:
-        data = self._stored(self._prefix + encode_state_key(key))
+        self._metrics.gets += 1
+        store_key = self._prefix + encode_state_key(key)
+        data = self._values.get(store_key, _MISSING)
+        if data is _MISSING:
+            self._metrics.misses += 1
+            data = self._read(store_key)
         if data is None:
             return default
         if data[:4] == EXPIRY_MAGIC:
@@ -128,6 +133,7 @@ class TtlState(State, CommittedStreamTime):
         Raises `StateSerializationError` (a failure of the step) when the serializer refuses `value`."""
         if value is None:
             raise ValueError("state values cannot be None; use state.delete(key)")
+        self._metrics.puts += 1
         store_key = self._prefix + encode_state_key(key)
         expiry = self.stream_time + self.ttl
         self._cache.put(store_key, with_expiry(expiry, self._encode(key, value)), self._offset)
@@ -136,9 +142,12 @@ class TtlState(State, CommittedStreamTime):
 
     def _stored(self, store_key: bytes) -> bytes | None:
         data = self._values.get(store_key, _MISSING)
-        if data is _MISSING:
-            data = self._partition.get(store_key)
-            self._cache.remember(store_key, data)
+        return self._read(store_key) if data is _MISSING else data
+
+    def _read(self, store_key: bytes) -> bytes | None:
+        """RocksDB's value of `store_key`, remembered by the record cache."""
+        data = self._partition.get(store_key)
+        self._cache.remember(store_key, data)
         return data
 
     def _track(self, store_key: bytes, expiry: int) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from core_helpers import opened_partition
 
 from dagster_stateful.core import (
     Aggregate,
@@ -40,13 +41,9 @@ def amount(order: dict) -> int:
 
 @pytest.fixture
 def store(tmp_path) -> Iterator[StorePartition]:
-    state = StateDirectory(tmp_path, AppConfig(name="app", source="orders", stores=("aggregates", "other")))
-    part = state.partition("aggregates", 0)
-    part.open()
-    try:
-        yield part
-    finally:
-        part.close()
+    yield from opened_partition(
+        StateDirectory(tmp_path, AppConfig(name="app", source="orders", stores=("aggregates", "other"))), "aggregates"
+    )
 
 
 def transaction(store: StorePartition, committed: int | None = None) -> PartitionTransaction:

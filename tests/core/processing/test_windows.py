@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from core_helpers import opened_partition
 
 from dagster_stateful.core import AppConfig, Collect, ConfigurationError, Count, JsonSerde, Sum
 from dagster_stateful.core.processing.dataframe import StepFailed, StreamingDataFrame
@@ -33,12 +34,7 @@ def directory(tmp_path) -> StateDirectory:
 
 @pytest.fixture
 def store(directory) -> Iterator[StorePartition]:
-    part = directory.partition("windows", 0)
-    part.open()
-    try:
-        yield part
-    finally:
-        part.close()
+    yield from opened_partition(directory, "windows")
 
 
 def frame_of(emit: str = "final", retention: int | None = None, step: int | None = None) -> StreamingDataFrame:

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import orjson
 import pytest
+from core_helpers import opened_partition
 
 from dagster_stateful.core import App, AppConfig, ConfigurationError, Count, JsonSerde, Store
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
@@ -31,12 +32,7 @@ def directory(tmp_path) -> StateDirectory:
 
 @pytest.fixture
 def store(directory) -> Iterator[StorePartition]:
-    part = directory.partition("seen", 0)
-    part.open()
-    try:
-        yield part
-    finally:
-        part.close()
+    yield from opened_partition(directory, "seen")
 
 
 def transaction(store: StorePartition, committed: int | None = None, ttl: int | None = TTL) -> PartitionTransaction:

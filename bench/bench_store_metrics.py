@@ -1,0 +1,498 @@
+"""What the per-store metrics cost: the engine's hot path with and without them, passes interleaved.
+
+The workload is the worker's own processing path without Kafka: `BatchProcessor` runs pre-built
+messages (--messages JSON orders in --partitions partitions, in consumed batches of 1000) through
+the steps into `PartitionTransaction`s on real RocksDB store partitions (fresh ones each pass), and
+the real `Committer` commits every --commit-every messages and at the end (changelogs off; the
+consumer's and the producer's calls are stand-ins that return at once, so a commit is the engine's
+part of it: collecting the changes and writing RocksDB).
+
+Workloads: `update, 10k keys` (a stateful apply: `state.get` and `state.set` per message, mostly
+answered by the record cache); `update, new keys` (every message a key never seen: every get reads
+RocksDB); `aggregate, 10k keys` (`aggregate(Sum(...))`: one fold per message). And the state
+operations alone (`state alone: get + set`, `state alone: fold`): per message, binding its key and
+running the same steps on one partition's transaction, without decoding, batches or commits, where
+what the metrics add per message is seen most sharply.
+
+"Metrics off" is the same engine with the metered files (`METERED_FILES`) as they were at
+--baseline, the revision before store metrics (found from git: the parent of the commit that added
+`core/monitoring/store_metrics.py`; HEAD while that file is not committed). Both variants are
+copies of the current `dagster_stateful` taken at the start, so they differ in those files only.
+
+Per workload and session (--sessions), each variant runs in a fresh process of its own, pinned to
+one CPU (--cpu, the same for both) with the same hash seed, that builds the messages and makes a
+warm-up pass; then the two make --rounds measured passes each, alternating (the order flips each
+round), so that both see the same moments of the machine. Fresh processes per session matter: one
+process can run the same code a few per cent faster or slower than another for the whole of its
+life (measured: the same variant against itself in two processes, 4 to 9%), which no number of
+passes in those two processes averages out; which of the two starts first alternates too (in
+runs of the same code in both, the first one started was 1-3% faster). A pass's figure is messages
+per second of the process's CPU time (wall-clock time would count the time other work took the
+core away; it is shown too). The table gives each variant's median and the overhead: of the
+medians, the median of the rounds' own overheads, and of the best passes (the least disturbed
+ones). --control runs the "off" copy in both slots: what it shows is the measurement's own noise.
+
+    .venv/bin/python bench/bench_store_metrics.py                      # about 17 minutes here
+    .venv/bin/python bench/bench_store_metrics.py --control            # the same, "off" in both slots
+    .venv/bin/python bench/bench_store_metrics.py --sessions 4 --workloads "state alone: fold"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench_restore import bench_broker
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "dagster_stateful"
+FEATURE_FILE = f"{PACKAGE}/core/monitoring/store_metrics.py"
+METERED_FILES = [
+    f"{PACKAGE}/core/state/kv.py",
+    f"{PACKAGE}/core/state/live.py",
+    f"{PACKAGE}/core/state/view.py",
+    f"{PACKAGE}/core/state/partition.py",
+    f"{PACKAGE}/core/state/transaction.py",
+    f"{PACKAGE}/core/state/rocksdb.py",
+    f"{PACKAGE}/core/processing/commit.py",
+    f"{PACKAGE}/core/processing/worker.py",
+    f"{PACKAGE}/core/monitoring/report.py",
+]
+"""The files that count, time and gather the store metrics (the new modules are left in place, unused)."""
+WORKLOADS = {
+    "update, 10k keys": (10_000, False),
+    "update, new keys": (None, False),
+    "aggregate, 10k keys": (10_000, True),
+}
+"""name -> (distinct keys, None: one per message; whether it aggregates)."""
+KAFKA_WORKLOADS = {"worker with Kafka, update 10k keys": False, "worker with Kafka, aggregate 10k keys": True}
+"""name -> whether it aggregates: a whole worker run against a local broker (changelogs on), what a
+user's throughput is made of; the messages are produced once, each pass a fresh consumer group."""
+KAFKA_KEYS = 10_000
+STATE_LOOPS = {"state alone: get + set": False, "state alone: fold": True}
+"""name -> whether it aggregates: the state operations alone, the finest view of what the metrics add."""
+BATCH = 1000
+LOOP_KEYS = 1000
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def default_baseline() -> str:
+    added = git("log", "--diff-filter=A", "--format=%H", "--", FEATURE_FILE).split()
+    return f"{added[-1]}^" if added else "HEAD"
+
+
+def make_variants(directory: Path, baseline: str) -> dict[str, Path]:
+    """Two copies of the package, "on" as it is and "off" with the metered files at `baseline`."""
+    variants = {"on": directory / "on", "off": directory / "off"}
+    for root in variants.values():
+        shutil.copytree(ROOT / PACKAGE, root / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in METERED_FILES:
+        target = variants["off"] / path
+        try:
+            target.write_text(git("show", f"{baseline}:{path}"))
+        except subprocess.CalledProcessError:
+            target.unlink()
+    return variants
+
+
+class Runner:
+    """One variant's process, serving one workload: it builds the messages once, makes a warm-up
+    pass, then makes one measured pass per `run()`."""
+
+    def __init__(self, variant: str, root: Path, workload: str, args: argparse.Namespace) -> None:
+        command = [sys.executable, __file__, "--serve", workload, "--messages", str(args.messages)]
+        command += ["--partitions", str(args.partitions), "--commit-every", str(args.commit_every)]
+        if workload in KAFKA_WORKLOADS:
+            command += ["--bootstrap", args.bootstrap, "--source", args.source]
+        self.variant = variant
+        self.process = subprocess.Popen(
+            command,
+            env={**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        os.sched_setaffinity(self.process.pid, {args.cpu})
+        self._read()  # ready
+
+    def _read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the {self.variant!r} process stopped (exit code {self.process.wait()}); see its stderr")
+        return dict(json.loads(line))
+
+    def run(self) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
+# The child: one process, one variant, one workload.
+
+
+def add_to_total(order: dict, state: Any) -> None:
+    state.set("total", state.get("total", 0) + order["amount"])
+
+
+def order_amount(order: dict) -> int:
+    return int(order["amount"])
+
+
+def make_batches(messages: int, keys: int | None, partitions: int) -> list[list[Any]]:
+    """Consumed batches as a worker gets them: each message of a key in its partition, runs per partition."""
+    from confluent_kafka import Message
+    from orjson import dumps
+
+    rng = random.Random(1)
+    offsets = [0] * partitions
+    batches = []
+    for start in range(0, messages, BATCH):
+        runs: list[list[Message]] = [[] for _ in range(partitions)]
+        for i in range(start, min(messages, start + BATCH)):
+            customer = i if keys is None else rng.randrange(keys)
+            partition = customer % partitions
+            value = dumps({"customer": customer, "amount": i % 100})
+            key = f"c{customer}".encode()
+            runs[partition].append(
+                Message(topic="orders", partition=partition, offset=offsets[partition], key=key, value=value)
+            )
+            offsets[partition] += 1
+        batches.append([message for run in runs for message in run])
+    return batches
+
+
+class ReturnAtOnce:
+    """The consumer's commit and the producer's flush, as the engine calls them, doing nothing."""
+
+    def commit(self, offsets: Any = None, asynchronous: bool = False) -> None:
+        return None
+
+    def flush(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def process(batches: list[list[Any]], partitions: int, aggregate: bool, commit_every: int) -> dict[str, Any]:
+    """One pass over `batches` on fresh stores: messages/s, and the store metrics where this engine has them."""
+    from dagster_stateful.core import App, Sum
+    from dagster_stateful.core.processing.bad_input import BadInputHandler
+    from dagster_stateful.core.processing.batch import BatchProcessor
+    from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
+    from dagster_stateful.core.processing.restoring import Restorations
+    from dagster_stateful.core.state.transaction import PartitionTransaction
+
+    state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))
+    try:
+        app = App(name="bench", source="orders", stores=["totals"], state_dir=state_dir)
+        frame = app.dataframe()
+        if aggregate:
+            frame.aggregate(Sum(order_amount), name="total")
+        else:
+            frame.apply(add_to_total, stateful=True)
+        config = app.config
+        stores = {p: app.state.partition("totals", p) for p in range(partitions)}
+        for store in stores.values():
+            store.open()
+        transactions = {
+            p: PartitionTransaction(p, {"totals": stores[p]}, config.state_serde, None, frame.live_stores)
+            for p in range(partitions)
+        }
+        stand_in: Any = ReturnAtOnce()
+        committer = Committer(stand_in, stand_in, DeliveryTracker(), "orders", None)
+        bad_input = BadInputHandler(config.on_error, committer.produce, config.dead_letter_topic)
+        counts: dict[int, int] = {}
+        processor = BatchProcessor(
+            config, frame, transactions, Restorations(), bad_input, committer.produce, counts, refuse_damage
+        )
+        since_commit = 0
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for batch in batches:
+            index = 0
+            while index < len(batch):
+                index, done = processor.process(batch, index, commit_every - since_commit)
+                since_commit += done
+                if since_commit >= commit_every:
+                    committer.commit(transactions.values())
+                    since_commit = 0
+        committer.commit(transactions.values())
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        for store in stores.values():
+            store.close()
+        processed = sum(counts.values())
+        return {
+            "rate": processed / seconds,
+            "cpu_rate": processed / cpu_seconds,
+            "metrics": described_metrics(committer),
+        }
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def refuse_damage(partition: int, error: Exception) -> None:
+    raise error
+
+
+def described_metrics(committer: Any) -> dict[str, Any] | None:
+    """The figures a person checks, from the run's store metrics (None: the engine has none)."""
+    gathered = getattr(committer, "metrics", None)
+    if gathered is None:
+        return None
+    by_store, _, commits = gathered.summary()
+    store = by_store["totals"]
+    figures = {
+        f"{name}_count": store.operation(name).count for name in ("get", "put", "fold") if store.operation(name).count
+    }
+    figures |= {
+        f"{name}_p99_us": round(store.operation(name).latency.p99_seconds * 1e6, 2)
+        for name in ("get", "put", "fold")
+        if store.operation(name).count
+    }
+    figures["cache_hit_ratio"] = round(store.cache_hit_ratio or 0.0, 4)
+    figures["rocksdb_bytes_written"] = store.rocksdb.bytes_written if store.rocksdb else None
+    figures["commit_p50_ms"] = round(commits.p50_seconds * 1e3, 2)
+    figures["commit_p99_ms"] = round(commits.p99_seconds * 1e3, 2)
+    return figures
+
+
+def state_loop(aggregate: bool, messages: int) -> dict[str, Any]:
+    """One pass of the state operations alone on a fresh store: per message, bind its key (one of
+    `LOOP_KEYS`) as the worker does and run the step, with no decoding, batches or commits."""
+    from dagster_stateful.core import App, Sum
+    from dagster_stateful.core.state.keys import message_prefix
+    from dagster_stateful.core.state.transaction import PartitionTransaction
+
+    state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))
+    try:
+        app = App(name="bench", source="orders", stores=["totals"], state_dir=state_dir)
+        frame = app.dataframe()
+        if aggregate:
+            frame.aggregate(Sum(order_amount), name="total")
+        else:
+            frame.apply(add_to_total, stateful=True)
+        store = app.state.partition("totals", 0)
+        store.open()
+        txn = PartitionTransaction(0, {"totals": store}, app.config.state_serde, None, frame.live_stores)
+        run, views, begin, journals = frame.compiled(), txn.views, txn.begin_scoped, txn.journals
+        prefixes = [message_prefix(f"c{i}".encode()) for i in range(LOOP_KEYS)]
+        order = {"customer": 1, "amount": 3}
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for offset in range(messages):
+            begin(prefixes[offset % LOOP_KEYS], offset)
+            run(order, views)
+            for journal in journals:
+                if journal:
+                    journal.clear()
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        store.close()
+        return {"rate": messages / seconds, "cpu_rate": messages / cpu_seconds, "metrics": None}
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def worker_run(bootstrap: str, source: str, aggregate: bool, commit_every: int) -> dict[str, Any]:
+    """One bounded worker run over the whole of `source`, as a new app (its own group, changelog and
+    store directory): messages per second of its process's CPU time and of wall-clock time."""
+    from dagster_stateful.core import App, Sum
+
+    state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))
+    try:
+        app = App(
+            name=f"bench-metrics-{uuid.uuid4().hex[:12]}",
+            source=source,
+            stores=["totals"],
+            state_dir=state_dir,
+            kafka=bootstrap,
+            commit_every=commit_every,
+        )
+        frame = app.dataframe()
+        if aggregate:
+            frame.aggregate(Sum(order_amount), name="total")
+        else:
+            frame.apply(add_to_total, stateful=True)
+        cpu_started = time.process_time()
+        report = app.run_worker(max_seconds=600)
+        cpu_seconds = time.process_time() - cpu_started
+        processed = report.total_processed
+        metrics = getattr(report, "store_metrics", None)
+        return {
+            "rate": processed / report.seconds,
+            "cpu_rate": processed / cpu_seconds,
+            "metrics": {f"{op}_count": metrics["totals"].operation(op).count for op in ("get", "put", "fold")}
+            if metrics
+            else None,
+        }
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def produce_source(bootstrap: str, messages: int, partitions: int) -> str:
+    """A topic of `messages` orders over `KAFKA_KEYS` customers, for the Kafka workloads."""
+    from bench_core import create_topic, produce_orders
+
+    source = f"bench-metrics-orders-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, source, partitions)
+    produce_orders(bootstrap, source, messages, lambda i: f"c{(i * 7919) % KAFKA_KEYS}")
+    return source
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Build the workload's messages and make a warm-up pass, say so, then make one pass per "run" line read."""
+    if args.serve in KAFKA_WORKLOADS:
+        aggregate = KAFKA_WORKLOADS[args.serve]
+
+        def one_pass() -> dict[str, Any]:
+            return worker_run(args.bootstrap, args.source, aggregate, args.commit_every)
+    elif args.serve in STATE_LOOPS:
+        aggregate = STATE_LOOPS[args.serve]
+
+        def one_pass() -> dict[str, Any]:
+            return state_loop(aggregate, args.messages)
+    else:
+        keys, aggregate = WORKLOADS[args.serve]
+        batches = make_batches(args.messages, keys, args.partitions)
+
+        def one_pass() -> dict[str, Any]:
+            return process(batches, args.partitions, aggregate, args.commit_every)
+
+    one_pass()
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        print(json.dumps(one_pass()), flush=True)
+
+
+# The parent: interleaved rounds and the table.
+
+
+def print_settings(args: argparse.Namespace, baseline: str) -> None:
+    revision = git("rev-parse", "--short", "HEAD").strip()
+    dirty = bool(git("status", "--porcelain", "--", PACKAGE).strip())
+    print("== machine and settings")
+    print(f"cpu_count:    {os.cpu_count()}, python {sys.version.split()[0]}, {platform.platform()}")
+    print(f"load avg:     {' '.join(f'{v:.2f}' for v in os.getloadavg())} (other work skews single runs)")
+    print(f"engine:       {revision}{' + uncommitted changes' if dirty else ''}")
+    baseline_commit = git("rev-parse", "--short", baseline).strip()
+    print(f"metrics off:  {len(METERED_FILES)} metered files as at {baseline} ({baseline_commit})")
+    print(f"workload:     {args.messages:,} messages in {args.partitions} partitions, batches of {BATCH}", end="")
+    print(f", commit every {args.commit_every:,} messages and at the end")
+    print(f"passes:       {args.sessions} sessions of a fresh process per variant (warmed up by one pass)", end="")
+    print(f", each making {args.rounds} passes, alternating, the order flipped each round", end="")
+    print(f"; both variants on CPU {args.cpu}, PYTHONHASHSEED=0")
+    if args.control:
+        print("control:      'on' runs the 'off' copy too: any overhead shown is the measurement's noise")
+
+
+def overhead(off: float, on: float) -> float:
+    return (off - on) / off * 100
+
+
+def measure_workload(name: str, variants: dict[str, Path], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """`args.sessions` times: a fresh process per variant, then `args.rounds` passes of each,
+    alternating (the order flips each round)."""
+    print(f"\n== {name}: messages per CPU-second (per wall-clock second)")
+    results: dict[str, list[dict]] = {"off": [], "on": []}
+    for session in range(args.sessions):
+        starting = ("off", "on") if session % 2 == 0 else ("on", "off")
+        runners = {variant: Runner(variant, variants[variant], name, args) for variant in starting}
+        try:
+            for round_number in range(args.rounds):
+                for variant in ("off", "on") if (session + round_number) % 2 == 0 else ("on", "off"):
+                    results[variant].append(runners[variant].run())
+                off, on = results["off"][-1], results["on"][-1]
+                print(
+                    f"session {session + 1:>2} round {round_number + 1:>2}  off {off['cpu_rate']:>9,.0f} "
+                    f"({off['rate']:>9,.0f})  on {on['cpu_rate']:>9,.0f} ({on['rate']:>9,.0f})  "
+                    f"{overhead(off['cpu_rate'], on['cpu_rate']):5.1f}%"
+                )
+        finally:
+            for runner in runners.values():
+                runner.close()
+    return results
+
+
+def print_table(results: dict[str, dict[str, list[dict]]]) -> None:
+    print("\n| workload | metrics off, msg per CPU-s (median) | metrics on (median) | overhead of the medians ", end="")
+    print("| median of the rounds' overheads | overhead of the best passes | wall-clock msg/s off / on (median) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in results.items():
+        off, on = ([run["cpu_rate"] for run in runs[variant]] for variant in ("off", "on"))
+        walls = [statistics.median(run["rate"] for run in runs[variant]) for variant in ("off", "on")]
+        paired = statistics.median(overhead(a, b) for a, b in zip(off, on, strict=True))
+        cpu_off, cpu_on = statistics.median(off), statistics.median(on)
+        print(
+            f"| {name} | {cpu_off:,.0f} | {cpu_on:,.0f} | {overhead(cpu_off, cpu_on):.1f}% | {paired:.1f}% | "
+            f"{overhead(max(off), max(on)):.1f}% | {walls[0]:,.0f} / {walls[1]:,.0f} |"
+        )
+
+
+def measure(args: argparse.Namespace) -> None:
+    baseline = args.baseline or default_baseline()
+    print_settings(args, baseline)
+    results: dict[str, dict[str, list[dict]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-store-metrics-") as directory, ExitStack() as stack:
+        variants = make_variants(Path(directory), baseline)
+        if args.control:
+            variants["on"] = variants["off"]
+        if any(name in KAFKA_WORKLOADS for name in args.workloads):
+            args.bootstrap, _ = stack.enter_context(bench_broker("bench-store-metrics-"))
+            args.source = produce_source(args.bootstrap, args.messages, args.partitions)
+            print(f"kafka:        {args.messages:,} orders of {KAFKA_KEYS:,} customers in {args.source}")
+        for name in args.workloads:
+            results[name] = measure_workload(name, variants, args)
+    shown = {name: runs["on"][-1]["metrics"] for name, runs in results.items() if runs["on"][-1]["metrics"]}
+    if shown:
+        print("\n== store metrics of the last 'on' pass")
+    for name, figures in shown.items():
+        print(f"{name}: {figures}")
+    print_table(results)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--commit-every", type=int, default=50_000)
+    parser.add_argument("--sessions", type=int, default=20, help="fresh processes per variant, one after the other")
+    parser.add_argument("--rounds", type=int, default=5, help="measured passes of each variant per session")
+    parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="the CPU both variants run on")
+    every = [*WORKLOADS, *STATE_LOOPS, *KAFKA_WORKLOADS]
+    parser.add_argument("--workloads", nargs="+", default=every, choices=every)
+    parser.add_argument("--baseline", help="the git revision whose metered files are 'metrics off'")
+    parser.add_argument("--control", action="store_true", help="'on' runs the 'off' copy too: the noise floor")
+    parser.add_argument("--serve", choices=every, help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.serve:
+        serve(args)
+    else:
+        measure(args)
+
+
+if __name__ == "__main__":
+    main()
