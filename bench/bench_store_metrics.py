@@ -93,8 +93,13 @@ def git(*args: str) -> str:
 
 
 def default_baseline() -> str:
+    """The parent of the commit that added the store metrics; HEAD when the history does not hold it
+    (the metrics not committed yet, or a shallow clone): then both variants have them."""
     added = git("log", "--diff-filter=A", "--format=%H", "--", FEATURE_FILE).split()
-    return f"{added[-1]}^" if added else "HEAD"
+    if not added:
+        return "HEAD"
+    parent = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{added[-1]}^"], cwd=ROOT, capture_output=True)
+    return f"{added[-1]}^" if parent.returncode == 0 else "HEAD"
 
 
 def make_variants(directory: Path, baseline: str) -> dict[str, Path]:

@@ -5,8 +5,11 @@ runs a local development broker, or with `start --brokers 3` a cluster of three:
 only the bootstrap address on stdout, so `export KAFKA_BOOTSTRAP_SERVERS=$(dagster-stateful kafka
 start)` works; progress and errors go to stderr. Exit codes: 0 success (for `status`: running,
 every node of a cluster), 1 error (for `status`: alive but not answering, or a cluster with a node
-down), 3 not running. `dagster-stateful spark start --workers N | stop | status` runs a local Spark
-standalone cluster the same way (`start` prints the master URL).
+down), 3 not running. `kafka start --secured` starts a broker serving SASL_SSL (SCRAM-SHA-512) and
+mutual TLS only, with ACLs denying by default. `dagster-stateful spark start --workers N | stop |
+status` runs a local Spark standalone cluster the same way (`start` prints the master URL).
+`dagster-stateful acls MODULE:APP --principal User:NAME` prints the `kafka-acls` commands that grant
+an app exactly the ACLs it needs (`--table`: as a Markdown table).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING
 from dagster_stateful.errors import StatefulError
 
 if TYPE_CHECKING:
-    from dagster_stateful.local_kafka.broker import BrokerSettings
+    from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
 DEFAULT_KAFKA_HOME = Path(".dagster-stateful") / "kafka"
 KAFKA_HOME_ENV = "DAGSTER_STATEFUL_KAFKA_HOME"
@@ -64,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
         "--brokers", type=int, default=1, help="1: one broker; 3 or more: a KRaft cluster with replication factor 3"
     )
     start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the broker to answer")
+    start.add_argument(
+        "--secured",
+        action="store_true",
+        help="serve SASL_SSL (SCRAM-SHA-512) and mutual TLS only, with ACLs denying by default (one broker)",
+    )
     start.set_defaults(handler=_start)
 
     stop = actions.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL after --timeout)")
@@ -75,7 +83,35 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--home", type=Path, help=home_help)
     status.set_defaults(handler=_status)
     _spark_commands(commands)
+    _acls_command(commands)
     return parser
+
+
+def _acls_command(commands: argparse._SubParsersAction) -> None:
+    acls = commands.add_parser("acls", help="print the Kafka ACLs an app needs, as kafka-acls commands")
+    acls.add_argument("app", metavar="MODULE:ATTRIBUTE", help="the App, e.g. my_project.apps:order_totals")
+    acls.add_argument("--principal", default="User:APP_USER", help="who gets them (default: %(default)s)")
+    acls.add_argument("--bootstrap-server", default="BROKER:9093", help="for the printed commands")
+    acls.add_argument(
+        "--command-config", default="admin.properties", help="the admin's client properties file, for the commands"
+    )
+    acls.add_argument("--table", action="store_true", help="print a Markdown table (resource, operation, why)")
+    acls.set_defaults(handler=_acls)
+
+
+def _acls(arguments: argparse.Namespace) -> int:
+    from dagster_stateful.component import load_app
+    from dagster_stateful.core.kafka.acls import kafka_acls_commands, markdown_table, required_acls
+
+    sys.path.insert(0, os.getcwd())  # a module of the current project, as `python -m` would find it
+    app = load_app(arguments.app)
+    required = required_acls(app.config, app.topic_specs())
+    if arguments.table:
+        print(markdown_table(required))
+        return 0
+    commands = kafka_acls_commands(required, arguments.principal, arguments.bootstrap_server, arguments.command_config)
+    print("\n".join(commands))
+    return 0
 
 
 def _spark_commands(commands: argparse._SubParsersAction) -> None:
@@ -136,14 +172,33 @@ def _start(arguments: argparse.Namespace) -> int:
 
     properties = dict(_key_value(entry) for entry in arguments.set)
     if arguments.brokers != 1:
+        if arguments.secured:
+            raise SystemExit("error: --secured starts one broker; leave out --brokers")
         return _start_cluster(arguments, BrokerSettings(properties=properties))
-    settings = BrokerSettings(port=arguments.port, controller_port=arguments.controller_port, properties=properties)
+    settings = BrokerSettings(
+        port=arguments.port, controller_port=arguments.controller_port, properties=properties, secured=arguments.secured
+    )
     broker = LocalKafkaBroker(_home(arguments), settings)
     print(f"starting Kafka broker in {broker.home} ...", file=sys.stderr)
     bootstrap = broker.start(timeout=arguments.timeout)
     print(f"Kafka broker running at {bootstrap} (logs: {broker.log_file})", file=sys.stderr)
+    if arguments.secured:
+        _describe_secured(broker)
     print(bootstrap)
     return 0
+
+
+def _describe_secured(broker: LocalKafkaBroker) -> None:
+    from dagster_stateful.local_kafka.secured import DEVELOPER, SCRAM_MECHANISM
+
+    endpoints = broker.endpoints()
+    print(
+        f"  SASL_SSL ({SCRAM_MECHANISM}) at {endpoints.sasl_ssl}; mutual TLS at {endpoints.mutual_tls}\n"
+        f"  CA certificate (ssl.ca.location): {endpoints.ca_certificate}\n"
+        f"  user {DEVELOPER!r} (a super user), password in {endpoints.developer_password_file}\n"
+        "  other users have only what ACLs grant them (allow.everyone.if.no.acl.found=false)",
+        file=sys.stderr,
+    )
 
 
 def _start_cluster(arguments: argparse.Namespace, settings: BrokerSettings) -> int:

@@ -42,6 +42,11 @@ class KafkaResource(ConfigurableResource):
         default_factory=dict,
         description="Further librdkafka settings applied to every client (e.g. `ssl.ca.location`).",
     )
+    spark_kafka_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Java client settings for Spark's Kafka source, over those translated from the above "
+        "(for what has no translation: Kerberos, OAUTHBEARER; never a secret in clear).",
+    )
 
     def client_settings(self) -> dict[str, Any]:
         """librdkafka settings common to producers, consumers and admin clients."""
@@ -59,21 +64,11 @@ class KafkaResource(ConfigurableResource):
         return settings
 
     def spark_kafka_options(self) -> dict[str, str]:
-        """The same connection as options of Spark's Kafka source (`kafka.*`)."""
-        options = {"kafka.bootstrap.servers": self.bootstrap_servers, "kafka.security.protocol": self.security_protocol}
-        if self.sasl_mechanism:
-            options["kafka.sasl.mechanism"] = self.sasl_mechanism
-            if self.sasl_username is not None and self.sasl_password is not None:
-                module = (
-                    "org.apache.kafka.common.security.plain.PlainLoginModule"
-                    if self.sasl_mechanism == "PLAIN"
-                    else "org.apache.kafka.common.security.scram.ScramLoginModule"
-                )
-                options["kafka.sasl.jaas.config"] = (
-                    f'{module} required username="{self.sasl_username}" password="{self.sasl_password}";'
-                )
-        options.update({f"kafka.{key}": value for key, value in self.client_config.items()})
-        return options
+        """The same connection as options of Spark's Kafka source (`kafka.*`, the Java client's
+        settings; secrets only by reference, see `spark.kafka_options`)."""
+        from dagster_stateful.spark.kafka_options import process_secrets, spark_kafka_options
+
+        return spark_kafka_options(self.client_settings(), process_secrets(), self.spark_kafka_config)
 
     def clients(self) -> KafkaClients:
         return KafkaClients(self.client_settings(), admin_timeout_seconds=self.admin_timeout_seconds)

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Kafka broker and one local Spark session per test session.
+"""Shared fixtures: one real Kafka broker, one secured broker (started only when a test asks for it)
+and one local Spark session per test session.
 
 When KAFKA_BOOTSTRAP_SERVERS is set, tests use that cluster and start no broker. Every test
 makes its own uniquely named topics and consumer groups (`unique_name`), so tests never see each
@@ -19,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from dagster_stateful.local_kafka.broker import LocalKafkaBroker
+from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
+from dagster_stateful.local_kafka.secured import SecuredEndpoints
 
 TESTS = Path(__file__).resolve().parent
-INTEGRATION_FIXTURES = {"kafka_bootstrap", "spark"}
+INTEGRATION_FIXTURES = {"kafka_bootstrap", "secured_kafka", "spark"}
 INTEGRATION_DIRS = {"local_kafka", "dagster", "spark"}
 """Tests here start brokers, Spark, Dagster processes or a browser of their own."""
 
@@ -45,6 +47,18 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield broker.start(tie_to_parent=True)
     finally:
         gc.collect()  # close clients tests left to the garbage collector while the broker still answers
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredEndpoints]:
+    """A broker serving SASL_SSL (SCRAM-SHA-512) and mutual TLS only, ACLs denying by default."""
+    broker = LocalKafkaBroker(tmp_path_factory.mktemp("secured-kafka-broker"), BrokerSettings(secured=True))
+    try:
+        broker.start(tie_to_parent=True)
+        yield broker.endpoints()
+    finally:
+        gc.collect()
         broker.stop()
 
 

@@ -188,6 +188,17 @@ class AppConfig:
     def consumer_group(self) -> str:
         return self.name
 
+    @property
+    def restore_group(self) -> str:
+        """The group id of the consumers that replay changelogs (assigned, never joined nor committed:
+        librdkafka needs one, and the broker checks Describe on it)."""
+        return f"{self.name}-restore"
+
+    @property
+    def verify_group(self) -> str:
+        """The group id of the consumer that replays a changelog to verify a store (as `restore_group`)."""
+        return f"{self.name}-verify"
+
     def changelog_topic(self, store: str) -> str:
         return f"{self.name}-{store}-changelog"
 

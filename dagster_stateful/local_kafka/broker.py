@@ -6,6 +6,8 @@ formatting storage, starting on free or chosen ports, waiting until it answers, 
 status and stopping it cleanly (SIGTERM, wait, then SIGKILL). The settings suit one node and
 tests: replication factors of 1, no initial rebalance delay, a log cleaner that acts within
 seconds, and no automatic topic creation (topics are provisioned explicitly, as in production).
+A secured broker (`BrokerSettings(secured=True)`, see `secured`) serves clients over SASL_SSL and
+mutual TLS only, with ACLs denying by default.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ from pathlib import Path
 from dagster_stateful.errors import BrokerStartError, LocalKafkaError, PortInUseError
 from dagster_stateful.local_kafka.config import HOST, LOG4J2_PROPERTIES, server_properties
 from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
+from dagster_stateful.local_kafka.secured import (
+    DEVELOPER,
+    SecuredEndpoints,
+    SecuredPorts,
+    developer_password,
+    secured_properties,
+)
+from dagster_stateful.local_kafka.tls import TlsMaterial
 from dagster_stateful.local_processes import (
     check_port_free,
     die_with_parent,
@@ -97,6 +107,8 @@ class BrokerSettings:
     """The controller quorum ("id@host:port,...") of a cluster this node belongs to; None: alone."""
     cluster_id: str | None = None
     """The KRaft cluster id to format storage with (every node of a cluster shares one); None: a new one."""
+    secured: bool = False
+    """Serve clients over SASL_SSL (SCRAM-SHA-512) and mutual TLS only, with ACLs denying by default."""
 
 
 def new_cluster_id() -> str:
@@ -155,30 +167,47 @@ class LocalKafkaBroker:
             raise BrokerStartError(f"a broker from {self.home} is {self.status().describe()}; stop it first")
         java = find_java()
         port, controller_port = self._claim_ports()
+        secured = self._claim_secured_ports(port, controller_port) if self.settings.secured else None
         jars = bundle_jars(broker_bundle(self.settings.kafka_version))
         classpath = str(jars[0].parent / "*")
-        self._write_config(port, controller_port)
+        self._write_config(port, controller_port, secured)
         self._format_storage(java, classpath)
         bootstrap = f"{HOST}:{port}"
         self._launch(java, classpath, tie_to_parent)
         assert self._process is not None
-        self._write_state(
-            {
-                "pid": self._process.pid,
-                "bootstrap_servers": bootstrap,
-                "port": port,
-                "controller_port": controller_port,
-                "kafka_version": self.settings.kafka_version,
+        state: dict[str, object] = {
+            "pid": self._process.pid,
+            "bootstrap_servers": bootstrap,
+            "port": port,
+            "controller_port": controller_port,
+            "kafka_version": self.settings.kafka_version,
+        }
+        if secured is not None:
+            state |= {
+                "internal_bootstrap": f"{HOST}:{secured.internal}",
+                "internal_port": secured.internal,
+                "mutual_tls_bootstrap": f"{HOST}:{secured.mutual_tls}",
             }
-        )
+        self._write_state(state)
         return bootstrap
+
+    def endpoints(self) -> SecuredEndpoints:
+        """Where the clients of this secured broker connect (raises unless it was started secured)."""
+        state = self._read_state()
+        if state is None or "internal_bootstrap" not in state:
+            raise LocalKafkaError(f"no secured broker has been started from {self.home}")
+        return SecuredEndpoints(
+            state["bootstrap_servers"], state["mutual_tls_bootstrap"], state["internal_bootstrap"], self.home
+        )
 
     def wait_until_ready(self, timeout: float = 120.0) -> None:
         """Wait for the launched broker to answer; stop it and raise `BrokerStartError` when it does not."""
         state = self._read_state()
         assert state is not None, "launch() first"
         try:
-            self._wait_until_ready(state["bootstrap_servers"], state["port"], timeout)
+            self._wait_until_ready(_answering_address(state), state.get("internal_port", state["port"]), timeout)
+            if "internal_bootstrap" in state:
+                self.endpoints().admin().add_user(DEVELOPER, developer_password(self.home))
         except BaseException:
             self.stop()
             raise
@@ -232,7 +261,7 @@ class LocalKafkaBroker:
         pid, bootstrap = state["pid"], state["bootstrap_servers"]
         if not self._is_broker_process(pid):
             return BrokerStatus(BrokerState.STALE, self.home, pid, bootstrap)
-        answering = _answers_metadata(bootstrap, timeout=5.0)
+        answering = _answers_metadata(_answering_address(state), timeout=5.0)
         return BrokerStatus(BrokerState.RUNNING if answering else BrokerState.UNRESPONSIVE, self.home, pid, bootstrap)
 
     def _claim_ports(self) -> tuple[int, int]:
@@ -244,12 +273,20 @@ class LocalKafkaBroker:
         )
         return port, controller
 
-    def _write_config(self, port: int, controller_port: int) -> None:
+    def _claim_secured_ports(self, port: int, controller_port: int) -> SecuredPorts:
+        mutual_tls = free_port(avoid={port, controller_port})
+        return SecuredPorts(port, mutual_tls, free_port(avoid={port, controller_port, mutual_tls}), controller_port)
+
+    def _write_config(self, port: int, controller_port: int, secured: SecuredPorts | None) -> None:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "data").mkdir(parents=True, exist_ok=True)
         settings = self.settings
+        security = (
+            {} if secured is None else secured_properties(self.home, secured, TlsMaterial(self.home / "tls").ensure())
+        )
         properties = {
             **server_properties(self.home / "data", port, controller_port, settings.node_id, settings.quorum_voters),
+            **security,
             **settings.properties,
         }
         (self.home / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
@@ -362,6 +399,11 @@ class LocalKafkaBroker:
 
     def _write_state(self, state: dict) -> None:
         write_state_file(self.home / STATE_FILE, state)
+
+
+def _answering_address(state: dict) -> str:
+    """Where to ask whether the broker answers: a secured broker's internal listener."""
+    return str(state.get("internal_bootstrap", state["bootstrap_servers"]))
 
 
 def _answers_metadata(bootstrap: str, timeout: float) -> bool:

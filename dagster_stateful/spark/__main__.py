@@ -45,12 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _snapshot(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext | None) -> dict[str, Any]:
     from dagster_stateful.core.kafka.clients import KafkaClients
     from dagster_stateful.core.recovery.snapshots import SnapshotStore
+    from dagster_stateful.spark.kafka_options import process_secrets, spark_kafka_options
     from dagster_stateful.spark.snapshots import snapshot_changelog
 
     options = dict(_pair(entry) for entry in arguments.kafka_option)
     options |= {key: os.environ[variable] for key, variable in map(_pair, arguments.kafka_option_env)}
     kafka = KafkaClients({"bootstrap.servers": arguments.bootstrap, **options})
-    spark_options = {"kafka.bootstrap.servers": arguments.bootstrap, **{f"kafka.{k}": v for k, v in options.items()}}
+    spark_options = spark_kafka_options({"bootstrap.servers": arguments.bootstrap, **options}, process_secrets())
     snapshots = SnapshotStore(arguments.snapshot_root, arguments.app, arguments.store)
     taken = snapshot_changelog(
         spark,

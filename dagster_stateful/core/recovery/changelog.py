@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.records import Headers
@@ -112,6 +112,7 @@ class ChangelogRestore:
         if not messages:
             self._note_no_records()
             return 0
+        _raise_errors(messages)
         skipped = self.filter.skipped
         self._note_offsets(messages)
         self._deduplicate(messages)
@@ -272,6 +273,14 @@ class ChangelogRestore:
             rate,
             self.records_left / max(rate, 1e-9),
         )
+
+
+def _raise_errors(messages: list[Message]) -> None:
+    """Raise the first error Kafka handed over among `messages` (the end of a partition is none)."""
+    for message in messages:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            raise KafkaException(error)
 
 
 def _recreated_changelog_error(store: StorePartition, stored: int, high: int) -> RecoveryError:

@@ -78,7 +78,7 @@ def restore_partitions(
         raise ConfigurationError("the Spark restore path needs an SST writer (a Spark session)")
     partitions = sorted(set(request.partitions))
     committed = kafka.committed_offsets(config.consumer_group, config.source, partitions)
-    consumer = kafka.consumer({"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG})
+    consumer = kafka.consumer({"group.id": config.restore_group, **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(kafka, consumer, listeners, config.restore_batch_size)
     activity = state.activity_lock()
     activity.hold_shared()

@@ -39,7 +39,7 @@ def partition_digest(store: StorePartition) -> Digest:
 def replay_digest(config: AppConfig, kafka: KafkaClients, store: str, partition: int) -> Digest:
     """Digest of the partition rebuilt from the changelog alone (up to the current end)."""
     committed = kafka.committed_offsets(config.consumer_group, config.source, [partition]).get(partition)
-    consumer = kafka.consumer({"group.id": f"{config.consumer_group}-verify", **RESTORE_CONSUMER_CONFIG})
+    consumer = kafka.consumer({"group.id": config.verify_group, **RESTORE_CONSUMER_CONFIG})
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         replica = StateDirectory(Path(scratch), config).partition(store, partition)
         replica.open()
