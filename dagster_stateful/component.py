@@ -13,6 +13,7 @@ and an app module with one stateful step (`StatefulAppScaffolder`).
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Sequence
 from types import ModuleType
@@ -67,6 +68,11 @@ def _env_or_text(value: str | EnvVarRef | None) -> str | None:
     return value.value() if isinstance(value, EnvVarRef) else value
 
 
+def _given(value: str | EnvVarRef | None) -> bool:
+    """Whether a setting has a value (an `{env: NAME}` one: whether NAME is set and not empty)."""
+    return bool(os.environ.get(value.env) if isinstance(value, EnvVarRef) else value)
+
+
 def _secret_reference(value: Any) -> Any:
     """A secret's setting, refused unless it is an `{env: NAME}` reference (or unset)."""
     if isinstance(value, str):
@@ -97,12 +103,23 @@ class KafkaSettings(Resolvable, Model):
             description="SASL password: only as `{env: NAME}`, never as text in the YAML.",
         ),
     ] = None
+    ssl_ca_location: Annotated[
+        str | EnvVarRef | None, _doc("PEM file of the CA certificates that signed the brokers' (TLS).")
+    ] = None
     admin_timeout_seconds: Annotated[
         float, _doc("How long Kafka reads and topic changes retry transient errors before a run fails.")
     ] = 30.0
     client_config: Annotated[dict[str, str], _doc("Further librdkafka settings (no secrets: the UI shows them).")] = (
         Field(default_factory=dict)
     )
+
+    def _password(self) -> str | None:
+        """The password's `EnvVar`; none when its variable is unset and no SASL mechanism is chosen, so
+        one YAML serves a cluster with SASL and one without (with a mechanism, Dagster reports it missing)."""
+        password = _env_or_text(self.sasl_password)
+        if password is None or os.environ.get(password) is not None or _given(self.sasl_mechanism):
+            return password
+        return None
 
     @field_validator("sasl_password", mode="before")
     @classmethod
@@ -115,7 +132,8 @@ class KafkaSettings(Resolvable, Model):
             security_protocol=_env_or_text(self.security_protocol),
             sasl_mechanism=_env_or_text(self.sasl_mechanism),
             sasl_username=_env_or_text(self.sasl_username),
-            sasl_password=_env_or_text(self.sasl_password),
+            sasl_password=self._password(),
+            ssl_ca_location=_env_or_text(self.ssl_ca_location),
             admin_timeout_seconds=self.admin_timeout_seconds,
             client_config=dict(self.client_config),
         )

@@ -33,6 +33,9 @@ class KafkaResource(ConfigurableResource):
     sasl_mechanism: str | None = Field(default=None, description="e.g. PLAIN, SCRAM-SHA-512 (SASL only).")
     sasl_username: str | None = Field(default=None, description="SASL user name; pass it with `EnvVar`.")
     sasl_password: str | None = Field(default=None, description="SASL password; always pass it with `EnvVar`.")
+    ssl_ca_location: str | None = Field(
+        default=None, description="PEM file of the CA certificates that signed the brokers' (TLS)."
+    )
     admin_timeout_seconds: float = Field(
         default=30.0,
         description="How long Kafka reads and topic changes retry transient errors (a broker outage, a "
@@ -54,12 +57,13 @@ class KafkaResource(ConfigurableResource):
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
         }
-        if self.sasl_mechanism:
-            settings["sasl.mechanism"] = self.sasl_mechanism
-        if self.sasl_username is not None:
-            settings["sasl.username"] = self.sasl_username
-        if self.sasl_password is not None:
-            settings["sasl.password"] = self.sasl_password
+        optional = {
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+        }
+        settings.update({key: value for key, value in optional.items() if value})  # empty: unset (an env default)
         settings.update(self.client_config)
         return settings
 

@@ -10,6 +10,8 @@
 - `generate_orders.py`, a job (scheduled every minute) that writes random orders to the `orders`
   topic, timestamped over the last minute, and sends some of them twice (as a retrying producer would).
 
-Kafka is the cluster named by KAFKA_BOOTSTRAP_SERVERS; state lives in DAGSTER_STATEFUL_STATE_DIR and
+Kafka is the cluster named by KAFKA_BOOTSTRAP_SERVERS (on a secured one, with KAFKA_SECURITY_PROTOCOL,
+KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD and KAFKA_SSL_CA_LOCATION, see
+docs/security.md); state lives in DAGSTER_STATEFUL_STATE_DIR and
 snapshots (built daily by Spark, or from the UI) in DAGSTER_STATEFUL_SNAPSHOT_ROOT.
 """

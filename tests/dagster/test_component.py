@@ -51,6 +51,7 @@ attributes:
     sasl_mechanism: SCRAM-SHA-512
     sasl_username: {{env: TEST_KAFKA_USER}}
     sasl_password: {{env: TEST_KAFKA_PASSWORD}}
+    ssl_ca_location: {{env: TEST_KAFKA_CA}}
     admin_timeout_seconds: 5
     client_config: {{ssl.ca.location: /etc/kafka/ca.pem}}
   state_store:
@@ -101,6 +102,7 @@ def expected_resources(state_dir: str) -> dict[str, Any]:
             sasl_mechanism="SCRAM-SHA-512",
             sasl_username=EnvVar("TEST_KAFKA_USER"),
             sasl_password=EnvVar("TEST_KAFKA_PASSWORD"),
+            ssl_ca_location=EnvVar("TEST_KAFKA_CA"),
             admin_timeout_seconds=5.0,
             client_config={"ssl.ca.location": "/etc/kafka/ca.pem"},
         ),
@@ -228,6 +230,42 @@ def test_yaml_giving_the_kafka_password_as_text_is_refused(sandbox, monkeypatch)
     assert "kafka.sasl_password is a secret" in message
     assert "write `sasl_password: {env: KAFKA_PASSWORD}`" in message
     assert "hunter2" not in message
+
+
+ENV_DRIVEN_SECURITY = """
+type: dagster_stateful.StatefulAppComponent
+attributes:
+  app: {project}.apps:totals
+  source_partitions: 3
+  kafka:
+    bootstrap_servers: "127.0.0.1:9092"
+    security_protocol: "{{{{ env('TEST_KAFKA_PROTOCOL', 'PLAINTEXT') }}}}"
+    sasl_mechanism: "{{{{ env('TEST_KAFKA_MECHANISM', '') }}}}"
+    sasl_password: {{env: TEST_KAFKA_SECRET}}
+  state_store: {{state_dir: /nowhere}}
+"""
+
+
+@pytest.mark.parametrize("secured", [False, True])
+def test_one_yaml_serves_a_cluster_with_sasl_and_one_without_through_environment_variables(
+    sandbox, monkeypatch, secured
+):
+    if secured:
+        monkeypatch.setenv("TEST_KAFKA_PROTOCOL", "SASL_SSL")
+        monkeypatch.setenv("TEST_KAFKA_MECHANISM", "SCRAM-SHA-512")
+        monkeypatch.setenv("TEST_KAFKA_SECRET", "hunter2")
+    folder = write_defs(sandbox, ENV_DRIVEN_SECURITY)
+
+    with sandbox.load_component_and_build_defs(defs_path=folder) as (component, _):
+        resource = component.kafka.resource()
+        settings = resource.client_settings()
+
+    if secured:
+        assert settings["security.protocol"] == "SASL_SSL" and settings["sasl.mechanism"] == "SCRAM-SHA-512"
+        assert isinstance(resource.sasl_password, EnvVar) and resource.sasl_password.env_var_name == "TEST_KAFKA_SECRET"
+    else:
+        assert settings == {"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "PLAINTEXT"}
+        assert resource.sasl_password is None, "an unset password variable without SASL is no setting"
 
 
 def _messages(error: BaseException) -> str:

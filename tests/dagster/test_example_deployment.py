@@ -19,6 +19,7 @@ from kafka_helpers import answers_http, free_port, read_messages, wait_for
 from dagster_stateful import KafkaResource, StateStoreResource
 from dagster_stateful.core import App
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, split_store_key
+from dagster_stateful.local_kafka.secured import DEVELOPER, SCRAM_MECHANISM, developer_password
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,6 +133,38 @@ def test_example_generates_orders_and_keeps_totals(example):
     assert {m.partition for m in materializations} == {str(p) for p in range(example.ORDERS_PARTITIONS)}
     assert sum(m.metadata["keys"].value for m in materializations) >= 2 * 20, "a total and a count per customer"
     assert all(m.metadata["source_lag"].value == 0 for m in materializations)
+
+
+def test_the_example_runs_on_a_secured_cluster_configured_through_the_environment(secured_kafka, monkeypatch, tmp_path):
+    password = developer_password(secured_kafka.home)
+    for name, value in {
+        "KAFKA_BOOTSTRAP_SERVERS": secured_kafka.sasl_ssl,
+        "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+        "KAFKA_SASL_USERNAME": DEVELOPER,
+        "KAFKA_SASL_PASSWORD": password,
+        "KAFKA_SSL_CA_LOCATION": str(secured_kafka.ca_certificate),
+        "DAGSTER_STATEFUL_STATE_DIR": str(tmp_path / "state"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(ROOT))
+    defs = load_from_defs_folder(path_within_project=ROOT)
+    instance = DagsterInstance.ephemeral()
+
+    orders_config = {"count": 200, "customers": 50, "duplicates": 0.0}
+    generated = defs.resolve_job_def("generate_orders").execute_in_process(
+        instance=instance, run_config={"ops": {"write_orders": {"config": orders_config}}}
+    )
+    assert generated.success
+    assert defs.resolve_job_def("order_totals__provision").execute_in_process(instance=instance).success
+    worker = defs.resolve_job_def("order_totals__worker").execute_in_process(
+        instance=instance, run_config={"ops": {"order_totals__run_worker_op": {"config": {"max_seconds": 120}}}}
+    )
+
+    assert worker.success
+    materializations = worker.asset_materializations_for_node("order_totals__run_worker_op")
+    assert sum(int(str(m.metadata["messages_processed"].value)) for m in materializations) == 200
+    assert all(password not in repr(run.run_config) for run in instance.get_runs())
 
 
 def _as_in_a_terminal() -> None:
