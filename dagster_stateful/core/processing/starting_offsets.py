@@ -11,6 +11,7 @@ stops with the operator's options (`MissingOffsets`); and local state ahead of t
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -20,12 +21,27 @@ from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
-__all__ = ["COMMITTED_ATTEMPTS", "COMMITTED_TIMEOUT", "StartingOffsets"]
+__all__ = ["COMMITTED_TIMEOUT", "COMMITTED_WAIT", "StartingOffsets", "committed_wait_seconds"]
 
 log = logging.getLogger(__name__)
 
-COMMITTED_ATTEMPTS = 3
 COMMITTED_TIMEOUT = 15.0
+"""One try at reading the group's committed offsets."""
+COMMITTED_WAIT = 45.0
+"""How long reading them keeps trying, at least (a coordinator moving or loading)."""
+TRANSACTION_CLEANUP_SECONDS = 10.0
+"""How late after its timeout the broker may abort a transaction (Kafka's default
+`transaction.abort.timed.out.transaction.cleanup.interval.ms`)."""
+
+
+def committed_wait_seconds(config: AppConfig) -> float:
+    """How long reading committed offsets may keep trying. Under exactly-once, a partition's previous
+    owner killed inside a commit leaves its offsets in an open transaction, which `read_committed`
+    readers see as unstable until the broker aborts it, up to `transaction.timeout.ms` (and its
+    clean-up interval) later: the new owner waits that long, as Kafka Streams' does."""
+    if not config.exactly_once:
+        return COMMITTED_WAIT
+    return max(COMMITTED_WAIT, config.transaction_timeout_ms / 1000 + TRANSACTION_CLEANUP_SECONDS + COMMITTED_TIMEOUT)
 
 
 class StartingOffsets:
@@ -41,18 +57,42 @@ class StartingOffsets:
         """The group's committed offsets of `partitions` (a negative offset: none)."""
         # Not the subscribed consumer: its committed() can stall until timeout inside a cooperative
         # rebalance callback. A second consumer of the group that never joins it reads the same offsets.
-        for attempt in range(1, COMMITTED_ATTEMPTS + 1):
+        started = time.monotonic()
+        wait = committed_wait_seconds(self.config)
+        while True:
+            left = wait - (time.monotonic() - started)
             try:  # a bounded worker's deadline cuts the wait short
-                return self._offset_reader.committed(partitions, timeout=self._kafka.time_left(COMMITTED_TIMEOUT, 0.1))
+                timeout = self._kafka.time_left(min(COMMITTED_TIMEOUT, max(left, 0.1)), 0.1)
+                return self._offset_reader.committed(partitions, timeout=timeout)
             except KafkaException as error:
-                if attempt == COMMITTED_ATTEMPTS or self._kafka.time_left(COMMITTED_TIMEOUT) <= 0:
-                    raise RecoveryError(
-                        f"could not read group {self.config.consumer_group!r}'s committed offsets for "
-                        f"{self.config.source} partitions {[tp.partition for tp in partitions]} after {attempt} "
-                        f"attempts ({error}); is the group coordinator reachable?"
-                    ) from error
-                log.warning("Reading committed offsets failed (%s); retrying", error)
-        raise AssertionError("unreachable")
+                waited = time.monotonic() - started
+                if waited >= wait or self._kafka.time_left(COMMITTED_TIMEOUT) <= 0:
+                    raise self._unreadable(partitions, waited, error) from error
+                log.warning(
+                    "Reading group %r's committed offsets for %s partitions %s failed (%s); retrying for up to %.0f s "
+                    "in all%s",
+                    self.config.consumer_group,
+                    self.config.source,
+                    [tp.partition for tp in partitions],
+                    error,
+                    wait,
+                    " (a transaction a dead worker left open keeps them unstable until it times out)"
+                    if self.config.exactly_once
+                    else "",
+                )
+
+    def _unreadable(self, partitions: list[TopicPartition], waited: float, error: KafkaException) -> RecoveryError:
+        return RecoveryError(
+            f"could not read group {self.config.consumer_group!r}'s committed offsets for {self.config.source} "
+            f"partitions {[tp.partition for tp in partitions]} in {waited:.0f} s ({error}); is the group coordinator "
+            "reachable?"
+            + (
+                " Under exactly-once, a transaction left open by a worker that died in a commit keeps them unstable "
+                f"until transaction.timeout.ms ({self.config.transaction_timeout_ms} ms) passes."
+                if self.config.exactly_once
+                else ""
+            )
+        )
 
     def check_source_offset(self, partition: int, committed: int | None) -> None:
         """Refuse a committed offset below the source partition's low watermark."""
