@@ -60,6 +60,68 @@ class KafkaOperationError(StatefulError):
         self.retriable = retriable
 
 
+class KafkaSecurityError(KafkaOperationError):
+    """Kafka refused this client: its credentials, its TLS setup or its rights (ACLs) do not let it do
+    what the engine asked. Never retriable: the same settings fail the same way, so the engine raises
+    it at once instead of waiting it out as an outage.
+
+    A `KafkaOperationError` (Kafka's error code is kept), not a `ConfigurationError`: whether the
+    client's settings or the cluster's users, certificates or ACLs must change, only the operator can
+    tell. `broker` is the address of the broker that refused (None where unknown). The message names
+    what failed and what to change; it never holds a password.
+    """
+
+    def __init__(
+        self, message: str, code: int | None = None, code_name: str | None = None, broker: str | None = None
+    ) -> None:
+        super().__init__(message, code=code, code_name=code_name, retriable=False)
+        self.broker = broker
+
+
+class KafkaAuthenticationError(KafkaSecurityError):
+    """The brokers did not accept the client's SASL credentials: a wrong password, an unknown user
+    (Kafka reports both as invalid credentials) or a mechanism the brokers do not enable.
+    `user` and `mechanism` are the client's (None where not set)."""
+
+    def __init__(
+        self,
+        message: str,
+        code: int | None = None,
+        code_name: str | None = None,
+        broker: str | None = None,
+        user: str | None = None,
+        mechanism: str | None = None,
+    ) -> None:
+        super().__init__(message, code, code_name, broker)
+        self.user = user
+        self.mechanism = mechanism
+
+
+class KafkaTlsError(KafkaSecurityError):
+    """The TLS handshake with a broker failed: its certificate is not trusted (`ssl.ca.location`), is
+    not valid for the name the client connected to, or the broker refused the client's certificate."""
+
+
+class KafkaAuthorizationError(KafkaSecurityError):
+    """The client authenticated, but an ACL it needs is missing. `operation` (Kafka's ACL operation
+    as kafka-acls names it, e.g. Read), `resource_type` (topic, group, transactional-id, cluster) and
+    `resource_name` say which, where the engine knows them (None otherwise)."""
+
+    def __init__(
+        self,
+        message: str,
+        code: int | None = None,
+        code_name: str | None = None,
+        operation: str | None = None,
+        resource_type: str | None = None,
+        resource_name: str | None = None,
+    ) -> None:
+        super().__init__(message, code, code_name)
+        self.operation = operation
+        self.resource_type = resource_type
+        self.resource_name = resource_name
+
+
 class DeliveryError(StatefulError):
     """Kafka did not acknowledge records the commit depends on; nothing was committed."""
 

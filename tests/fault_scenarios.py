@@ -542,12 +542,13 @@ def broker_outage(
         lab.orders_topic(partitions, orders, customers),
         partitions,
         step_delay=0.05,
-        hold_at=busy_from + PROGRESS_EVERY,
         release_file=str(release),
         admin_timeout_seconds=PATIENT_TIMEOUT,
         session_timeout_ms=3000,
         processing_guarantee=guarantee,
     )
+    # Held only after its first commit (at most `commit_every` messages in), which the outage waits for.
+    patient_spec = replace(patient_spec, hold_at=max(busy_from, patient_spec.commit_every) + PROGRESS_EVERY)
     impatient_spec = lab.spec(
         lab.orders_topic(partitions, orders // 2, customers=orders),  # a key per order: a long restore
         partitions,

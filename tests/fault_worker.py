@@ -120,6 +120,10 @@ class WorkerSpec:
     """Kill the worker inside its n-th commit (0: never), at `kill_phase`."""
     kill_phase: str = CommitPhase.BEFORE_OFFSETS.value
     processing_guarantee: str = "at-least-once"
+    transaction_timeout_ms: int = 15_000
+    """Exactly-once: Kafka Streams' 10 s and a margin, rather than the engine's 60 s default: a worker
+    killed inside a commit leaves its offsets unstable until its transaction times out, and the
+    partitions' next owner waits that long."""
     output: str = ""
     """The topic the counted orders go to ("": none)."""
     group_instance_id: str = ""
@@ -162,6 +166,7 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         changelog_config=spec.changelog_config,
         restore_batch_size=spec.restore_batch_size,
         processing_guarantee=spec.processing_guarantee,
+        producer_config={"transaction.timeout.ms": spec.transaction_timeout_ms},
         group_instance_id=spec.group_instance_id or None,
         consumer_config={
             "session.timeout.ms": spec.session_timeout_ms,

@@ -7,8 +7,12 @@ low/high watermarks, a consumer group's committed offsets and members. Every adm
 transient failures (brokers down or unreachable, partitions without a leader yet, coordinators
 loading) with capped exponential backoff for up to `admin_timeout_seconds`, so a worker survives a
 broker restart; past that it raises a retriable `KafkaOperationError`. A bounded worker's clients
-(`until`) also give up at the worker's deadline. librdkafka's own log lines
-go through Python logging (`ClientLog`), not raw to stderr.
+(`until`) also give up at the worker's deadline. What waiting does not cure is raised at once:
+every client reports authentication and TLS failures to the connection's `SecurityWatch` (its
+`error_cb`), which an admin call checks after each failed attempt (the first attempts are short, so
+that this takes seconds: librdkafka's calls only time out meanwhile), and a refused ACL becomes a
+`KafkaAuthorizationError` naming the access the call needed. librdkafka's own log lines go through
+Python logging (`ClientLog`), not raw to stderr.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -37,6 +41,9 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
+from dagster_stateful.core.kafka.authorization import GROUP, TOPIC, Access, is_authorization_failure
+from dagster_stateful.core.kafka.backoff import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
+from dagster_stateful.core.kafka.backoff import MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
 from dagster_stateful.core.kafka.errors import (
     STALE_METADATA,
     as_operation_error,
@@ -44,6 +51,7 @@ from dagster_stateful.core.kafka.errors import (
     is_transient,
     kafka_error_of,
 )
+from dagster_stateful.core.kafka.security_failures import ClientIdentity, SecurityWatch
 from dagster_stateful.errors import ConfigurationError, KafkaOperationError
 
 log = logging.getLogger(__name__)
@@ -84,13 +92,6 @@ class TopicLayout:
 
 ADMIN_TIMEOUT = 30.0
 """Default of `KafkaClients(admin_timeout_seconds=...)`: how long an admin call waits out transient failures."""
-ATTEMPT_TIMEOUT = 10.0
-"""One try of an admin call that may be retried within the admin timeout."""
-MIN_ATTEMPT_TIMEOUT = 1.0
-BACKOFF_FIRST = 0.1
-BACKOFF_MAX = 2.0
-WARN_AFTER = 5.0
-"""Failures lasting this long are logged as a warning (once per call), shorter ones at debug level."""
 DEFAULT_REPLICATION = -1
 """`replication_factor` meaning the brokers' `default.replication.factor` (CreateTopics v4+)."""
 RESTORE_CONSUMER_CONFIG = {
@@ -147,6 +148,8 @@ class KafkaClients:
         self.admin_timeout_seconds = float(admin_timeout_seconds)
         self.deadline: float | None = None
         """A `time.monotonic()` moment past which admin calls give up (see `until`); None: none."""
+        self.security = SecurityWatch(ClientIdentity.of(self.settings))
+        """The authentication or TLS failure any client of these settings met (shared with `until`'s copies)."""
         self._admin: AdminClient | None = None
 
     def until(self, deadline: float | None) -> KafkaClients:
@@ -163,15 +166,26 @@ class KafkaClients:
 
     def admin(self) -> AdminClient:
         if self._admin is None:
-            config: dict[str, Any] = {"logger": CLIENT_LOG, **self.settings}  # the stub omits `logger`
-            self._admin = AdminClient(config)
+            self._admin = AdminClient(self._client_config())
         return self._admin
 
     def producer(self, config: Mapping[str, Any] | None = None) -> Producer:
-        return Producer({"logger": CLIENT_LOG, **self.settings, **(config or {})})
+        return Producer(self._client_config(config))
 
     def consumer(self, config: Mapping[str, Any]) -> Consumer:
-        return Consumer({"logger": CLIENT_LOG, **self.settings, **config})
+        return Consumer(self._client_config(config))
+
+    def check_security(self, doing: str) -> None:
+        """Raise the authentication or TLS failure a client reported (`KafkaAuthenticationError`,
+        `KafkaTlsError`), as the error of `doing`; nothing when there was none."""
+        self.security.check(doing)
+
+    def _client_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The settings of one client: these clients' over its own, with the log and the watch as
+        callbacks (an `error_cb` of the settings is called after the watch's)."""
+        merged: dict[str, Any] = {"logger": CLIENT_LOG, **self.settings, **(config or {})}
+        merged["error_cb"] = self.security.error_callback(merged.get("error_cb"))
+        return merged
 
     def partition_count(self, topic: str) -> int | None:
         """The topic's partition count, or None when it does not exist."""
@@ -190,7 +204,7 @@ class KafkaClients:
             replicas = min((len(p.replicas) for p in metadata.partitions.values()), default=0)
             return TopicLayout(len(metadata.partitions), replicas)
 
-        return self._retrying(call, f"reading the metadata of topic {topic}")
+        return self._retrying(call, f"reading the metadata of topic {topic}", needs=[Access("Describe", TOPIC, topic)])
 
     def topic_config(self, topic: str) -> dict[str, str]:
         resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
@@ -199,7 +213,12 @@ class KafkaClients:
             future = self.admin().describe_configs([resource], request_timeout=timeout)[resource]
             return future.result(timeout=timeout + MIN_ATTEMPT_TIMEOUT)
 
-        entries = self._retrying(call, f"reading the configuration of topic {topic}", final=_MISSING_TOPIC)
+        entries = self._retrying(
+            call,
+            f"reading the configuration of topic {topic}",
+            final=_MISSING_TOPIC,
+            needs=[Access("DescribeConfigs", TOPIC, topic)],
+        )
         return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
     def create_topic(self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]) -> None:
@@ -220,7 +239,9 @@ class KafkaClients:
                     raise
 
         self._retrying(
-            call, f"creating topic {name} ({partitions} partitions, replication {replication}, {dict(config)})"
+            call,
+            f"creating topic {name} ({partitions} partitions, replication {replication}, {dict(config)})",
+            needs=[Access("Create", TOPIC, name)],
         )
         # Creation returns before the new partitions serve requests (metadata may already name a
         # leader that answers NOT_LEADER / UNKNOWN_TOPIC_OR_PART): wait until every one answers.
@@ -252,7 +273,9 @@ class KafkaClients:
         def call(timeout: float) -> list[dict[int, int]]:
             return [self._list_offsets_once(topic, partitions, spec, timeout, isolation) for spec in specs]
 
-        return self._retrying(call, f"{doing} partitions {partitions}", topic=topic)
+        return self._retrying(
+            call, f"{doing} partitions {partitions}", topic=topic, needs=[Access("Describe", TOPIC, topic)]
+        )
 
     def _list_offsets_once(
         self, topic: str, partitions: list[int], spec: OffsetSpec, timeout: float, isolation: IsolationLevel
@@ -274,13 +297,20 @@ class KafkaClients:
         if not partitions:
             return {}
         reader = self.consumer({"group.id": group, "enable.auto.commit": False})
+        what = f"reading group {group!r}'s committed offsets on {topic}"
+        needs = [Access("Describe", GROUP, group), Access("Describe", TOPIC, topic)]
         try:
             result = self._retrying(
                 lambda timeout: reader.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout),
-                f"reading group {group!r}'s committed offsets on {topic}",
+                what,
+                needs=needs,
+                consumer=reader,
             )
         finally:
             reader.close()
+        for tp in result:
+            if tp.error is not None and is_authorization_failure(tp.error):
+                raise as_operation_error(KafkaException(tp.error), what, needs, self.security.identity.principal)
         return {tp.partition: (None if tp.offset < 0 else tp.offset) for tp in result}
 
     def describe_group(self, group: str, topic: str) -> GroupDescription:
@@ -292,6 +322,7 @@ class KafkaClients:
                 .result(timeout=timeout + MIN_ATTEMPT_TIMEOUT)
             ),
             f"describing consumer group {group!r}",
+            needs=[Access("Describe", GROUP, group)],
         )
         members = tuple(
             GroupMember(
@@ -307,14 +338,22 @@ class KafkaClients:
         return GroupDescription(group, state, members)
 
     def _retrying(
-        self, call: Callable[[float], _T], what: str, final: Collection[int] = (), topic: str | None = None
+        self,
+        call: Callable[[float], _T],
+        what: str,
+        final: Collection[int] = (),
+        topic: str | None = None,
+        needs: Sequence[Access] = (),
+        consumer: Consumer | None = None,
     ) -> _T:
         """Run `call(attempt timeout)`, retrying transient failures (see `errors.is_transient`, and a
         request left unanswered) with capped exponential backoff until `admin_timeout_seconds` have
         passed; then raise a retriable `KafkaOperationError` about `what`. Other errors, and codes in
-        `final`, are raised at once. After an error that hints at stale leaders, `topic`'s metadata is
-        refreshed before the next try."""
-        backoff = _Backoff(self._seconds_allowed())
+        `final`, are raised at once, a refused ACL as the `KafkaAuthorizationError` of the access in
+        `needs` (what `call` needs). So is an authentication or TLS failure that a client reported
+        (checked after each failed try, with `consumer`'s events: the one `call` uses, if any).
+        After an error that hints at stale leaders, `topic`'s metadata is refreshed before the next try."""
+        backoff = Backoff(self._seconds_allowed())
         if backoff.seconds <= 0:
             raise KafkaOperationError(
                 f"the run's deadline passed before {what}: a bounded worker makes no Kafka call past its max_seconds "
@@ -324,20 +363,33 @@ class KafkaClients:
                 retriable=True,
             )
         failure: Exception
+        principal = self.security.identity.principal
         while True:
+            self.security.check(what)
             timeout = backoff.attempt_timeout()
             try:
                 return call(timeout)
             except FutureTimeoutError as error:
                 last, failure = KafkaError(KafkaError._TIMED_OUT, f"no answer within {timeout:.0f} s"), error
             except KafkaException as error:
-                last, failure = _transient_or_raise(error, what, final), error
+                last, failure = _transient_or_raise(error, what, final, needs, principal), error
+            self._raise_reported(what, needs, consumer)
             if backoff.remaining() <= 0:
                 raise gave_up_error(last, what, self.bootstrap_servers, backoff.seconds) from failure
             self._log_retry(backoff, last, what)
             backoff.sleep()
             if topic is not None and last.code() in STALE_METADATA:
                 self._refresh_metadata(topic, min(timeout, backoff.remaining()))
+
+    def _raise_reported(self, what: str, needs: Sequence[Access], consumer: Consumer | None) -> None:
+        """Serve the admin client's callbacks and `consumer`'s events (librdkafka reports a refused
+        login or handshake, and a consumer a refused group, only there), then raise what they reported."""
+        self.admin().poll(0)
+        while consumer is not None and (event := consumer.poll(0)) is not None:
+            error = event.error()
+            if error is not None and is_authorization_failure(error):
+                raise as_operation_error(KafkaException(error), what, needs, self.security.identity.principal)
+        self.security.check(what)
 
     def time_left(self, seconds: float, at_least: float = -math.inf) -> float:
         """`seconds`, or the time left before the deadline when that is shorter (<= 0 once it
@@ -349,7 +401,7 @@ class KafkaClients:
         """How long the next admin call may retry: the admin timeout, or the time left before the deadline."""
         return self.time_left(self.admin_timeout_seconds)
 
-    def _log_retry(self, backoff: _Backoff, last: KafkaError, what: str) -> None:
+    def _log_retry(self, backoff: Backoff, last: KafkaError, what: str) -> None:
         """A warning once failures have lasted WARN_AFTER seconds (an outage being waited out), else debug."""
         if backoff.warned or backoff.elapsed() < WARN_AFTER:
             log.debug("Retrying a Kafka admin call after %s while %s", last.name(), what)
@@ -375,32 +427,11 @@ class KafkaClients:
             log.debug("Refreshing the metadata of %s failed: %s", topic, error)
 
 
-@dataclass
-class _Backoff:
-    """The deadline and the capped exponential pauses of one retried admin call."""
-
-    seconds: float
-    started: float = field(default_factory=time.monotonic)
-    pause: float = BACKOFF_FIRST
-    warned: bool = False
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def remaining(self) -> float:
-        return self.seconds - self.elapsed()
-
-    def attempt_timeout(self) -> float:
-        return min(ATTEMPT_TIMEOUT, max(MIN_ATTEMPT_TIMEOUT, self.remaining()))
-
-    def sleep(self) -> None:
-        time.sleep(max(0.0, min(self.pause, self.remaining())))
-        self.pause = min(self.pause * 2, BACKOFF_MAX)
-
-
-def _transient_or_raise(error: KafkaException, what: str, final: Collection[int]) -> KafkaError:
+def _transient_or_raise(
+    error: KafkaException, what: str, final: Collection[int], needs: Sequence[Access], principal: str | None
+) -> KafkaError:
     """Kafka's error when it is worth another try, else the `KafkaOperationError` about `what`, raised."""
     kafka_error = kafka_error_of(error)
     if kafka_error is None or not is_transient(error) or kafka_error.code() in final:
-        raise as_operation_error(error, what) from error
+        raise as_operation_error(error, what, needs, principal) from error
     return kafka_error

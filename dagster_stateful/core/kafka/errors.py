@@ -5,16 +5,18 @@ Owns `kafka_errors`, the context manager the core's entry points run under, so t
 the engine was doing, with librdkafka's code, its name and whether it is retriable. Also owns the
 judgement of which errors are worth waiting out (`is_transient`: a broker down or unreachable, a
 partition without a leader yet, a coordinator still loading) and the error raised when waiting did
-not help (`gave_up_error`).
+not help (`gave_up_error`). Kafka's refusals of an ACL become `KafkaAuthorizationError`s (see
+`authorization`), never retried.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from confluent_kafka import KafkaError, KafkaException
 
+from dagster_stateful.core.kafka.authorization import Access, authorization_error, is_authorization_failure
 from dagster_stateful.errors import KafkaOperationError
 
 UNREACHABLE = frozenset(
@@ -69,17 +71,26 @@ def kafka_error_of(error: KafkaException) -> KafkaError | None:
 
 
 def is_transient(error: KafkaException) -> bool:
-    """Whether waiting and trying again may help: Kafka says so, or the code is one of the above."""
+    """Whether waiting and trying again may help: Kafka says so, or the code is one of the above (a
+    refused ACL never is)."""
     kafka_error = kafka_error_of(error)
-    return kafka_error is not None and (
-        kafka_error.retriable() or kafka_error.code() in UNREACHABLE or kafka_error.code() in NOT_READY
+    return (
+        kafka_error is not None
+        and not is_authorization_failure(kafka_error)
+        and (kafka_error.retriable() or kafka_error.code() in UNREACHABLE or kafka_error.code() in NOT_READY)
     )
 
 
-def as_operation_error(error: KafkaException, what: str) -> KafkaOperationError:
+def as_operation_error(
+    error: KafkaException, what: str, needs: Sequence[Access] = (), principal: str | None = None
+) -> KafkaOperationError:
+    """The project's error for `error`, met while `what`; an authorization failure names the access
+    in `needs` that Kafka refused (see `authorization.authorization_error`)."""
     kafka_error = kafka_error_of(error)
     if kafka_error is None:
         return KafkaOperationError(f"Kafka failed while {what}: {error}")
+    if is_authorization_failure(kafka_error):
+        return authorization_error(kafka_error, what, needs, principal)
     advice = (
         "Kafka says a retry may succeed: check that the brokers are reachable and run again."
         if kafka_error.retriable()

@@ -8,7 +8,8 @@ policy's `handle_late`; a message that the codecs or the steps refuse goes to th
 error policy, and damage met in a store goes to the worker's recovery. Per-message work is kept to
 what each message needs: a partition's transaction is looked up once per run of its messages,
 the steps run as one compiled function, codecs are the C functions they wrap, and the state key
-prefix of recent message keys is remembered.
+prefix of recent message keys is remembered. An error Kafka hands over instead of a message is
+raised (a refused ACL as the `KafkaAuthorizationError` naming it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.authorization import authorization_error, consuming, is_authorization_failure
 from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
@@ -88,6 +90,9 @@ class BatchProcessor:
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 return index + 1, 0
+            if is_authorization_failure(error):
+                doing = f"consuming {self._config.source} in consumer group {self._config.consumer_group!r}"
+                raise authorization_error(error, doing, consuming(self._config))
             raise KafkaException(error)
         _, partition, offset = position(message)
         txn = self._transactions.get(partition)

@@ -20,7 +20,8 @@ commit that went through took.
 At-least-once: a delivery failure is sticky for the run: a record Kafka rejected (changelog or
 output) is lost for good, so once one failed, or one was not acknowledged in time, every later
 commit raises `DeliveryError` again and commits nothing; the worker must close without committing
-(`Committer.failed`) and the next run processes those messages again.
+(`Committer.failed`) and the next run processes those messages again. A record refused for want of
+an ACL (Write on its topic) raises `KafkaAuthorizationError` instead, naming the topic.
 
 Exactly-once (Kafka Streams' exactly_once_v2): steps 1-3 are one Kafka transaction
 (`transactions.KafkaTransactions`), opened by the first record after a commit; the source offsets
@@ -47,6 +48,13 @@ from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from dagster_stateful.core.kafka.authorization import (
+    GROUP,
+    TOPIC,
+    Access,
+    authorization_error,
+    is_authorization_failure,
+)
 from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers, position
 from dagster_stateful.core.monitoring.store_metrics import RunStoreMetrics
@@ -55,7 +63,7 @@ from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
 from dagster_stateful.core.recovery.changelog import source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
-from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StoreCorruptedError
+from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StatefulError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -116,16 +124,20 @@ class StoresDamaged(Exception):
 
 
 class DeliveryTracker:
-    """The producer's delivery callback: remembers failures (every one, for the run) and the last
-    offset per topic partition."""
+    """The producer's delivery callback: remembers failures (every one, for the run; those refused
+    for want of an ACL also by topic) and the last offset per topic partition."""
 
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.refused: dict[str, KafkaError] = {}
+        """Topic -> Kafka's authorization error for a record refused there."""
         self.last_offsets: dict[tuple[str, int], int] = {}
 
     def __call__(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
             self.errors.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
+            if is_authorization_failure(error):
+                self.refused.setdefault(str(message.topic()), error)
             return
         topic, partition, offset = position(message)
         if offset > self.last_offsets.get((topic, partition), -1):
@@ -147,12 +159,15 @@ class Committer:
         delivery_timeout_seconds: float = DEFAULT_DELIVERY_TIMEOUT_MS / 1000,
         transactions: KafkaTransactions | None = None,
         deadline: Deadline | None = None,
+        group: str | None = None,
     ) -> None:
         """delivery_timeout_seconds: the producer's `delivery.timeout.ms`, in seconds (see
         `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements.
         transactions: the producer's transactions, under exactly-once (None: at-least-once).
-        deadline: when a commit gives up (a bounded worker's; None: none)."""
+        deadline: when a commit gives up (a bounded worker's; None: none). group: the consumer's group,
+        named when Kafka refuses its commit (None: not known)."""
         self._consumer = consumer
+        self._group = group
         self._deadline = deadline or Deadline(None)
         self._committing: list[PartitionTransaction] = []
         """The transactions of the commit under way (empty between commits)."""
@@ -163,7 +178,7 @@ class Committer:
         self._source_topic = source_topic
         self._changelog_topics = changelog_topics
         """Changelog topic per store; None when changelogs are off."""
-        self._failure: DeliveryError | None = None
+        self._failure: StatefulError | None = None
         self.metrics = RunStoreMetrics()
         """The run's store metrics: `metrics.summary()` once its stores are closed."""
 
@@ -174,7 +189,7 @@ class Committer:
         return self._failure is not None or (self.transactions is None and bool(self._tracker.errors))
 
     @property
-    def failure(self) -> DeliveryError | None:
+    def failure(self) -> StatefulError | None:
         """The first delivery failure of the run (None while there is none)."""
         return self._failure
 
@@ -281,7 +296,23 @@ class Committer:
             except KafkaException as error:
                 if self.transactions is not None:
                     self.transactions.raise_if_fenced(f"producing a record to {topic}", error)
+                self._raise_refusal(error, topic)
                 raise
+
+    def _raise_refusal(self, error: KafkaException, topic: str) -> None:
+        """When the producer failed fatally because Kafka refused an ACL (an idempotent producer's
+        IdempotentWrite), raise that refusal: `produce` says only _FATAL, the next poll raises the cause."""
+        kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+        if kafka_error is None or kafka_error.code() != KafkaError._FATAL:
+            return
+        try:
+            self._producer.poll(0)
+        except (KafkaException, SystemError) as raised:  # SystemError: a callback ran after it was raised
+            fatal = raised if isinstance(raised, KafkaException) else raised.__cause__
+            cause = fatal.args[0] if isinstance(fatal, KafkaException) and fatal.args else None
+            if isinstance(cause, KafkaError) and is_authorization_failure(cause):
+                doing = f"producing to topic {topic}"
+                raise authorization_error(cause, doing, [Access("Write", TOPIC, topic)]) from raised
 
     def _wait_for_room(self, topic: str) -> None:
         """Serve delivery reports until the full producer queue may take a record, up to the deadline."""
@@ -332,6 +363,10 @@ class Committer:
             self._fail(0, partitions)
 
     def _fail(self, unacknowledged: int, partitions: list[int]) -> NoReturn:
+        if self._tracker.refused:
+            topic, refusal = next(iter(self._tracker.refused.items()))
+            self._failure = authorization_error(refusal, f"producing to topic {topic}", [Access("Write", TOPIC, topic)])
+            raise self._failure
         errors = self._tracker.errors
         waited = self._delivery_timeout + FLUSH_MARGIN_SECONDS
         problems = [f"did not acknowledge {unacknowledged} records within {waited:.0f} s"] if unacknowledged else []
@@ -369,6 +404,10 @@ class Committer:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as error:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+            if kafka_error is not None and is_authorization_failure(kafka_error):
+                doing = f"committing the offsets of {self._source_topic} in consumer group {self._group!r}"
+                needs = [Access("Read", GROUP, self._group)] if self._group else []
+                raise authorization_error(kafka_error, doing, needs) from error
             if kafka_error is None or kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:
                 raise
             raise CommitDeferred(kafka_error.str()) from error

@@ -9,11 +9,13 @@ verdicts are classified as Kafka Streams does: retriable errors are retried with
 abortable error aborts the transaction and raises `TransactionAborted` (the caller drops its
 uncommitted work and processes again from the committed offsets); a fatal one (another producer
 with this transactional id fenced this one) raises `ProducerFencedError`, after which this worker
-must stop without committing. No call blocks past the run's deadline (`lifecycle.Deadline`): the
-retries stop there, and `send_offsets_to_transaction`, which librdkafka lets wait for an absent
-coordinator whatever its timeout, runs bounded (`kafka.bounded.BoundedCalls`); past the deadline a
-call raises `CallTimedOut` and the transaction stays open until it is aborted (by `abort`, by the
-broker after `transaction.timeout.ms`, or by the next worker with this transactional id).
+must stop without committing; a refused ACL (the transactional id's, or a topic's) raises
+`KafkaAuthorizationError` naming it, never retried. No call blocks past the run's deadline
+(`lifecycle.Deadline`): the retries stop there, and `send_offsets_to_transaction`, which librdkafka
+lets wait for an absent coordinator whatever its timeout, runs bounded (`kafka.bounded.BoundedCalls`);
+past the deadline a call raises `CallTimedOut` and the transaction stays open until it is aborted
+(by `abort`, by the broker after `transaction.timeout.ms`, or by the next worker with this
+transactional id).
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NoReturn, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.acls import transactional_id_prefix
+from dagster_stateful.core.kafka.authorization import Access, authorization_error, is_authorization_failure, transacting
 from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
 from dagster_stateful.core.processing.lifecycle import Deadline
-from dagster_stateful.errors import ConfigurationError, DeliveryError, ProducerFencedError
+from dagster_stateful.errors import CommitTimeoutError, ConfigurationError, DeliveryError, ProducerFencedError
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +68,38 @@ def transactional_config(config: AppConfig, worker_client_id: str) -> dict[str, 
         return {}
     identity = config.group_instance_id or hashlib.sha256(worker_client_id.encode()).hexdigest()[:16]
     return {
-        "transactional.id": f"{config.name}-eos-{identity}",
+        "transactional.id": f"{transactional_id_prefix(config)}{identity}",
         "transaction.timeout.ms": config.transaction_timeout_ms,
         # A record may not wait longer than its transaction may stay open.
         "delivery.timeout.ms": config.transaction_timeout_ms,
         "metadata.recovery.strategy": "none",
     }
+
+
+def exactly_once_transactions(
+    config: AppConfig, producer: Producer, consumer: Consumer, deadline: Deadline
+) -> KafkaTransactions | None:
+    """Exactly-once: the transactions of the worker's producer, not initialized yet (see
+    `initialize_transactions`); None under at-least-once."""
+    if not config.exactly_once:
+        return None
+    needs = transacting(config, transactional_id_prefix(config))
+    return KafkaTransactions(producer, consumer, config.transaction_timeout_ms / 1000, deadline, needs)
+
+
+def initialize_transactions(transactions: KafkaTransactions | None, app: str) -> None:
+    """Initialize the transactions of app `app`'s worker (which fences older producers with its
+    transactional id); nothing under at-least-once (None). Raises `CommitTimeoutError` when Kafka
+    does not answer before the deadline."""
+    if transactions is None:
+        return
+    try:
+        transactions.initialize()
+    except CallTimedOut as timed_out:
+        raise CommitTimeoutError(
+            f"the worker of app {app!r} could not start exactly-once processing: {timed_out}. "
+            "Nothing was processed or committed. Check that the brokers and the transaction coordinator answer."
+        ) from timed_out
 
 
 def refuse_pinned_exactly_once(config: AppConfig, partitions: list[int] | None) -> None:
@@ -86,10 +116,17 @@ class KafkaTransactions:
     """The transactions of one transactional producer (its config names the transactional id)."""
 
     def __init__(
-        self, producer: Producer, consumer: Consumer, timeout_seconds: float, deadline: Deadline | None = None
+        self,
+        producer: Producer,
+        consumer: Consumer,
+        timeout_seconds: float,
+        deadline: Deadline | None = None,
+        needs: Sequence[Access] = (),
     ) -> None:
         """timeout_seconds: how long a call retries (the transaction timeout); deadline: when every
-        call must have returned (a bounded worker's; None: no deadline)."""
+        call must have returned (a bounded worker's; None: no deadline); needs: the ACLs the
+        transactions need (see `authorization.transacting`), to name the one Kafka refuses."""
+        self._needs = tuple(needs)
         self._producer = producer
         self._consumer = consumer
         self._timeout = timeout_seconds
@@ -183,6 +220,11 @@ class KafkaTransactions:
                 self._raise_classified(doing, kafka_error, error)
 
     def _raise_classified(self, doing: str, kafka_error: KafkaError | None, error: KafkaException) -> NoReturn:
+        if kafka_error is not None and is_authorization_failure(kafka_error):
+            if not kafka_error.fatal():
+                self.abort_quietly()
+            self.open = False
+            raise authorization_error(kafka_error, doing, self._needs) from error
         if kafka_error is not None and kafka_error.fatal():
             self.open = False
             raise ProducerFencedError(_fenced_message(doing, kafka_error)) from error

@@ -15,7 +15,8 @@ A run with `max_seconds` ends within `max_seconds` plus its grace (`RunLimits.gr
 whatever the brokers do: its commits give up at `lifecycle.CLOSE_RESERVE_SECONDS` before that end
 (`CommitTimeoutError`, naming what was not committed) and every admin call at the same moment;
 closing the clients takes what is left, a close that does not finish by then is left to the
-background (see `kafka.bounded`).
+background (see `kafka.bounded`). An authentication or TLS failure a client reports is raised from
+the loop at once (`KafkaClients.check_security`), like a refused ACL; nothing more is committed.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
+from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.provisioning import provision
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
@@ -45,8 +46,9 @@ from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, De
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
 from dagster_stateful.core.processing.transactions import (
-    KafkaTransactions,
     TransactionAborted,
+    exactly_once_transactions,
+    initialize_transactions,
     refuse_pinned_exactly_once,
     transactional_config,
 )
@@ -55,9 +57,9 @@ from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.errors import (
-    CommitTimeoutError,
     ConfigurationError,
     DeliveryError,
+    KafkaSecurityError,
     ProcessingError,
     StatefulError,
     StateLockedError,
@@ -120,6 +122,8 @@ class Worker:
             self.stop.install()
             self._open_clients()
             plan = provision(config, self.kafka, store_configs=self._dataframe.changelog_configs())
+            # After provisioning, whose admin calls raise a refused login within seconds (this one would time out).
+            initialize_transactions(self._committer.transactions, config.name)
             if self.partitions is None:
                 self._consumer.subscribe(
                     [config.source],
@@ -138,7 +142,7 @@ class Worker:
             if not self._committer.failed:
                 self._commit()  # everything before the bad message; its own offset stays uncommitted
             raise
-        except (DeliveryError, StateStoreError):
+        except (DeliveryError, StateStoreError, KafkaSecurityError):
             failed = True
             if hasattr(self, "_assignments"):
                 self._assignments.dirty = True  # Kafka Streams' dirty close: nothing more is committed
@@ -207,15 +211,8 @@ class Worker:
             **config.producer_config,
         }
         self._producer = kafka.producer(producer_config)
-        transactions = None
-        if config.exactly_once:
-            transactions = KafkaTransactions(
-                self._producer, self._consumer, config.transaction_timeout_ms / 1000, self._commit_deadline
-            )
-            self._initialize(transactions)
-        self._restore_consumer = kafka.consumer(
-            {"group.id": f"{config.consumer_group}-restore", **RESTORE_CONSUMER_CONFIG}
-        )
+        transactions = exactly_once_transactions(config, self._producer, self._consumer, self._commit_deadline)
+        self._restore_consumer = kafka.consumer({"group.id": config.restore_group, **RESTORE_CONSUMER_CONFIG})
         changelogs = config.changelog_topics()
         self._committer = Committer(
             self._consumer,
@@ -226,6 +223,7 @@ class Worker:
             delivery_timeout_seconds(producer_config),
             transactions,
             self._commit_deadline,
+            config.consumer_group,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
         restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
@@ -256,15 +254,6 @@ class Worker:
             self.report.messages_processed,
             self._recover_damaged,
         )
-
-    def _initialize(self, transactions: KafkaTransactions) -> None:
-        try:
-            transactions.initialize()
-        except CallTimedOut as timed_out:
-            raise CommitTimeoutError(
-                f"the worker of app {self.config.name!r} could not start exactly-once processing: {timed_out}. "
-                "Nothing was processed or committed. Check that the brokers and the transaction coordinator answer."
-            ) from timed_out
 
     def _snapshot_store(self, store: str) -> SnapshotStore:
         assert self.snapshot_root is not None
@@ -306,6 +295,7 @@ class Worker:
             if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
                 self._assignments.advance(self._consumer)
             messages = self._consumer.consume(CONSUME_BATCH, timeout=0.0 if restoring else 0.2)
+            self.kafka.check_security(f"consuming {config.source} in consumer group {config.consumer_group!r}")
             self._assignments.raise_failure()
             index = 0
             while index < len(messages):
@@ -354,7 +344,10 @@ class Worker:
             # Every committed record was flushed by its commit; a fenced producer must not flush.
             committer.transactions.abort_quietly(self._close_time())
         else:
-            producer.flush(self._close_time())
+            try:
+                producer.flush(self._close_time())
+            except KafkaException as error:  # a fatal producer error (the run met it first): not the run's error
+                log.warning("Flushing the producer of %r while closing failed: %s", self.config.name, error)
 
     def _caches_overflow(self) -> bool:
         """Evict what the record caches hold past `cache_max_bytes`; True when only a commit can help."""
