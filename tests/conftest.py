@@ -74,8 +74,9 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """One local Spark session (with the Kafka connector jars) for the whole test run."""
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One local Spark session (with the Kafka connector jars) for the whole test run, keeping an
+    event log (`spark.eventLog.dir`) that tests can search."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers need this venv's packages
     from pyspark.sql import SparkSession
@@ -88,6 +89,9 @@ def spark() -> Iterator[object]:
         .config("spark.jars", spark_jars_conf())
         .config("spark.pyspark.python", sys.executable)
         .config("spark.ui.enabled", "false")
+        .config("spark.eventLog.enabled", "true")
+        .config("spark.eventLog.compress", "false")
+        .config("spark.eventLog.dir", tmp_path_factory.mktemp("spark-events").as_uri())
         .config("spark.sql.shuffle.partitions", "4")
         .getOrCreate()
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +160,29 @@ class SecurityAdmin:
         self._wait(self._admin.alter_user_scram_credentials([deletion]), f"removing SCRAM user {name!r}")
 
     def grant(self, bindings: Iterable[AclBinding]) -> None:
+        """Create the ACLs and return once the broker's authorizer holds them (they reach it through
+        the metadata log, a moment after the controller accepted them)."""
         bindings = list(bindings)
-        if bindings:
-            self._wait(self._admin.create_acls(bindings, request_timeout=ADMIN_TIMEOUT), "creating ACLs")
+        if not bindings:
+            return
+        self._wait(self._admin.create_acls(bindings, request_timeout=ADMIN_TIMEOUT), "creating ACLs")
+        deadline = time.monotonic() + ADMIN_TIMEOUT
+        while not all(self._held(binding) for binding in bindings):
+            if time.monotonic() > deadline:
+                raise LocalKafkaError(f"the broker did not apply {len(bindings)} new ACLs within {ADMIN_TIMEOUT:.0f} s")
+            time.sleep(0.05)
+
+    def _held(self, binding: AclBinding) -> bool:
+        query = AclBindingFilter(
+            binding.restype,
+            binding.name,
+            binding.resource_pattern_type,
+            binding.principal,
+            binding.host,
+            binding.operation,
+            binding.permission_type,
+        )
+        return bool(self._admin.describe_acls(query, request_timeout=ADMIN_TIMEOUT).result(timeout=ADMIN_TIMEOUT))
 
     def revoke(self, filters: Iterable[AclBindingFilter]) -> None:
         filters = list(filters)

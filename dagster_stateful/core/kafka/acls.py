@@ -4,8 +4,11 @@ Owns `AclRequirement` (a resource, its pattern type, an operation and why the ap
 `required_acls`, which derives them from an app's configuration and topics: the source topic
 (read), the changelogs (created by provisioning, validated, written by every commit, read by
 restores and by the Spark jobs), the output and dead-letter topics (created and written), the
-consumer group (joined, committed to, read by the sensors) and, under exactly-once, the
-transactional ids (a prefix: one id per worker) and the cluster's IdempotentWrite. `kafka_acls_commands`
+consumer group (joined, committed to, read by the sensors), the groups of the changelog replays
+and, under exactly-once, the transactional ids (a prefix: one id per worker). Describe is listed
+only where nothing implies it (Kafka grants it with Read or Write on the same resource); the
+cluster's IdempotentWrite is not listed, since brokers of Kafka 3.0 and later let an idempotent
+producer write with Write on a topic (KIP-679; older brokers need it too). `kafka_acls_commands`
 prints them in the form Kafka's `kafka-acls` tool takes, `markdown_table` as the docs show them.
 """
 
@@ -80,8 +83,7 @@ def required_acls(
         needed += _topic_acls(spec, create)
     group = config.consumer_group
     needed += [
-        _acl(ResourceType.GROUP, group, Operation.READ, "join the consumer group and commit its offsets"),
-        _acl(ResourceType.GROUP, group, Operation.DESCRIBE, "read committed offsets and members (restores, sensors)"),
+        _acl(ResourceType.GROUP, group, Operation.READ, "join the group, commit and read its offsets and members"),
         _acl(ResourceType.GROUP, config.restore_group, Operation.DESCRIBE, "the changelog restores' consumers"),
         _acl(ResourceType.GROUP, config.verify_group, Operation.DESCRIBE, "the changelog verification's consumer"),
     ]
@@ -89,16 +91,7 @@ def required_acls(
         prefix = transactional_id_prefix(config)
         needed += [
             _acl(ResourceType.TRANSACTIONAL_ID, prefix, Operation.WRITE, "run transactions (one id per worker)", True),
-            _acl(ResourceType.TRANSACTIONAL_ID, prefix, Operation.DESCRIBE, "find the transaction coordinator", True),
         ]
-    needed.append(
-        _acl(
-            ResourceType.CLUSTER,
-            CLUSTER_NAME,
-            Operation.IDEMPOTENT_WRITE,
-            "idempotent producers (no duplicates on retry)",
-        )
-    )
     return needed
 
 
@@ -109,13 +102,9 @@ def transactional_id_prefix(config: AppConfig) -> str:
 
 def _topic_acls(spec: TopicSpec, create: bool) -> list[AclRequirement]:
     name = spec.name
-    describe = _acl(ResourceType.TOPIC, name, Operation.DESCRIBE, "read its partitions and offsets")
     if spec.role is TopicRole.SOURCE:
-        return [
-            _acl(ResourceType.TOPIC, name, Operation.READ, "consume the input (and commit offsets on it)"),
-            describe,
-        ]
-    needed = [describe, _acl(ResourceType.TOPIC, name, Operation.WRITE, _WRITES[spec.role])]
+        return [_acl(ResourceType.TOPIC, name, Operation.READ, "consume it, commit offsets on it, read its offsets")]
+    needed = [_acl(ResourceType.TOPIC, name, Operation.WRITE, _WRITES[spec.role])]
     if create:
         needed.append(_acl(ResourceType.TOPIC, name, Operation.CREATE, "provisioning creates it when missing"))
     if spec.role is TopicRole.CHANGELOG:

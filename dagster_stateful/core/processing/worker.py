@@ -226,7 +226,9 @@ class Worker:
             config.consumer_group,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
-        restorer = Restorer(kafka, self._restore_consumer, self.listeners, config.restore_batch_size)
+        restorer = Restorer(
+            kafka, self._restore_consumer, self.listeners, config.restore_batch_size, group=config.restore_group
+        )
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
         self._assignments = PartitionAssignments(

@@ -23,6 +23,13 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from dagster_stateful.core.kafka.authorization import (
+    GROUP,
+    TOPIC,
+    Access,
+    authorization_error,
+    is_authorization_failure,
+)
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.kafka.records import position as record_position
@@ -70,8 +77,11 @@ class ChangelogRestore:
         end: int,
         batch_size: int,
         chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
+        group: str = "",
     ) -> None:
+        """group: the consumer's group id (assigned, never joined), named when Kafka refuses it."""
         self.store = store
+        self._group = group
         self.committed_source_offset = committed_source_offset
         self.start, self.end, self.position = start, end, start
         kind = RestoreKind.FULL if store.changelog_offset is None else RestoreKind.PARTIAL
@@ -112,7 +122,7 @@ class ChangelogRestore:
         if not messages:
             self._note_no_records()
             return 0
-        _raise_errors(messages)
+        self._raise_errors(messages)
         skipped = self.filter.skipped
         self._note_offsets(messages)
         self._deduplicate(messages)
@@ -246,6 +256,19 @@ class ChangelogRestore:
                 uncommitted.admit_committed(key, value)
             batch[key] = value
 
+    def _raise_errors(self, messages: list[Message]) -> None:
+        """Raise the first error Kafka handed over among `messages` (the end of a partition is none);
+        a refused ACL as the `KafkaAuthorizationError` naming it."""
+        for message in messages:
+            error = message.error()
+            if error is None or error.code() == KafkaError._PARTITION_EOF:
+                continue
+            if is_authorization_failure(error):
+                topic = self.store.changelog_topic
+                needs = [Access("Read", TOPIC, topic), Access("Describe", GROUP, self._group)]
+                raise authorization_error(error, f"replaying {topic}[{self.store.partition}]", needs)
+            raise KafkaException(error)
+
     def _note_no_records(self) -> None:
         # Compaction and transaction markers leave offsets no record sits on.
         self.position = max(self.position, self._consumer.position([self._topic_partition])[0].offset)
@@ -275,14 +298,6 @@ class ChangelogRestore:
         )
 
 
-def _raise_errors(messages: list[Message]) -> None:
-    """Raise the first error Kafka handed over among `messages` (the end of a partition is none)."""
-    for message in messages:
-        error = message.error()
-        if error is not None and error.code() != KafkaError._PARTITION_EOF:
-            raise KafkaException(error)
-
-
 def _recreated_changelog_error(store: StorePartition, stored: int, high: int) -> RecoveryError:
     topic, partition = store.changelog_topic, store.partition
     return RecoveryError(
@@ -308,8 +323,11 @@ class Restorer:
         listeners: Listeners,
         batch_size: int = 10_000,
         chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
+        group: str = "",
     ) -> None:
+        """group: `consumer`'s group id, named when Kafka refuses it."""
         self._kafka = kafka
+        self._group = group
         self._consumer = consumer
         self._listeners = listeners
         self._batch_size = batch_size
@@ -350,6 +368,7 @@ class Restorer:
             high,
             self._batch_size,
             self._chunk_records,
+            self._group,
         )
 
     def _learn_topic(self, topic: str) -> None:

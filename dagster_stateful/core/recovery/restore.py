@@ -79,7 +79,7 @@ def restore_partitions(
     partitions = sorted(set(request.partitions))
     committed = kafka.committed_offsets(config.consumer_group, config.source, partitions)
     consumer = kafka.consumer({"group.id": config.restore_group, **RESTORE_CONSUMER_CONFIG})
-    restorer = Restorer(kafka, consumer, listeners, config.restore_batch_size)
+    restorer = Restorer(kafka, consumer, listeners, config.restore_batch_size, group=config.restore_group)
     activity = state.activity_lock()
     activity.hold_shared()
     try:

@@ -44,7 +44,8 @@ def replay_digest(config: AppConfig, kafka: KafkaClients, store: str, partition:
         replica = StateDirectory(Path(scratch), config).partition(store, partition)
         replica.open()
         try:
-            Restorer(kafka, consumer, Listeners(), config.restore_batch_size).restore(replica, committed)
+            restorer = Restorer(kafka, consumer, Listeners(), config.restore_batch_size, group=config.verify_group)
+            restorer.restore(replica, committed)
             return partition_digest(replica)
         finally:
             replica.close()

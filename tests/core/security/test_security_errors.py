@@ -292,6 +292,17 @@ def test_a_user_without_write_on_the_changelog_is_not_authorized_to_produce_to_i
 ):
     app = make_app(secured_kafka.sasl_settings(user, PASSWORD), source, tmp_path, unique_name("totals"))
     grant_all_but(secured_kafka, app, user, (AclResource.TOPIC, Operation.WRITE))
+    # Write on no topic: the idempotent producer needs the cluster's IdempotentWrite to get as far as writing.
+    idempotent = AclBinding(
+        ResourceType.BROKER,
+        "kafka-cluster",
+        ResourcePatternType.LITERAL,
+        f"User:{user}",
+        "*",
+        AclOperation.IDEMPOTENT_WRITE,
+        AclPermissionType.ALLOW,
+    )
+    grant(secured_kafka, [idempotent])
 
     error, seconds = run_refused(app)
 
