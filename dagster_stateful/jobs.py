@@ -28,7 +28,13 @@ from dagster_stateful.core.app import App
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
-from dagster_stateful.metadata import partition_metadata, restore_metadata, worker_metadata
+from dagster_stateful.metadata import (
+    commit_metadata,
+    partition_metadata,
+    restore_metadata,
+    store_run_metadata,
+    worker_metadata,
+)
 from dagster_stateful.naming import changelog_key, job_name, store_key, worker_pool
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
@@ -154,6 +160,8 @@ def _record_worker_run(
                 metadata={
                     **partition_metadata(description),
                     "messages_processed": report.messages_processed.get(description.partition, 0),
+                    **store_run_metadata(report, description.store, description.partition),
+                    **commit_metadata(report.commit_latency),
                     "state_sample": MetadataValue.json(state_sample(bound, description.store, [description.partition])),
                 },
             )

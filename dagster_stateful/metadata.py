@@ -102,9 +102,13 @@ def _store_row(metrics: StoreMetrics) -> str:
     return f"| {metrics.store} | {metrics.partitions} | {counts} | {p99} | {ratio} | {rocksdb} |"
 
 
-def store_run_metadata(report: WorkerReport, store: str) -> dict[str, Any]:
-    """`store`'s metrics in a run (`store.`), for its materialization: zero when the run committed none of it."""
-    return store_metrics_metadata(report.store_metrics.get(store, StoreMetrics(store)), "store")
+def store_run_metadata(report: WorkerReport, store: str, partition: int | None = None) -> dict[str, Any]:
+    """`store`'s metrics in a run (`store.`), or one partition's of it, for its materialization: zero
+    when the run committed none of it."""
+    metrics = (
+        report.store_metrics.get(store) if partition is None else report.partition_store_metrics.get((store, partition))
+    )
+    return store_metrics_metadata(metrics or StoreMetrics(store), "store")
 
 
 def restore_metadata(restores: Iterable[RestoreReport]) -> dict[str, Any]:

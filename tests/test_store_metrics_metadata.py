@@ -1,5 +1,5 @@
 """A run's store metrics as Dagster metadata: plain numbers the UI plots, every store together in the
-run's metadata (`totals.`), one store's in its own materialization (`store.`)."""
+run's metadata (`totals.`), one store's (or one store partition's) in its own materialization (`store.`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def report() -> WorkerReport:
         "orders-app",
         messages_processed={0: 1000, 1: 1000},
         store_metrics={"totals": store_metrics("totals", 2000, 8e-6), "counts": store_metrics("counts", 500, 5e-6)},
+        partition_store_metrics={("counts", 0): store_metrics("counts", 300, 4e-6)},
         store_totals=store_metrics(ALL_STORES, 2500, 8e-6),
         commit_latency=Latency(samples=4, mean_seconds=0.012, p50_seconds=0.011, p99_seconds=0.020),
     )
@@ -59,3 +60,5 @@ def test_a_store_materialization_carries_its_own_metrics_only():
     assert metadata["commit_p99_ms"] == 20.0
     assert not any(name.startswith("totals.") for name in metadata) and "store_metrics" not in metadata
     assert store_run_metadata(run, "never-committed")["store.get_count"] == 0
+    assert store_run_metadata(run, "counts", partition=0)["store.get_count"] == 300, "one partition's own"
+    assert store_run_metadata(run, "counts", partition=1)["store.get_count"] == 0

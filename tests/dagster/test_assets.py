@@ -138,6 +138,8 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
     )
     assert idle.success and not [e for e in idle.all_events if e.is_step_materialization], "nothing to do: no record"
     assert sum(m.metadata["messages_processed"].value for m in events) == len(orders)
+    assert sum(m.metadata["store.get_count"].value for m in events) == len(orders), "each partition's own gets"
+    assert all(m.metadata["commits"].value >= 1 for m in events)
     assert all(m.metadata["changelog_lag"].value == 0 for m in events)
     [fresh] = [
         e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"

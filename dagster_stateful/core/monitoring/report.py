@@ -85,6 +85,8 @@ class WorkerReport:
     seconds: float = 0.0
     store_metrics: dict[str, StoreMetrics] = field(default_factory=dict)
     """Per store, over the partitions this run committed (see `store_metrics.StoreMetrics`)."""
+    partition_store_metrics: dict[tuple[str, int], StoreMetrics] = field(default_factory=dict)
+    """The same per (store, partition)."""
     store_totals: StoreMetrics = field(default_factory=lambda: StoreMetrics(ALL_STORES))
     """The same over every store (percentiles over all their timed calls)."""
     commit_latency: Latency = field(default_factory=Latency)

@@ -157,21 +157,28 @@ class RunStoreMetrics:
     long each commit took."""
 
     def __init__(self) -> None:
-        self._partitions: dict[int, tuple[str, PartitionMetrics]] = {}
+        self._partitions: dict[int, tuple[str, int, PartitionMetrics]] = {}
         """By the counters' id (held here, so no other object takes that id)."""
         self.commit_latency = LatencyHistogram()
 
-    def track(self, store: str, metrics: PartitionMetrics) -> None:
-        self._partitions.setdefault(id(metrics), (store, metrics))
+    def track(self, store: str, partition: int, metrics: PartitionMetrics) -> None:
+        self._partitions.setdefault(id(metrics), (store, partition, metrics))
 
     def store_metrics(self) -> dict[str, StoreMetrics]:
         by_store: dict[str, list[PartitionMetrics]] = {}
-        for store, metrics in self._partitions.values():
+        for store, _, metrics in self._partitions.values():
             by_store.setdefault(store, []).append(metrics)
         return {store: summarize(store, partitions) for store, partitions in sorted(by_store.items())}
+
+    def partition_metrics(self) -> dict[tuple[str, int], StoreMetrics]:
+        """Per (store, partition): its metrics in the run (a partition held twice, its two spells together)."""
+        by_partition: dict[tuple[str, int], list[PartitionMetrics]] = {}
+        for store, partition, metrics in self._partitions.values():
+            by_partition.setdefault((store, partition), []).append(metrics)
+        return {key: summarize(key[0], spells) for key, spells in sorted(by_partition.items())}
 
     def summary(self) -> tuple[dict[str, StoreMetrics], StoreMetrics, Latency]:
         """(metrics per store, totals over every store, commit durations): take it once the run's
         stores are closed (RocksDB's figures are taken as they close)."""
-        totals = summarize(ALL_STORES, (metrics for _, metrics in self._partitions.values()))
+        totals = summarize(ALL_STORES, (metrics for _, _, metrics in self._partitions.values()))
         return self.store_metrics(), totals, self.commit_latency.summary()

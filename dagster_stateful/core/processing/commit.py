@@ -246,7 +246,7 @@ class Committer:
     def _track_metrics(self, transactions: list[PartitionTransaction]) -> None:
         for txn in transactions:
             for store, partition in txn.stores.items():
-                self.metrics.track(store, partition.metrics)
+                self.metrics.track(store, txn.partition, partition.metrics)
 
     @staticmethod
     def _metadata(txn: PartitionTransaction) -> str:

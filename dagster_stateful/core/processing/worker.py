@@ -179,6 +179,7 @@ class Worker:
             report.dead_lettered = self._bad_input.dead_lettered
             report.late = self._bad_input.late
             report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
+            report.partition_store_metrics = self._committer.metrics.partition_metrics()
             try:
                 report.lag = self._group_lag()
             except StatefulError as error:

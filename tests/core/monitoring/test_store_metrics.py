@@ -175,8 +175,8 @@ def test_a_run_sums_its_partitions_per_store_and_times_commits(directory):
             txn.begin_message(b"k", offset)
             state.set("n", offset)
             txn.accept_message(offset)
-        run.track(part.store, part.metrics)
-        run.track(part.store, part.metrics)  # seen by every commit: counted once
+        run.track(part.store, part.partition, part.metrics)
+        run.track(part.store, part.partition, part.metrics)  # seen by every commit: counted once
         part.commit(((key, value) for key, value, _ in txn.changes(part.store)), None, 10)
         part.close()
     for seconds in (0.010, 0.020, 0.030, 0.040, 1.0):
@@ -187,6 +187,9 @@ def test_a_run_sums_its_partitions_per_store_and_times_commits(directory):
     assert by_store["totals"].partitions == 2 and by_store["totals"].operation("put").count == 20
     assert by_store["other"].operation("put").count == 10 and totals.operation("put").count == 30
     assert by_store["totals"].rocksdb is not None and by_store["totals"].rocksdb.bytes_written > 0
+    by_partition = run.partition_metrics()
+    assert sorted(by_partition) == [("other", 0), ("totals", 0), ("totals", 1)]
+    assert all(metrics.operation("put").count == 10 for metrics in by_partition.values())
     assert commits.samples == 5 and commits.p50_seconds == pytest.approx(0.030, rel=1 / 16)
     assert commits.p99_seconds == pytest.approx(1.0, rel=1 / 16)
 

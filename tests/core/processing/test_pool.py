@@ -50,16 +50,23 @@ def test_a_pool_splits_the_partitions_and_a_member_that_stops_hands_them_over_wi
     results: dict[int, WorkerReport | BaseException] = {}
     threads = [start(worker, results, index) for index, worker in enumerate(workers)]
 
-    def held() -> list[set[int]]:
-        return [set(worker.report.messages_processed) for worker in workers]
+    def owned() -> dict[str, set[int]] | None:
+        """Each member's partitions (by its static member id), once the group is stable."""
+        group = app.kafka.describe_group(app.consumer_group, source)
+        if group.state != "STABLE":
+            return None
+        by_member: dict[str, set[int]] = {}
+        for partition, owner in group.owners().items():
+            by_member.setdefault(owner, set()).add(partition)
+        return by_member
 
-    wait_for(
-        lambda: sum(w.report.total_processed for w in workers) >= 3_000 and all(len(p) == 2 for p in held()),
-        120,
-        "three members holding two partitions each, through the first orders",
-    )
-    split = held()
-    assert set().union(*split) == set(range(PARTITIONS))
+    def split_two_each() -> dict[str, set[int]] | None:
+        processed = sum(w.report.total_processed for w in workers)
+        split = owned() if processed >= 3_000 else None
+        return split if split and len(split) == MEMBERS and all(len(p) == 2 for p in split.values()) else None
+
+    split = wait_for(split_two_each, 120, "three members holding two partitions each, through the first orders")
+    assert set().union(*split.values()) == set(range(PARTITIONS))
 
     workers[0].stop.request()  # member 0 leaves; its two partitions move to the others
     threads[0].join(60)
@@ -76,7 +83,7 @@ def test_a_pool_splits_the_partitions_and_a_member_that_stops_hands_them_over_wi
 
     reports = [results[index] for index in range(MEMBERS)]
     assert all(isinstance(report, WorkerReport) for report in reports), reports
-    taken = split[0]
+    taken = split[str(members[0].config.group_instance_id)]
     after = set().union(*(set(report.messages_processed) for report in reports[1:]))  # type: ignore[union-attr]
     assert taken <= after, "the other members processed member 0's partitions after it left"
     restores = [r for report in reports[1:] for r in report.restores if r.partition in taken]  # type: ignore[union-attr]
