@@ -204,9 +204,22 @@ class ReturnAtOnce:
         return 0
 
 
+def bench_app(state_dir: Path, aggregate: bool, **settings: Any) -> Any:
+    """The benchmark's app on `state_dir`: a running total per key, kept by an aggregation (`Sum`) or
+    a stateful apply (a get and a set per message)."""
+    from dagster_stateful.core import App, Sum
+
+    app = App(source=settings.pop("source", "orders"), stores=["totals"], state_dir=state_dir, **settings)
+    frame = app.dataframe()
+    if aggregate:
+        frame.aggregate(Sum(order_amount), name="total")
+    else:
+        frame.apply(add_to_total, stateful=True)
+    return app
+
+
 def process(batches: list[list[Any]], partitions: int, aggregate: bool, commit_every: int) -> dict[str, Any]:
     """One pass over `batches` on fresh stores: messages/s, and the store metrics where this engine has them."""
-    from dagster_stateful.core import App, Sum
     from dagster_stateful.core.processing.bad_input import BadInputHandler
     from dagster_stateful.core.processing.batch import BatchProcessor
     from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
@@ -215,12 +228,8 @@ def process(batches: list[list[Any]], partitions: int, aggregate: bool, commit_e
 
     state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))
     try:
-        app = App(name="bench", source="orders", stores=["totals"], state_dir=state_dir)
+        app = bench_app(state_dir, aggregate, name="bench")
         frame = app.dataframe()
-        if aggregate:
-            frame.aggregate(Sum(order_amount), name="total")
-        else:
-            frame.apply(add_to_total, stateful=True)
         config = app.config
         stores = {p: app.state.partition("totals", p) for p in range(partitions)}
         for store in stores.values():
@@ -289,18 +298,13 @@ def described_metrics(committer: Any) -> dict[str, Any] | None:
 def state_loop(aggregate: bool, messages: int) -> dict[str, Any]:
     """One pass of the state operations alone on a fresh store: per message, bind its key (one of
     `LOOP_KEYS`) as the worker does and run the step, with no decoding, batches or commits."""
-    from dagster_stateful.core import App, Sum
     from dagster_stateful.core.state.keys import message_prefix
     from dagster_stateful.core.state.transaction import PartitionTransaction
 
     state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))
     try:
-        app = App(name="bench", source="orders", stores=["totals"], state_dir=state_dir)
+        app = bench_app(state_dir, aggregate, name="bench")
         frame = app.dataframe()
-        if aggregate:
-            frame.aggregate(Sum(order_amount), name="total")
-        else:
-            frame.apply(add_to_total, stateful=True)
         store = app.state.partition("totals", 0)
         store.open()
         txn = PartitionTransaction(0, {"totals": store}, app.config.state_serde, None, frame.live_stores)
@@ -324,23 +328,11 @@ def state_loop(aggregate: bool, messages: int) -> dict[str, Any]:
 def worker_run(bootstrap: str, source: str, aggregate: bool, commit_every: int) -> dict[str, Any]:
     """One bounded worker run over the whole of `source`, as a new app (its own group, changelog and
     store directory): messages per second of its process's CPU time and of wall-clock time."""
-    from dagster_stateful.core import App, Sum
 
     state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))
     try:
-        app = App(
-            name=f"bench-metrics-{uuid.uuid4().hex[:12]}",
-            source=source,
-            stores=["totals"],
-            state_dir=state_dir,
-            kafka=bootstrap,
-            commit_every=commit_every,
-        )
-        frame = app.dataframe()
-        if aggregate:
-            frame.aggregate(Sum(order_amount), name="total")
-        else:
-            frame.apply(add_to_total, stateful=True)
+        name = f"bench-metrics-{uuid.uuid4().hex[:12]}"
+        app = bench_app(state_dir, aggregate, name=name, source=source, kafka=bootstrap, commit_every=commit_every)
         cpu_started = time.process_time()
         report = app.run_worker(max_seconds=600)
         cpu_seconds = time.process_time() - cpu_started

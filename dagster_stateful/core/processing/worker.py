@@ -285,6 +285,7 @@ class Worker:
         last_commit = time.monotonic()
         since_commit = processed = 0
         next_check = 0.0
+        consuming = f"consuming {config.source} in consumer group {config.consumer_group!r}"
         while True:
             # Here every message consume() returned has been processed (see `progress.pass_markers`).
             if self.stop.requested:
@@ -298,7 +299,7 @@ class Worker:
             if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
                 self._assignments.advance(self._consumer)
             messages = self._consumer.consume(CONSUME_BATCH, timeout=0.0 if restoring else 0.2)
-            self.kafka.check_security(f"consuming {config.source} in consumer group {config.consumer_group!r}")
+            self.kafka.check_security(consuming)
             self._assignments.raise_failure()
             index = 0
             while index < len(messages):
