@@ -7,6 +7,10 @@ window aggregations: `Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Collect` (
 order) and `Aggregate` (an initializer and a function, like Kafka Streams' `aggregate(initializer,
 aggregator)`).
 
+`Count()` and `Sum`, `Min`, `Max` and `Mean` of a named field (`Sum("amount")`) are columnar: a
+worker folds a whole consumed batch of them at once (`vectorized`), merging each key's partial into
+its aggregate with `merge`, and their results are emitted once per key and commit by default.
+
 An aggregate lives in its store as its state serializer's bytes (JSON by default), but between
 commits the engine keeps it as the object `add` returned and serializes it once per commit, so
 `add` must return a new value rather than change the one it is given, and the value must be one
@@ -16,12 +20,16 @@ the state serializer can encode (for JSON: numbers, strings, lists, dicts).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from operator import itemgetter
+from typing import Any, ClassVar, Literal
 
 __all__ = ["Aggregate", "Aggregator", "Collect", "Count", "Max", "Mean", "Min", "Reduce", "Sum"]
 
 Extract = Callable[[Any], Any]
 """The number (or value) an aggregator takes from a message's value."""
+
+Columnar = Literal["count", "sum", "min", "max", "mean"]
+"""The folds a worker runs over a whole batch in columns (see `vectorized`)."""
 
 
 def _whole(value: Any) -> Any:
@@ -36,6 +44,15 @@ class Aggregator:
     """The state key the aggregate is stored under (one per message key); `aggregate(name=...)` overrides it."""
     has_result = False
     """Whether `result` differs from the aggregate (when not, the engine skips calling it)."""
+    columnar: ClassVar[Columnar | None] = None
+    """The batch fold this aggregator is, when it takes a named field (or none, as `Count`)."""
+    field: str | None = None
+    """The field of the (JSON object) value the aggregator takes, when named (`Sum("amount")`)."""
+
+    @property
+    def vectorizable(self) -> bool:
+        """Whether a worker may fold whole batches of this aggregator in columns."""
+        return self.columnar == "count" or (self.columnar is not None and self.field is not None)
 
     def first(self, value: Any) -> Any:
         """The aggregate of a key whose first value is `value`."""
@@ -49,11 +66,19 @@ class Aggregator:
         """What flows to the next step (and the output topic) after an update."""
         return aggregate
 
+    def merge(self, aggregate: Any, partial: Any) -> Any:
+        """A columnar aggregator's aggregate with a batch's partial of the same key folded in."""
+        raise NotImplementedError(f"{type(self).__name__} has no columnar merge")
+
 
 class Count(Aggregator):
     """How many messages the key had."""
 
     name = "count"
+    columnar = "count"
+
+    def merge(self, aggregate: int, partial: int) -> int:
+        return aggregate + partial
 
     def first(self, value: Any) -> int:
         return 1
@@ -63,10 +88,17 @@ class Count(Aggregator):
 
 
 class _OfValue(Aggregator):
-    """An aggregator of a number taken from each value: `of(value)` (the value itself by default)."""
+    """An aggregator of a number taken from each value: `of(value)` (the value itself by default), or
+    the field `of` of a JSON object value when `of` is a str (`Sum("amount")`, which is columnar)."""
 
-    def __init__(self, of: Extract = _whole) -> None:
-        self._of = of
+    def __init__(self, of: Extract | str = _whole) -> None:
+        if isinstance(of, str):
+            self.field = of
+            self._of: Extract = itemgetter(of)
+        elif callable(of):
+            self._of = of
+        else:
+            raise TypeError(f"{type(self).__name__} takes a field name or a function of the value, got {of!r}")
 
     def first(self, value: Any) -> Any:
         return self._of(value)
@@ -76,6 +108,10 @@ class Sum(_OfValue):
     """The sum of `of(value)` over the key's messages."""
 
     name = "sum"
+    columnar = "sum"
+
+    def merge(self, aggregate: Any, partial: Any) -> Any:
+        return aggregate + partial
 
     def add(self, aggregate: Any, value: Any) -> Any:
         return aggregate + self._of(value)
@@ -85,6 +121,10 @@ class Min(_OfValue):
     """The least `of(value)` over the key's messages."""
 
     name = "min"
+    columnar = "min"
+
+    def merge(self, aggregate: Any, partial: Any) -> Any:
+        return partial if partial < aggregate else aggregate
 
     def add(self, aggregate: Any, value: Any) -> Any:
         candidate = self._of(value)
@@ -95,6 +135,10 @@ class Max(_OfValue):
     """The greatest `of(value)` over the key's messages."""
 
     name = "max"
+    columnar = "max"
+
+    def merge(self, aggregate: Any, partial: Any) -> Any:
+        return partial if partial > aggregate else aggregate
 
     def add(self, aggregate: Any, value: Any) -> Any:
         candidate = self._of(value)
@@ -106,6 +150,10 @@ class Mean(_OfValue):
 
     name = "mean"
     has_result = True
+    columnar = "mean"
+
+    def merge(self, aggregate: list[Any], partial: list[Any]) -> list[Any]:
+        return [aggregate[0] + partial[0], aggregate[1] + partial[1]]
 
     def first(self, value: Any) -> list[Any]:
         return [self._of(value), 1]

@@ -56,12 +56,12 @@ class BatchProcessor:
         produce: (topic, key, value), the commit path's; counts: messages processed per partition,
         updated in place; on_damage(partition, error): recover a store found damaged."""
         self._config = config
-        self._transactions = transactions
-        self._restorations = restorations
+        self.transactions = self._transactions = transactions
+        self.restorations = self._restorations = restorations
         self._bad_input = bad_input
         self._produce = produce
-        self._counts = counts
-        self._on_damage = on_damage
+        self.counts = self._counts = counts
+        self.on_damage = self._on_damage = on_damage
         self._stateful = dataframe.is_stateful
         self._run_steps = dataframe.compiled()
         self._output = config.output if config.emits_output else None

@@ -1,159 +1,46 @@
 """The processing steps of an app, declared in the style of Quix Streams' StreamingDataFrame.
 
-Owns `Step` and `StreamingDataFrame`: `apply` maps a value, `update` runs a function for its
-effect and passes the value through, `filter` drops values for which it returns false. A step is
-stateful when declared so: it then receives the `State` of its store (the app's only store unless
-named) as second argument. `aggregate` folds each value into a per-key aggregate
-(`aggregations.Aggregator`) kept in a store of its own, and passes on the updated result. `run`
-pushes one value through every step; what a step raises is a
-`StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable store),
-which is the store's failure, not the message's, and passes through as it is. `tumbling_window`
-and `hopping_window` declare windowed aggregations (`windows.WindowedAggregation`): their step
-passes on an `Emitted` list of window results, which the stateless steps after it map one by one.
-`compiled` gives the worker's hot path a function that does what `run` does, specialised for the
-common one-step frame.
+Owns `StreamingDataFrame` (each step it declares runs as `steps.step_call` makes it): `apply`
+maps a value, `update` runs a function for its effect and passes the value through, `filter`
+drops values for which it returns false. A step is stateful when declared so: it then receives
+the `State` of its store (the app's only store unless named) as second argument. `aggregate`
+folds each value into a per-key aggregate (`aggregations.Aggregator`) kept in a store of its own,
+and passes on the updated result. `run` pushes one value through every step; what a step raises
+is a `StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable
+store), which is the store's failure, not the message's, and passes through as it is.
+`tumbling_window` and `hopping_window` declare windowed aggregations
+(`windows.WindowedAggregation`): their step passes on an `Emitted` list of window results, which
+the stateless steps after it map one by one. `compiled` gives the worker's hot path a function
+that does what `run` does, specialised for the common one-step frame. An aggregation that emits
+per commit (the default of the columnar ones, `Count()` and `Sum("field")` say) passes nothing on
+while processing: `commit_emission` describes what the worker sends at each commit instead (each
+changed key's latest result, through the steps after it), and `vectorized` says when the worker
+may fold whole batches in columns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from dagster_stateful.core.processing.aggregations import Aggregator
-from dagster_stateful.core.processing.windows import (
-    LATE,
-    Duration,
-    Emit,
-    Emitted,
-    WindowedAggregation,
-    Windows,
-    window_result,
+from dagster_stateful.core.processing.steps import (
+    DROPPED,
+    REPLACING,
+    AggregateEmit,
+    CommitEmission,
+    Step,
+    StepCall,
+    StepFailed,
+    Views,
+    step_call,
+    through,
 )
-from dagster_stateful.core.state.kv import State
-from dagster_stateful.core.state.live import LiveState
-from dagster_stateful.core.state.windows import WindowBounds, WindowState
-from dagster_stateful.errors import ConfigurationError, StateStoreError
+from dagster_stateful.core.processing.windows import Duration, Emit, WindowedAggregation, Windows
+from dagster_stateful.core.state.windows import WindowBounds
+from dagster_stateful.errors import ConfigurationError
 
-DROPPED = object()
-REPLACING = frozenset({"apply", "aggregate", "window"})
-"""Kinds of step whose result replaces the value."""
-
-
-class StepFailed(Exception):
-    """A step raised; carries which one, for the error policy's message."""
-
-    def __init__(self, step: str, error: Exception) -> None:
-        super().__init__(f"step {step!r} raised {type(error).__name__}: {error}")
-        self.step = step
-        self.error = error
-
-
-@dataclass(frozen=True)
-class Step:
-    kind: str
-    function: Callable[..., Any] | Aggregator
-    store: str | None
-    """The store a stateful step reads and writes; None for a stateless step."""
-    aggregation: str | None = None
-    """An aggregate step's name: the state key of its aggregates (of a window step: its name only)."""
-    windows: Windows | None = None
-    """A window step's windows."""
-    emit: Emit = "current"
-    """A window step's results: each update ("current") or each window once it closes ("final")."""
-
-    @property
-    def name(self) -> str:
-        if self.aggregation is not None:
-            return self.aggregation
-        return str(getattr(self.function, "__name__", repr(self.function)))
-
-
-Views = Mapping[str, State | LiveState | WindowState]
-"""The state of each store, scoped to the current message key."""
-StepCall = Callable[[Any, Views], Any]
-"""(value, states by store) -> what the step returns."""
-
-
-def _call_fold(step: Step, aggregator: Aggregator) -> StepCall:
-    """An aggregate step as a function of (value, states): the aggregator's result after folding the
-    value into its key's aggregate. Raises like `_call_step`'s functions."""
-    store, name = step.store, step.name
-    suffix, first, add = name.encode(), aggregator.first, aggregator.add
-    result = aggregator.result if aggregator.has_result else None
-
-    def fold(value: Any, states: Views) -> Any:
-        try:
-            aggregate = states[store].fold(suffix, value, first, add)  # type: ignore[index, union-attr]
-            return aggregate if result is None else result(aggregate)
-        except StateStoreError:
-            raise
-        except Exception as error:
-            raise StepFailed(name, error) from error
-
-    return fold
-
-
-def _call_windowed(step: Step, aggregator: Aggregator, windows: Windows) -> StepCall:
-    """A window step as a function of (value, states): the `Emitted` window results of the value, or
-    `LATE`. Raises like `_call_step`'s functions."""
-    store, name, size, final = step.store, step.name, windows.size, step.emit == "final"
-    first, add, starts, event_time = aggregator.first, aggregator.add, windows.starts, windows.timestamp
-    result = aggregator.result if aggregator.has_result else None
-
-    def windowed(value: Any, states: Views) -> Emitted:
-        try:
-            state: WindowState = states[store]  # type: ignore[index, assignment]
-            if event_time is not None:
-                state.timestamp = _event_time(event_time(value))
-            elif state.timestamp < 0:
-                raise ValueError("the message has no timestamp; give the windows a timestamp= function of the value")
-            updated, closed = state.update(starts(state.timestamp), value, first, add)
-            if not updated:
-                return LATE
-            if final:
-                windows_out = [(key, start, aggregate) for key, start, aggregate in closed]
-            else:
-                key = state.message_key
-                windows_out = [(key, start, aggregate) for start, aggregate in updated]
-            return Emitted(
-                [
-                    window_result(key, start, size, aggregate if result is None else result(aggregate))
-                    for key, start, aggregate in windows_out
-                ]
-            )
-        except StateStoreError:
-            raise
-        except Exception as error:
-            raise StepFailed(name, error) from error
-
-    return windowed
-
-
-def _event_time(timestamp: Any) -> int:
-    if timestamp.__class__ is not int or timestamp < 0:
-        raise ValueError(f"the timestamp function returned {timestamp!r}; event times are ints of ms since the epoch")
-    return timestamp
-
-
-def _call_step(step: Step) -> StepCall:
-    """The step as a function of (value, states): it raises `StepFailed` for what the step raises,
-    except `StateStoreError`, which passes through."""
-    function, store, name = step.function, step.store, step.name
-    if isinstance(function, Aggregator):
-        if step.windows is not None:
-            return _call_windowed(step, function, step.windows)
-        return _call_fold(step, function)
-
-    def call(value: Any, states: Views) -> Any:
-        try:
-            return function(value) if store is None else function(value, states[store])
-        except StateStoreError:
-            raise
-        except Exception as error:
-            raise StepFailed(name, error) from error
-
-    return call
+__all__ = ["DROPPED", "CommitEmission", "Step", "StepFailed", "StreamingDataFrame", "Views"]
 
 
 class StreamingDataFrame:
@@ -195,6 +82,31 @@ class StreamingDataFrame:
         }
 
     @property
+    def commit_emission(self) -> CommitEmission | None:
+        """What an aggregation emitting per commit sends at each commit, or None without one."""
+        for index, step in enumerate(self.steps):
+            if step.per_commit:
+                assert isinstance(step.function, Aggregator) and step.store is not None
+                return CommitEmission(step.store, step.name.encode(), step.function, self._chain[index + 1 :])
+        return None
+
+    @property
+    def vectorized(self) -> tuple[str, bytes, Aggregator] | None:
+        """(store, state key, aggregator) when a worker may fold whole batches in columns: the first
+        step is a columnar aggregation (`Aggregator.vectorizable`) emitting per commit, and no other
+        step is stateful."""
+        if not self.steps:
+            return None
+        first = self.steps[0]
+        aggregator = first.function
+        if not (first.per_commit and isinstance(aggregator, Aggregator) and aggregator.vectorizable):
+            return None
+        if any(step.store is not None for step in self.steps[1:]):
+            return None
+        assert first.store is not None
+        return first.store, first.name.encode(), aggregator
+
+    @property
     def is_windowed(self) -> bool:
         return any(step.windows is not None for step in self.steps)
 
@@ -214,14 +126,31 @@ class StreamingDataFrame:
         """Keep the value only when `function` returns true."""
         return self._add("filter", function, stateful, store)
 
-    def aggregate(self, aggregator: Aggregator, *, store: str | None = None, name: str | None = None):
+    def aggregate(
+        self,
+        aggregator: Aggregator,
+        *,
+        store: str | None = None,
+        name: str | None = None,
+        emit: AggregateEmit | None = None,
+    ):
         """Fold each value into its message key's aggregate and pass on the result, as Kafka Streams'
         `groupByKey().aggregate(...)` does: `aggregator` is a `Count`, `Sum`, `Min`, `Max`, `Mean`,
         `Reduce`, `Aggregate` or an `Aggregator` of your own. The aggregate is kept in `store` (the
         app's only store unless named) under state key `name` (the aggregator's name unless given);
-        that store is then the aggregations' own: no stateful apply, update or filter may use it."""
+        that store is then the aggregations' own: no stateful apply, update or filter may use it.
+
+        emit="per-commit" passes on each changed key's latest result once per commit (Kafka Streams'
+        record cache; the steps after it then run at the commit), "per-message" the result after
+        every message. The default is per commit for the columnar aggregators (`Count()`, and `Sum`,
+        `Min`, `Max`, `Mean` of a named field), which a worker then folds a batch at a time, and per
+        message for the others. After an aggregation emitting per commit only stateless steps may come."""
         if not isinstance(aggregator, Aggregator):
             raise TypeError(f"aggregate needs an Aggregator (Count(), Sum(...), Aggregate(...)), got {aggregator!r}")
+        if emit not in (None, "per-commit", "per-message"):
+            raise ConfigurationError(f"emit is 'per-commit' or 'per-message', got {emit!r}")
+        per_commit = emit == "per-commit" or (emit is None and aggregator.vectorizable)
+        self._refuse_after_per_commit("an aggregation")
         name = name or aggregator.name
         resolved = self._resolve_store(store)
         self._refuse_expiring(resolved, "an aggregation")
@@ -233,7 +162,7 @@ class StreamingDataFrame:
                 f"store {resolved!r} already has an aggregation named {name!r}: give this one another name=..."
             )
         self._refuse_after_windows("aggregate")
-        return self._append(Step("aggregate", aggregator, resolved, name))
+        return self._append(Step("aggregate", aggregator, resolved, name, per_commit=per_commit))
 
     def tumbling_window(
         self,
@@ -269,6 +198,7 @@ class StreamingDataFrame:
 
     def _windows(self, windows: Windows, store: str | None) -> WindowedAggregation[StreamingDataFrame]:
         self._refuse_after_windows("a windowed aggregation")
+        self._refuse_after_per_commit("a windowed aggregation")
         return WindowedAggregation(self._add_windowed, windows, store)
 
     def _add_windowed(
@@ -304,6 +234,14 @@ class StreamingDataFrame:
                 "key. After a windowed aggregation only stateless apply, update and filter steps may come."
             )
 
+    def _refuse_after_per_commit(self, what: str) -> None:
+        if any(step.per_commit for step in self.steps):
+            raise ConfigurationError(
+                f"{what} cannot follow an aggregation that emits per commit: its results flow once per key and "
+                "commit, not per message. Only stateless apply, update and filter steps may follow it; give the "
+                "aggregation emit='per-message' to chain stateful steps after it."
+            )
+
     def _add(self, kind: str, function: Callable[..., Any], stateful: bool, store: str | None):
         if not callable(function):
             raise TypeError(f"{kind} needs a callable, got {function!r}")
@@ -312,13 +250,15 @@ class StreamingDataFrame:
         resolved = self._resolve_store(store) if stateful else None
         if resolved is not None and resolved in self.aggregated_stores:
             raise self._shared_store(resolved)
+        if stateful:
+            self._refuse_after_per_commit(f"a stateful {kind}")
         if resolved is not None:
             self._refuse_after_windows(f"a stateful {kind}")
         return self._append(Step(kind, function, resolved))
 
     def _append(self, step: Step):
         self._steps += (step,)
-        self._chain += ((step.kind, _call_step(step)),)
+        self._chain += (("fold" if step.per_commit else step.kind, step_call(step)),)
         return self
 
     @staticmethod
@@ -361,27 +301,12 @@ class StreamingDataFrame:
         chain = self._chain
         for index, (kind, call) in enumerate(chain):
             result = call(value, states)
+            if kind == "fold":
+                return DROPPED  # its results flow at the commit (`commit_emission`)
             if kind == "window":
-                return _through(result, chain[index + 1 :], states)
+                return through(result, chain[index + 1 :], states)
             if kind in REPLACING:
                 value = result
             elif kind == "filter" and not result:
                 return DROPPED
         return value
-
-
-def _through(emitted: Emitted, chain: tuple[tuple[str, StepCall], ...], states: Views) -> Emitted:
-    """Window results, each through the (stateless) steps of `chain`."""
-    if emitted.late or not chain:
-        return emitted
-    out = Emitted()
-    for key, value in emitted:
-        for kind, call in chain:
-            result = call(value, states)
-            if kind in REPLACING:
-                value = result
-            elif kind == "filter" and not result:
-                break
-        else:
-            out.append((key, value))
-    return out

@@ -34,14 +34,15 @@ from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.batch import BatchProcessor
+from dagster_stateful.core.processing.client_settings import worker_consumer_config, worker_producer_config
 from dagster_stateful.core.processing.commit import (
-    DEFAULT_DELIVERY_TIMEOUT_MS,
     Committer,
     DeliveryTracker,
     StoresDamaged,
     delivery_timeout_seconds,
 )
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.emission import commit_emitter
 from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, Deadline, RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
@@ -50,8 +51,8 @@ from dagster_stateful.core.processing.transactions import (
     exactly_once_transactions,
     initialize_transactions,
     refuse_pinned_exactly_once,
-    transactional_config,
 )
+from dagster_stateful.core.processing.vectorized import choose_path
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
@@ -188,29 +189,10 @@ class Worker:
 
     def _open_clients(self) -> None:
         config, kafka = self.config, self.kafka
-        consumer_config = {
-            "group.id": config.consumer_group,
-            "client.id": self.state.worker_client_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "cooperative-sticky",
-            **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
-            **({"isolation.level": "read_committed"} if config.exactly_once else {}),
-            **config.consumer_config,
-        }
+        consumer_config = worker_consumer_config(config, self.state.worker_client_id)
         self._consumer = kafka.consumer(consumer_config)
         self._tracker = DeliveryTracker()
-        producer_config = {
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "partitioner": "murmur2_random",
-            "delivery.timeout.ms": DEFAULT_DELIVERY_TIMEOUT_MS,
-            "on_delivery": self._tracker,
-            **transactional_config(self.config, self.state.worker_client_id),
-            **config.producer_config,
-        }
+        producer_config = worker_producer_config(config, self.state.worker_client_id, self._tracker)
         self._producer = kafka.producer(producer_config)
         transactions = exactly_once_transactions(config, self._producer, self._consumer, self._commit_deadline)
         self._restore_consumer = kafka.consumer({"group.id": config.restore_group, **RESTORE_CONSUMER_CONFIG})
@@ -247,7 +229,7 @@ class Worker:
             live_stores=self._dataframe.live_stores,
         )
         self._transactions = self._assignments.transactions
-        self._batches = BatchProcessor(
+        per_message = BatchProcessor(
             config,
             self._dataframe,
             self._transactions,
@@ -257,6 +239,8 @@ class Worker:
             self.report.messages_processed,
             self._recover_damaged,
         )
+        self._batches, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
+        self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
 
     def _snapshot_store(self, store: str) -> SnapshotStore:
         assert self.snapshot_root is not None
@@ -298,7 +282,7 @@ class Worker:
             restoring = bool(self._assignments.restorations)
             if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
                 self._assignments.advance(self._consumer)
-            messages = self._consumer.consume(CONSUME_BATCH, timeout=0.0 if restoring else 0.2)
+            messages = self._consumer.consume(self._consume_batch, timeout=0.0 if restoring else 0.2)
             self.kafka.check_security(consuming)
             self._assignments.raise_failure()
             index = 0
@@ -369,6 +353,8 @@ class Worker:
         Returns False when Kafka aborted the transaction and every partition was rewound."""
         if self._assignments.dirty:
             return True
+        if self._emitter:
+            self._emitter.emit(self._assignments.transactions.values())
         try:
             committed = self._committer.commit(self._assignments.transactions.values())
         except StoresDamaged as damage:

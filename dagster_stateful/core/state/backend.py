@@ -42,6 +42,10 @@ class StoreBackend(Protocol):
         """The value of `key`, None when absent."""
         ...
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The value of each key (None where absent), in one read (RocksDB's multi-get)."""
+        ...
+
     def get_meta(self, key: bytes) -> bytes | None:
         """A metadata entry (written by `write`'s `meta`), None when absent."""
         ...

@@ -87,6 +87,21 @@ class StoreCache:
         values[key] = value
         dirty[key] = offset
 
+    def put_live_batch(self, keys: list[bytes], values: list[Any], offsets: list[int]) -> None:
+        """Writes of a whole batch to a live cache (each key once, with the offset of the last message
+        that changed it), not journaled: a batch is kept whole or not processed."""
+        cached, dirty = self.values, self.dirty
+        added = 0
+        for key, value, offset in zip(keys, values, offsets, strict=True):
+            old = cached.get(key, _ABSENT)
+            if old is _ABSENT:
+                added += live_entry_bytes(key, value)
+            elif old is None:
+                added += LIVE_VALUE_BYTES
+            cached[key] = value
+            dirty[key] = offset
+        self.bytes += added
+
     def delete_live(self, key: bytes, offset: int) -> None:
         """A delete in a live cache, undone if the message at `offset` fails."""
         values, dirty = self.values, self.dirty

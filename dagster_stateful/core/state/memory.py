@@ -41,6 +41,10 @@ class MemoryDatabase:
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        get = self.get
+        return [get(key) for key in keys]
+
     def get_meta(self, key: bytes) -> bytes | None:
         return self._meta.get(key)
 

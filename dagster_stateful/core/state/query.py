@@ -22,7 +22,8 @@ from typing import Any
 
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key, message_prefix, split_store_key
-from dagster_stateful.core.state.rocksdb import SecondaryDatabase, holds_database
+from dagster_stateful.core.state.rocksdb import SecondaryDatabase
+from dagster_stateful.core.state.rocksdb_files import holds_database
 from dagster_stateful.core.state.serialization import Serde
 from dagster_stateful.core.state.ttl import decode_stream_time, split_expiry
 from dagster_stateful.core.state.windows import split_window_key

@@ -36,13 +36,11 @@ from rocksdict import (
     WriteOptions,
 )
 
+from dagster_stateful.core.state.rocksdb_files import is_corruption, is_corruption_status, is_shortage
 from dagster_stateful.errors import StateStoreError, StoreCorruptedError
 
 META_COLUMN_FAMILY = "__meta__"
 DEFAULT_RECORDS_PER_SST = 2_000_000
-_CORRUPTION_STATUS = "Corruption:"
-_SHORTAGES = ("Too many open files", "No space left on device", "Cannot allocate memory")
-"""What RocksDB's status says when the machine, not the data, is at fault."""
 
 _MiB: Final = 1024 * 1024
 BLOCK_CACHE_BYTES: Final = 64 * _MiB
@@ -161,7 +159,7 @@ class PartitionDatabase:
         )
 
     def _read_error(self, error: Exception) -> StateStoreError:
-        if _is_shortage(error):
+        if is_shortage(error):
             return StateStoreError(
                 f"cannot read the RocksDB state {self._where} now: {error}. This is not corruption, so nothing needs "
                 "moving; raise the open-files limit (ulimit -n) or free memory or disk, then run the worker again."
@@ -171,7 +169,7 @@ class PartitionDatabase:
     def _write_error(self, doing: str, error: Exception) -> StateStoreError:
         """Corruption RocksDB met (often in a background compaction, which then refuses every write)
         is a damaged store; anything else (a full disk, a read-only directory) is the machine's."""
-        if _is_corruption_status(error):
+        if is_corruption_status(error):
             return self._corrupted(doing, error)
         return StateStoreError(
             f"{doing} the RocksDB state {self._where} failed: {error}. This is not corruption, so nothing was moved; "
@@ -192,6 +190,13 @@ class PartitionDatabase:
     def get(self, key: bytes) -> bytes | None:
         try:
             return self._db.get(key)
+        except Exception as error:
+            raise self._read_error(error) from error
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        try:
+            found: list[bytes | None] = self._db.get(keys)  # type: ignore[arg-type, assignment]  # a multi-get
+            return found
         except Exception as error:
             raise self._read_error(error) from error
 
@@ -350,33 +355,6 @@ def _scan(database: Rdict, from_key: bytes | None) -> Iterator[tuple[bytes, byte
         yield iterator.key(), iterator.value()
         iterator.next()
     iterator.status()
-
-
-def holds_database(path: Path) -> bool:
-    """Whether `path` holds a RocksDB database (an empty partition directory does not)."""
-    return (path / "CURRENT").is_file()
-
-
-def _is_corruption_status(error: Exception) -> bool:
-    return _CORRUPTION_STATUS in str(error)
-
-
-def _is_shortage(error: Exception) -> bool:
-    return any(shortage in str(error) for shortage in _SHORTAGES)
-
-
-def is_corruption(path: Path, error: Exception) -> bool:
-    """Whether a failure to open the database at `path` means its files are damaged (not merely
-    unreadable right now, as with too many open files or a full disk)."""
-    return _is_corruption_status(error) or _current_names_missing_manifest(path)
-
-
-def _current_names_missing_manifest(path: Path) -> bool:
-    try:
-        manifest = (path / "CURRENT").read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return False  # no CURRENT is a new database; an unreadable one is not evidence of damage
-    return bool(manifest) and not (path / manifest).is_file()
 
 
 def _sst_options() -> Options:

@@ -107,6 +107,9 @@ class PartitionTransaction:
         self.next_offset: int | None = committed_offset
         """Offset of the next message to process on the source partition."""
         self.committed_offset = committed_offset
+        self.emitted: dict[bytes, int] = {}
+        """Keys whose results an aggregation emitting per commit sent since the last commit, with the
+        offset of the write sent (see `processing.emission`)."""
         self._time_next_messages(TIMED_BURST)
 
     @property
@@ -216,12 +219,14 @@ class PartitionTransaction:
             window.forget()
         for store in self.expiring:
             store.forget()
+        self.emitted.clear()
         self.next_offset = self.committed_offset
 
     def committed(self) -> None:
         """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
         for cache in self.caches.values():
             cache.mark_clean()
+        self.emitted.clear()
         for state in self.clocked.values():
             state.mark_committed()
         processed = (self.next_offset or 0) - (self.committed_offset or 0)

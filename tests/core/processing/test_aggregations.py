@@ -24,7 +24,7 @@ from dagster_stateful.core import (
     Sum,
 )
 from dagster_stateful.core.processing.aggregations import Aggregator
-from dagster_stateful.core.processing.dataframe import StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
 from dagster_stateful.core.state.cache import ENTRY_OVERHEAD_BYTES, live_entry_bytes
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
@@ -101,7 +101,7 @@ def recomputed(orders: list[tuple[str, int]], fold) -> tuple[list, dict[str, Any
     ids=["count", "sum", "min", "max", "mean", "reduce", "collect", "aggregate"],
 )
 def test_each_aggregator_passes_on_the_running_result_and_commits_the_aggregate(store, aggregator: Aggregator, fold):
-    frame = StreamingDataFrame(["aggregates", "other"]).aggregate(aggregator, store="aggregates")
+    frame = StreamingDataFrame(["aggregates", "other"]).aggregate(aggregator, store="aggregates", emit="per-message")
     txn = transaction(store)
 
     outputs = feed(frame, txn, ORDERS)
@@ -118,6 +118,46 @@ def test_each_aggregator_passes_on_the_running_result_and_commits_the_aggregate(
     if isinstance(aggregator, Mean):
         kept = {customer: total / count for customer, (total, count) in kept.items()}
     assert kept == final
+
+
+@pytest.mark.parametrize(
+    ("aggregator", "fold"),
+    [
+        (Count(), len),
+        (Sum("amount"), sum),
+        (Min("amount"), min),
+        (Max("amount"), max),
+        (Mean("amount"), lambda values: sum(values) / len(values)),
+    ],
+    ids=["count", "sum", "min", "max", "mean"],
+)
+def test_a_columnar_aggregator_emits_per_commit_by_default_and_keeps_what_its_callable_twin_keeps(
+    store, aggregator: Aggregator, fold
+):
+    frame = StreamingDataFrame(["aggregates"]).aggregate(aggregator, name="kept")
+    txn = transaction(store)
+
+    outputs = feed(frame, txn, ORDERS)
+    emission = frame.commit_emission
+    written = commit(txn, store)
+
+    assert aggregator.vectorizable and frame.vectorized == ("aggregates", b"kept", aggregator)
+    assert all(output is DROPPED for output in outputs), "nothing flows per message"
+    assert emission is not None and emission.store == "aggregates" and emission.state_key == b"kept"
+    _, final = recomputed(ORDERS, fold)
+    assert {customer: emission.output(kept) for (customer, _), kept in written.items()} == final
+
+
+def test_an_aggregation_emitting_per_commit_takes_only_stateless_steps_after_it():
+    frame = StreamingDataFrame(["aggregates", "other"]).aggregate(Sum("amount"), store="aggregates")
+    frame.apply(lambda total: {"total": total})
+
+    with pytest.raises(ConfigurationError, match="emits per commit"):
+        frame.update(lambda value, state: None, store="other")
+    with pytest.raises(ConfigurationError, match="emits per commit"):
+        frame.aggregate(Count(), store="other")
+    assert StreamingDataFrame(["aggregates"]).aggregate(Sum(amount)).vectorized is None, "a callable goes per message"
+    assert StreamingDataFrame(["a"]).filter(bool).aggregate(Count()).vectorized is None, "a step before it too"
 
 
 def test_aggregates_continue_from_what_the_store_holds_after_a_commit(store):

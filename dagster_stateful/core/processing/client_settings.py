@@ -1,0 +1,47 @@
+"""The settings of a worker's own Kafka clients, before the app's overrides.
+
+Owns `worker_consumer_config` (the app's consumer group, no automatic commits or offset stores,
+cooperative-sticky assignment, static membership when the app names an instance id, and
+`read_committed` under exactly-once) and `worker_producer_config` (idempotent, acknowledged by
+every in-sync replica, Kafka's default murmur2 partitioner, the commit path's delivery reports,
+and a transactional id under exactly-once). The app's `consumer_config` and `producer_config`
+come last and win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.processing.commit import DEFAULT_DELIVERY_TIMEOUT_MS
+from dagster_stateful.core.processing.transactions import transactional_config
+
+__all__ = ["worker_consumer_config", "worker_producer_config"]
+
+
+def worker_consumer_config(config: AppConfig, client_id: str) -> dict[str, Any]:
+    return {
+        "group.id": config.consumer_group,
+        "client.id": client_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
+        **({"isolation.level": "read_committed"} if config.exactly_once else {}),
+        **config.consumer_config,
+    }
+
+
+def worker_producer_config(config: AppConfig, client_id: str, on_delivery: Callable[..., None]) -> dict[str, Any]:
+    return {
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        "partitioner": "murmur2_random",
+        "delivery.timeout.ms": DEFAULT_DELIVERY_TIMEOUT_MS,
+        "on_delivery": on_delivery,
+        **transactional_config(config, client_id),
+        **config.producer_config,
+    }

@@ -1,0 +1,190 @@
+"""The worker's columnar path: a columnar aggregation folded a consumed batch at a time.
+
+Owns `VectorizedBatchProcessor`, which takes the place of `batch.BatchProcessor` when the app's
+first step is a columnar aggregation emitting per commit and no other step is stateful
+(`StreamingDataFrame.vectorized`), and its values are JSON. Like Flink's mini-batch aggregation,
+each run of one partition's messages in a consumed batch is decoded in columns and folded per
+message key in native code (`columns`), then each distinct key's partial is merged into its
+aggregate once (`LiveState.merge_partials`: the keys the record cache misses are read with one
+RocksDB multi-get), tagged with the offset of the key's last message, as the per-message path
+tags it. Results are sent at the commit (`emission.CommitEmitter`).
+
+A run the columns cannot take exactly (a Kafka error or a partition end among the messages, a
+message without a key or a value, a key the key serde refuses, a value that is not a JSON object
+with a number in the field, a stored aggregate the merge refuses) goes through the per-message
+path instead, which gives each bad message to the error policy (raise, skip or dead-letter, with
+topic, partition and offset) and processes every good one once: a run is kept whole or not at
+all. So a bad message costs its run the fast path, never a good message. Runs of partitions that
+are not (or not yet) the worker's are left alone, as the per-message path leaves them.
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import groupby
+from operator import methodcaller
+
+import orjson
+from confluent_kafka import Message
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.processing.aggregations import Aggregator
+from dagster_stateful.core.processing.batch import BatchProcessor
+from dagster_stateful.core.processing.columns import decode_field, fold_by_key, valid_utf8_keys
+from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.state.keys import message_prefix
+from dagster_stateful.core.state.live import PartialsRefused
+from dagster_stateful.core.state.serialization import BytesSerde, JsonSerde, StrSerde
+from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.errors import StoreCorruptedError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["VECTORIZED_CONSUME_BATCH", "VectorizedBatchProcessor", "can_vectorize", "choose_path"]
+
+VECTORIZED_CONSUME_BATCH = 10_000
+"""Messages a worker asks `consume` for on the columnar path: larger batches fold more messages per key."""
+STORE_KEYS_REMEMBERED = 1_000_000
+"""Message keys whose store key is remembered; past that the memo starts again."""
+
+_partition_of = methodcaller("partition")
+
+
+def choose_path(
+    config: AppConfig, dataframe: StreamingDataFrame, per_message: BatchProcessor, consume_batch: int
+) -> tuple[BatchProcessor | VectorizedBatchProcessor, int]:
+    """The worker's batch processor and how many messages it consumes at a time: the columnar path
+    when the app allows it (see the module's docstring), else `per_message` itself."""
+    aggregation = dataframe.vectorized
+    if aggregation is None or not can_vectorize(config):
+        return per_message, consume_batch
+    log.info("Worker of %r folds its %s aggregation a batch at a time, in columns", config.name, aggregation[2].name)
+    return VectorizedBatchProcessor(config, aggregation, per_message), VECTORIZED_CONSUME_BATCH
+
+
+def can_vectorize(config: AppConfig) -> bool:
+    """Whether the app's serdes let the columnar path decode its messages: JSON values, and keys
+    that are bytes or UTF-8 text."""
+    return type(config.value_serde) is JsonSerde and type(config.key_serde) in (BytesSerde, StrSerde)
+
+
+class VectorizedBatchProcessor:
+    """Processes consumed messages into the worker's partition transactions, a run of one partition
+    at a time, in columns (falling back to `per_message` for a run the columns cannot take)."""
+
+    def __init__(
+        self,
+        config: AppConfig,
+        aggregation: tuple[str, bytes, Aggregator],
+        per_message: BatchProcessor,
+    ) -> None:
+        """aggregation: (store, state key, aggregator), as `StreamingDataFrame.vectorized` gives it;
+        per_message: the worker's per-message processor, whose transactions, restorations, counts
+        and damage recovery this one shares."""
+        self._store, self._state_key, self._aggregator = aggregation
+        self._kind = self._aggregator.columnar
+        assert self._kind is not None
+        self._field = self._aggregator.field
+        self._per_message = per_message
+        self._transactions = per_message.transactions
+        self._restorations = per_message.restorations
+        self._counts = per_message.counts
+        self._on_damage = per_message.on_damage
+        self._text_keys = type(config.key_serde) is StrSerde
+        self._store_keys: dict[bytes, bytes] = {}
+        self.runs_in_columns = 0
+        """Runs folded in columns (the rest went message by message)."""
+        self.runs_per_message = 0
+
+    def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]:
+        """Process `messages[start:]` until `budget` of them were processed (or passed by the error
+        policy); returns the index of the next message and how many were, as `BatchProcessor.process`."""
+        end = min(len(messages), start + budget)
+        chunk = messages[start:end]
+        if any(message.error() is not None for message in chunk):
+            return self._per_message.process(messages, start, budget)
+        done = 0
+        for partition, run in groupby(chunk, _partition_of):
+            done += self._process_run(partition, list(run))
+        return end, done
+
+    def _process_run(self, partition: int, run: list[Message]) -> int:
+        """One partition's consecutive messages; returns how many were processed."""
+        txn = self._transactions.get(partition)
+        if txn is None:
+            restoring = self._restorations.partitions.get(partition)
+            if restoring is not None:
+                restoring.note_arrival(run[0].offset())  # type: ignore[arg-type]  # processed once restored
+            return 0
+        if txn.expiring or txn.window_list:
+            return self._message_by_message(run)
+        try:
+            folded = self._fold(txn, run)
+        except StoreCorruptedError as damage:
+            self._on_damage(partition, damage)
+            restoring = self._restorations.partitions.get(partition)
+            if restoring is not None:
+                restoring.note_arrival(run[0].offset())  # type: ignore[arg-type]
+            return 0
+        if not folded:
+            return self._message_by_message(run)
+        self.runs_in_columns += 1
+        txn.next_offset = run[-1].offset() + 1  # type: ignore[operator]
+        self._counts[partition] = self._counts.get(partition, 0) + len(run)
+        return len(run)
+
+    def _message_by_message(self, run: list[Message]) -> int:
+        self.runs_per_message += 1
+        index, done = 0, 0
+        while index < len(run):
+            index, processed = self._per_message.process(run, index, len(run) - index)
+            done += processed
+        return done
+
+    def _fold(self, txn: PartitionTransaction, run: list[Message]) -> bool:
+        """Fold `run` into `txn` in columns; False, having changed nothing, when it cannot be."""
+        keys = [message.key() for message in run]
+        if None in keys or (self._text_keys and not valid_utf8_keys(keys)):  # type: ignore[arg-type]
+            return False
+        values = [message.value() for message in run]
+        if self._field is None:
+            if not _all_json(values):
+                return False
+            column = None
+        else:
+            if None in values:
+                return False
+            column = decode_field(values, self._field)  # type: ignore[arg-type]
+            if column is None:
+                return False
+        offsets = [message.offset() for message in run]
+        distinct, partials, last_offsets = fold_by_key(self._kind, keys, offsets, column)  # type: ignore[arg-type]
+        store_keys = self._store_keys_of(distinct)
+        try:
+            txn.live[self._store].merge_partials(store_keys, partials, last_offsets, self._aggregator.merge, len(run))
+        except PartialsRefused:
+            return False
+        return True
+
+    def _store_keys_of(self, message_keys: list[bytes]) -> list[bytes]:
+        memo, state_key = self._store_keys, self._state_key
+        if len(memo) >= STORE_KEYS_REMEMBERED:
+            memo.clear()
+        store_keys = []
+        for key in message_keys:
+            store_key = memo.get(key)
+            if store_key is None:
+                store_key = memo[key] = message_prefix(key) + state_key
+            store_keys.append(store_key)
+        return store_keys
+
+
+def _all_json(values: list[bytes | None]) -> bool:
+    """Whether every value (a missing one aside) is JSON, as the per-message path decodes it."""
+    try:
+        for value in values:
+            if value is not None:
+                orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return True
