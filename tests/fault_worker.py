@@ -1,17 +1,19 @@
 """The fault suite's worker: a real worker of a counting app, run as a subprocess that reports what it does.
 
 Owns the app every fault case runs (`count_order` keeps per customer a count of orders and their
-total in the store "totals"; when the spec says `aggregate`, an aggregation keeps them there as one
-aggregate, `TALLY`; when it says `windowed`, a tumbling window aggregation keeps a `TALLY` per
-customer and window of event time there and sends each window's final tally to the output topic
-once it closes; `build_app` builds it from a `WorkerSpec`) and this file's use as a
-script: `python fault_worker.py '<WorkerSpec as JSON>'` runs one bounded worker and prints one line
-`EVENT <kind> <JSON>` per observable step on stdout: `started`, `state` (each state transition),
-`restore_start` / `batch` / `restore_end` / `restore_suspended` (a restore listener), `commit` (each
-source commit, once Kafka took it), `progress` (every `PROGRESS_EVERY` messages), and at the end
-`report` (the worker's report) or `error` (the error it stopped with; exit code `WORKER_FAILED`).
-Logs go to stderr. Armed by the spec, the worker kills itself with SIGKILL inside its n-th commit
-(see `CommitPhase`): the windows between the commit's steps are too short to hit from outside.
+total in the store "totals"; when the spec says `aggregate`, the columnar aggregation
+`Mean("amount")` keeps them there as one aggregate, `TALLY` ([total, count], folded a consumed
+batch at a time in columns, its runs observed message by message before each fold); when it says
+`windowed`, a tumbling window aggregation keeps a `TALLY` per customer and window of event time
+there and sends each window's final tally to the output topic once it closes; `build_app` builds
+it from a `WorkerSpec`) and this file's use as a script: `python fault_worker.py '<WorkerSpec as
+JSON>'` runs one bounded worker and prints one line `EVENT <kind> <JSON>` per observable step on
+stdout: `started`, `state` (each state transition), `restore_start` / `batch` / `restore_end` /
+`restore_suspended` (a restore listener), `commit` (each source commit, once Kafka took it),
+`progress` (every `PROGRESS_EVERY` messages), and at the end `report` (the worker's report) or
+`error` (the error it stopped with; exit code `WORKER_FAILED`). Logs go to stderr. Armed by the
+spec, the worker kills itself with SIGKILL inside its n-th commit (see `CommitPhase`): the windows
+between the commit's steps are too short to hit from outside.
 `fault_harness` launches it and reads the events.
 
 `python fault_worker.py --read '<WorkerSpec as JSON>'` (customers as a JSON list on stdin) reads the
@@ -38,8 +40,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from dagster_stateful.core import Aggregate, App, RestoreListener, State
+from dagster_stateful.core import Aggregate, App, Mean, RestoreListener, State
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor
 from dagster_stateful.core.state.keys import message_prefix, split_store_key
 from dagster_stateful.errors import StatefulError
 
@@ -73,8 +76,11 @@ def empty_tally() -> dict:
 
 
 def state_of(state_key: str, value: Any) -> dict[str, int]:
-    """A customer's state keys and values, as `count_order` keeps them, from one stored entry."""
-    return dict(value) if state_key == TALLY else {state_key: value}
+    """A customer's state keys and values, as `count_order` keeps them, from one stored entry (a
+    tally, or a mean's [total, count])."""
+    if state_key != TALLY:
+        return {state_key: value}
+    return {"total": value[0], "count": value[1]} if isinstance(value, list) else dict(value)
 
 
 class CommitPhase(StrEnum):
@@ -129,8 +135,8 @@ class WorkerSpec:
     group_instance_id: str = ""
     """Static group membership ("": none); under exactly-once it also names the transactional id."""
     aggregate: bool = False
-    """Keep the count and total with an aggregation (`tally_order`) instead of `count_order` (no output
-    topic then: an aggregation passes on its aggregate, not the order)."""
+    """Keep the total and count with the columnar aggregation `Mean("amount")` instead of `count_order`
+    (no output topic then: an aggregation passes on its aggregate, not the order)."""
     windowed: bool = False
     """Keep the count and total per customer and tumbling window of event time (the message
     timestamp), `tally_order` folded into `window_size_ms` windows with `window_grace_ms` of grace
@@ -186,12 +192,12 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
     elif spec.aggregate:
         if spec.output:
             raise ValueError("an aggregating worker passes on tallies, not orders: it cannot fill an output topic")
-        frame.aggregate(Aggregate(empty_tally, tally_order), name=TALLY)
+        frame.aggregate(Mean("amount"), name=TALLY)
     else:
         frame.apply(count_order, stateful=True)
     if spec.output:
         app.to_topic(frame, spec.output)
-    if observe is not None and not spec.windowed:
+    if observe is not None and not spec.windowed and not spec.aggregate:
         frame.update(observe)
     return app
 
@@ -282,6 +288,19 @@ def _install_commit_faults(spec: WorkerSpec) -> None:
     KafkaClients.producer = producer  # type: ignore[method-assign]
 
 
+def _observe_columnar_runs(observe: Callable[[dict], None]) -> None:
+    """A columnar worker has no step per message: each run it takes is observed message by message
+    before it is folded (so a kill aimed at a message lands between folds or inside a commit)."""
+    take_run = VectorizedBatchProcessor._process_run
+
+    def process_run(self: VectorizedBatchProcessor, partition: int, run: list[Any]) -> int:
+        for _ in run:
+            observe({})
+        return take_run(self, partition, run)
+
+    VectorizedBatchProcessor._process_run = process_run  # type: ignore[method-assign]
+
+
 def _wait_for_release(release: Path, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while not release.exists() and time.monotonic() < deadline:
@@ -304,6 +323,8 @@ def _worker_main(spec: WorkerSpec) -> int:
             _wait_for_release(Path(spec.release_file))
 
     app = build_app(spec, observe=progress)
+    if spec.aggregate:
+        _observe_columnar_runs(progress)
     app.add_restore_listener(_PrintingRestoreListener(spec.restore_delay))
     app.add_state_listener(lambda new, old: _emit("state", str(new)))
     _emit("started", os.getpid())

@@ -75,6 +75,8 @@ class WorkerReport:
     dead_lettered: int = 0
     late: int = 0
     """Messages that arrived after every window they belong to had closed (dead-lettered ones included)."""
+    messages_in_columns: int = 0
+    """Messages a columnar aggregation folded a batch at a time (the others went message by message)."""
     transactions_aborted: int = 0
     """Exactly-once: transactions Kafka aborted; each one's messages were processed again."""
     cache_bytes_peak: int = 0

@@ -9,13 +9,15 @@ aggregate once (`LiveState.merge_partials`: the keys the record cache misses are
 RocksDB multi-get), tagged with the offset of the key's last message, as the per-message path
 tags it. Results are sent at the commit (`emission.CommitEmitter`).
 
-A run the columns cannot take exactly (a Kafka error or a partition end among the messages, a
-message without a key or a value, a key the key serde refuses, a value that is not a JSON object
-with a number in the field, a stored aggregate the merge refuses) goes through the per-message
-path instead, which gives each bad message to the error policy (raise, skip or dead-letter, with
-topic, partition and offset) and processes every good one once: a run is kept whole or not at
-all. So a bad message costs its run the fast path, never a good message. Runs of partitions that
-are not (or not yet) the worker's are left alone, as the per-message path leaves them.
+A run the columns cannot take exactly (a message without a key or a value, a key the key serde
+refuses, a value that is not a JSON object with a number in the field, a stored aggregate the
+merge refuses) is halved, and the halves taken in turn, down to `SPLIT_DOWN_TO` messages, which
+go through the per-message path: it gives each bad message to the error policy (raise, skip or
+dead-letter, with topic, partition and offset) and processes every good one once. A run is kept
+whole or not at all, so a bad message costs the fast path to a few messages around it, never a
+good message. A batch holding a Kafka error or a partition end goes message by message. Runs of
+partitions that are not (or not yet) the worker's are left alone, as the per-message path leaves
+them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ __all__ = ["VECTORIZED_CONSUME_BATCH", "VectorizedBatchProcessor", "can_vectoriz
 
 VECTORIZED_CONSUME_BATCH = 10_000
 """Messages a worker asks `consume` for on the columnar path: larger batches fold more messages per key."""
+SPLIT_DOWN_TO = 32
+"""A run the columns refuse is halved until its halves are this short, then goes message by message."""
 STORE_KEYS_REMEMBERED = 1_000_000
 """Message keys whose store key is remembered; past that the memo starts again."""
 
@@ -95,6 +99,7 @@ class VectorizedBatchProcessor:
         self.runs_in_columns = 0
         """Runs folded in columns (the rest went message by message)."""
         self.runs_per_message = 0
+        self.messages_in_columns = 0
 
     def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]:
         """Process `messages[start:]` until `budget` of them were processed (or passed by the error
@@ -119,19 +124,31 @@ class VectorizedBatchProcessor:
         if txn.expiring or txn.window_list:
             return self._message_by_message(run)
         try:
-            folded = self._fold(txn, run)
+            return self._take(partition, txn, run)
         except StoreCorruptedError as damage:
             self._on_damage(partition, damage)
             restoring = self._restorations.partitions.get(partition)
             if restoring is not None:
                 restoring.note_arrival(run[0].offset())  # type: ignore[arg-type]
             return 0
-        if not folded:
+
+    def _take(self, partition: int, txn: PartitionTransaction, run: list[Message]) -> int:
+        """`run` folded in columns, or, when the columns cannot take it, its halves in turn (so a bad
+        message sends only the few messages around it message by message); returns how many were
+        processed."""
+        if self._fold(txn, run):
+            self.runs_in_columns += 1
+            self.messages_in_columns += len(run)
+            txn.next_offset = run[-1].offset() + 1  # type: ignore[operator]
+            self._counts[partition] = self._counts.get(partition, 0) + len(run)
+            return len(run)
+        if len(run) <= SPLIT_DOWN_TO:
             return self._message_by_message(run)
-        self.runs_in_columns += 1
-        txn.next_offset = run[-1].offset() + 1  # type: ignore[operator]
-        self._counts[partition] = self._counts.get(partition, 0) + len(run)
-        return len(run)
+        half = len(run) // 2
+        done = self._take(partition, txn, run[:half])
+        if self._transactions.get(partition) is not txn:
+            return done  # its store was found damaged: the rest comes again once it is restored
+        return done + self._take(partition, txn, run[half:])
 
     def _message_by_message(self, run: list[Message]) -> int:
         self.runs_per_message += 1

@@ -52,7 +52,7 @@ from dagster_stateful.core.processing.transactions import (
     initialize_transactions,
     refuse_pinned_exactly_once,
 )
-from dagster_stateful.core.processing.vectorized import choose_path
+from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor, choose_path
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
@@ -181,6 +181,8 @@ class Worker:
             report.late = self._bad_input.late
             report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
+            if isinstance(self._batches, VectorizedBatchProcessor):
+                report.messages_in_columns = self._batches.messages_in_columns
             try:
                 report.lag = self._group_lag()
             except StatefulError as error:
