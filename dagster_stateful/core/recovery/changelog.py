@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 SOURCE_OFFSET_HEADER = "source_offset"
 STALL_TIMEOUT = 60.0
+BATCH_WAIT = 0.5
+"""Seconds a restore step waits for its batch before the worker's loop gets the thread back."""
+BATCH_WAIT_SLICE = 0.02
 FULL_RESTORE_CHUNK_RECORDS = 500_000
 """Keys a full restore holds in memory before it ingests them (about 100 MB at 200 bytes a key)."""
 PROGRESS_LOG_INTERVAL = 10.0
@@ -117,8 +120,7 @@ class ChangelogRestore:
             self._begin()
         if self.done:
             return 0
-        # consume() waits for a full batch: ask for no more than the offsets left.
-        messages = self._consumer.consume(min(self._batch_size, self.end - self.position), timeout=0.5)
+        messages = self._read_batch()
         if not messages:
             self._note_no_records()
             return 0
@@ -268,6 +270,20 @@ class ChangelogRestore:
                 needs = [Access("Read", TOPIC, topic), Access("Describe", GROUP, self._group)]
                 raise authorization_error(error, f"replaying {topic}[{self.store.partition}]", needs)
             raise KafkaException(error)
+
+    def _read_batch(self) -> list[Message]:
+        """The next batch of records, waiting at most `BATCH_WAIT` for them. consume() waits for a full
+        batch, so it asks for no more than the offsets left, and in short slices: offsets no record
+        sits on (a transaction's marker, compacted records) would keep it waiting for records that
+        never come; between slices the consumer's position shows the range read to its end."""
+        wanted = min(self._batch_size, self.end - self.position)
+        deadline = time.monotonic() + BATCH_WAIT
+        while True:
+            messages = self._consumer.consume(wanted, timeout=BATCH_WAIT_SLICE)
+            if messages or time.monotonic() >= deadline:
+                return messages
+            if self._consumer.position([self._topic_partition])[0].offset >= self.end:
+                return messages
 
     def _note_no_records(self) -> None:
         # Compaction and transaction markers leave offsets no record sits on.
