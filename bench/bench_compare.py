@@ -14,8 +14,8 @@ in a process of its own, one after another:
 
 Systems: `engine` (bench/engine_totals.py: a stateful `update` reading and writing the total, the
 same computation as Quix's), `engine-aggregate` (the same script keeping the total with
-`aggregate(Sum(...))`, the same computation as Kafka Streams'; processing only: it restores as
-`engine` does), `quix` (Quix Streams in a venv of its own,
+the columnar `aggregate(Sum("amount"))`, folded a consumed batch at a time, the same computation
+as Kafka Streams'; processing only: it restores as `engine` does), `quix` (Quix Streams in a venv of its own,
 bench/quix/), `kafka-streams` (bench/kafka-streams, one stream thread) and `kafka-streams-N`
 (as many stream threads as cores; processing only). Each is given the same commit interval and
 partitions and its defaults otherwise (Kafka Streams: its 10 MiB record cache; this engine: its

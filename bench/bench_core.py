@@ -210,7 +210,9 @@ def make_app(bootstrap: str, name: str, source: str, state_dir: Path, args: argp
     )
     frame = app.dataframe()
     if args.aggregate:
-        frame.aggregate(Sum(order_amount), name="total")
+        frame.aggregate(Sum("amount"), name="total")
+    elif args.aggregate_per_message:
+        frame.aggregate(Sum(order_amount), name="total", emit="per-message")
     else:
         frame.apply(add_to_total, stateful=True)
     if args.output:
@@ -475,7 +477,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--aggregate",
         action="store_true",
-        help="keep the totals with aggregate(Sum(...)) instead of a stateful apply calling state.get and state.set",
+        help='keep the totals with the columnar aggregate(Sum("amount")) instead of a stateful apply calling '
+        "state.get and state.set",
+    )
+    parser.add_argument(
+        "--aggregate-per-message",
+        action="store_true",
+        help="keep the totals with aggregate(Sum(function of the order)), folded message by message",
     )
     parser.add_argument("--output", action="store_true", help="send each running total to an output topic")
     parser.add_argument("--broker-heap", default="1g", help="heap of the local broker (when one is started)")

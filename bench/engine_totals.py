@@ -1,14 +1,14 @@
 """This engine's side of bench_compare.py: a keyed running total, run in a process of its own.
 
-The same computation as bench/quix/quix_totals.py and bench/kafka-streams: the JSON "amount" of
-each order added to a total per message key, in store "totals" with its changelog, no output
-topic, the app's defaults except the commit interval. With --aggregate the total is kept by
-`aggregate(Sum(...))` (the like-for-like of Kafka Streams' `groupByKey().aggregate()`) instead of a
-stateful `update` reading and writing it. It runs one bounded worker until caught up:
-from the start of the source the first time; run again after the caller deleted the local state
-and appended messages, the worker first restores the store from its changelog (the report's
-restores say how many records and how long), then processes what was appended. The whole store is
-then read back and written, with the timings, as JSON to `--result`:
+The same computation as bench/quix/quix_totals.py and bench/kafka-streams: the JSON "amount" of each
+order added to a total per message key, in store "totals" with its changelog, no output topic, the
+app's defaults except the commit interval. With --aggregate the total is kept by the columnar
+`aggregate(Sum("amount"))`, folded a consumed batch at a time (the like-for-like of Kafka Streams'
+`groupByKey().aggregate()`) instead of a stateful `update` reading and writing it. It runs one
+bounded worker until caught up: from the start of the source the first time; run again after the
+caller deleted the local state and appended messages, the worker first restores the store from its
+changelog (the report's restores say how many records and how long), then processes what was
+appended. The whole store is then read back and written, with the timings, as JSON to `--result`:
 
     {"messages", "seconds", "seconds_closed", "seconds_until_processing", "restored_records",
      "restore_seconds", "totals": {key: total}}
@@ -26,7 +26,6 @@ assigned and restored). Run from the repository root with the project's venv:
 from __future__ import annotations
 
 import argparse
-import operator
 import time
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def make_app(args: argparse.Namespace) -> App:
         commit_interval=args.commit_interval,
     )
     if args.aggregate:
-        app.dataframe().aggregate(Sum(operator.itemgetter("amount")), name=TOTAL)
+        app.dataframe().aggregate(Sum("amount"), name=TOTAL)
     else:
         app.dataframe().update(add_to_total, stateful=True)
     return app
@@ -116,7 +115,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds")
     parser.add_argument("--partitions", type=int, required=True, help="of the source topic")
     parser.add_argument("--result", type=Path, required=True, help="where the JSON result is written")
-    parser.add_argument("--aggregate", action="store_true", help="keep the totals with aggregate(Sum(...))")
+    parser.add_argument("--aggregate", action="store_true", help='keep the totals with aggregate(Sum("amount"))')
     return parser.parse_args()
 
 
