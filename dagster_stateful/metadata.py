@@ -33,6 +33,7 @@ def worker_metadata(report: WorkerReport, store_totals: bool = True) -> dict[str
         "processing_guarantee": report.processing_guarantee,
         "stop_reason": report.stop_reason.value,
         "messages_processed": report.total_processed,
+        "messages_in_columns": report.messages_in_columns,
         "messages_per_partition": MetadataValue.json({str(p): n for p, n in sorted(report.messages_processed.items())}),
         "committed_offsets": MetadataValue.json({str(p): o for p, o in sorted(report.committed_offsets.items())}),
         "lag_left": report.total_lag,

@@ -124,7 +124,7 @@ class Min(_OfValue):
     columnar = "min"
 
     def merge(self, aggregate: Any, partial: Any) -> Any:
-        return partial if partial < aggregate else aggregate
+        return min(aggregate, partial)  # on a tie, the aggregate (the first argument), as `add` keeps it
 
     def add(self, aggregate: Any, value: Any) -> Any:
         candidate = self._of(value)
@@ -138,7 +138,7 @@ class Max(_OfValue):
     columnar = "max"
 
     def merge(self, aggregate: Any, partial: Any) -> Any:
-        return partial if partial > aggregate else aggregate
+        return max(aggregate, partial)
 
     def add(self, aggregate: Any, value: Any) -> Any:
         candidate = self._of(value)

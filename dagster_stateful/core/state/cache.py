@@ -65,6 +65,12 @@ class StoreCache:
         self.values[key] = data
         self.bytes += self._entry_bytes(key, data)
 
+    def remember_live_batch(self, keys: list[bytes], values: list[Any]) -> None:
+        """`remember` of many aggregates read at once into a live cache (None: the key has none)."""
+        self.values.update(zip(keys, values, strict=True))
+        present = len(values) - values.count(None)
+        self.bytes += sum(map(len, keys)) + len(keys) * ENTRY_OVERHEAD_BYTES + present * LIVE_VALUE_BYTES
+
     def put(self, key: bytes, data: bytes | None, offset: int) -> None:
         """A write (None: a delete) of the message at source `offset`, undone if that message fails."""
         values, dirty = self.values, self.dirty
@@ -87,20 +93,13 @@ class StoreCache:
         values[key] = value
         dirty[key] = offset
 
-    def put_live_batch(self, keys: list[bytes], values: list[Any], offsets: list[int]) -> None:
-        """Writes of a whole batch to a live cache (each key once, with the offset of the last message
-        that changed it), not journaled: a batch is kept whole or not processed."""
-        cached, dirty = self.values, self.dirty
-        added = 0
-        for key, value, offset in zip(keys, values, offsets, strict=True):
-            old = cached.get(key, _ABSENT)
-            if old is _ABSENT:
-                added += live_entry_bytes(key, value)
-            elif old is None:
-                added += LIVE_VALUE_BYTES
-            cached[key] = value
-            dirty[key] = offset
-        self.bytes += added
+    def put_live_batch(self, keys: list[bytes], values: list[Any], offsets: list[int], were_absent: int) -> None:
+        """Writes of a whole batch to a live cache, each key once, with the offset of the last message
+        that changed it; every key is cached already (as None for the `were_absent` of them that
+        had no aggregate). Not journaled: a batch is kept whole or not processed."""
+        self.values.update(zip(keys, values, strict=True))
+        self.dirty.update(zip(keys, offsets, strict=True))
+        self.bytes += were_absent * LIVE_VALUE_BYTES
 
     def delete_live(self, key: bytes, offset: int) -> None:
         """A delete in a live cache, undone if the message at `offset` fails."""

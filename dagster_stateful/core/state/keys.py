@@ -8,7 +8,10 @@ state of one message key is contiguous in RocksDB's byte order.
 
 from __future__ import annotations
 
+import struct
+
 _LENGTH_BYTES = 4
+_LENGTH = struct.Struct(">I")
 
 STREAM_TIME_KEY = b"\xff" * 8 + b"stream-time"
 """Where a store that keeps time (a window or TTL store) keeps its partition's stream time: it sorts
@@ -17,6 +20,12 @@ after every window key and cannot be a scoped key (no message key is 4 GiB long)
 
 def message_prefix(message_key: bytes) -> bytes:
     return len(message_key).to_bytes(_LENGTH_BYTES, "big") + message_key
+
+
+def scoped_keys(message_keys: list[bytes], state_key: bytes) -> list[bytes]:
+    """The store key of `state_key` under each message key (`message_prefix` + state key), for a batch."""
+    pack = _LENGTH.pack
+    return [pack(len(key)) + key + state_key for key in message_keys]
 
 
 def encode_state_key(state_key: str | bytes) -> bytes:

@@ -14,6 +14,7 @@ counted in the partition's metrics, and timed on sampled messages (`TIMED_OPERAT
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from dagster_stateful.core.state.cache import StoreCache
@@ -75,9 +76,10 @@ class LiveState(KeyView):
         """Fold each store key's partial of a batch (its aggregate when the key has none) into its
         aggregate, tagged with the offset of the key's last message; `folded` messages made them.
         All or nothing: raises `PartialsRefused` before keeping anything (the read values stay cached)."""
-        values = self._values
-        current = [values.get(key, _MISSING) for key in keys]
-        missing = [key for key, value in zip(keys, current, strict=True) if value is _MISSING]
+        current = list(map(self._values.get, keys, repeat(_MISSING)))
+        missing = []
+        if _MISSING in current:
+            missing = [key for key, value in zip(keys, current, strict=True) if value is _MISSING]
         metrics = self._metrics
         metrics.folds += folded
         metrics.misses += len(missing)
@@ -88,25 +90,29 @@ class LiveState(KeyView):
                 current = [
                     loaded[key] if value is _MISSING else value for key, value in zip(keys, current, strict=True)
                 ]
-            merged = [
-                partial if value is None else merge(value, partial)
-                for value, partial in zip(current, partials, strict=True)
-            ]
+            new_keys = current.count(None)
+            if new_keys:
+                merged = [
+                    partial if value is None else merge(value, partial)
+                    for value, partial in zip(current, partials, strict=True)
+                ]
+            else:
+                merged = list(map(merge, current, partials))
             if not self._checked and merged:
                 self._serialize(keys[0], merged[0])
                 self._checked = True
         except Exception as error:
             raise PartialsRefused(f"{type(error).__name__}: {error}") from error
-        self._cache.put_live_batch(keys, merged, offsets)
+        self._cache.put_live_batch(keys, merged, offsets, new_keys)
 
     def _remember_loaded(self, keys: list[bytes], found: list[bytes | None]) -> dict[bytes, Any]:
         """The stored aggregates of `keys` (None where absent), decoded and cached as clean."""
-        remember, decode = self._cache.remember, self._decode
-        loaded: dict[bytes, Any] = {}
-        for key, data in zip(keys, found, strict=True):
-            value = loaded[key] = None if data is None else decode(data)
-            remember(key, value)
-        return loaded
+        decode = self._decode
+        values: list[Any] = found
+        if found.count(None) != len(found):
+            values = [None if data is None else decode(data) for data in found]
+        self._cache.remember_live_batch(keys, values)
+        return dict(zip(keys, values, strict=True))
 
     def _load(self, key: bytes) -> Any:
         data = self._partition.get(key)
