@@ -3,9 +3,12 @@
 Owns `worker_consumer_config` (the app's consumer group, no automatic commits or offset stores,
 cooperative-sticky assignment, static membership when the app names an instance id, and
 `read_committed` under exactly-once) and `worker_producer_config` (idempotent, acknowledged by
-every in-sync replica, Kafka's default murmur2 partitioner, the commit path's delivery reports,
-and a transactional id under exactly-once). The app's `consumer_config` and `producer_config`
-come last and win.
+every in-sync replica, Kafka's default murmur2 partitioner, delivery reports of failures only,
+which the commit path collects, and a transactional id under exactly-once). A commit proves
+delivery by the producer's flush (or the transaction's commit) with no failure reported, and asks
+the broker where each changelog partition ends: a report per record delivered cost about a
+microsecond of the worker's CPU each (bench/bench_delivery_reports.py). The app's
+`consumer_config` and `producer_config` come last and win.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def worker_producer_config(config: AppConfig, client_id: str, on_delivery: Calla
         "partitioner": "murmur2_random",
         "delivery.timeout.ms": DEFAULT_DELIVERY_TIMEOUT_MS,
         "on_delivery": on_delivery,
+        "delivery.report.only.error": True,
         **transactional_config(config, client_id),
         **config.producer_config,
     }

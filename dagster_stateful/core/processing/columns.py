@@ -22,7 +22,7 @@ import pyarrow.json as pajson
 
 from dagster_stateful.core.processing.aggregations import Columnar
 
-__all__ = ["KeyPartials", "decode_field", "fold_by_key"]
+__all__ = ["KeyPartials", "decode_field", "fold_by_key", "valid_utf8_keys", "warm_up"]
 
 EXACT_FLOAT_LIMIT = 2**53
 """Integers a float64 column holds exactly; a float batch with a larger magnitude is left to Python."""
@@ -128,6 +128,12 @@ def fold_by_key(kind: Columnar, keys: list[bytes], offsets: list[int], column: p
     else:
         partials = grouped.column(f"value_{kind}").to_pylist()
     return distinct, partials, last_offsets
+
+
+def warm_up() -> None:
+    """Load what Arrow loads on first use (its hash-aggregation engine, about half a second), so that
+    a worker pays for it while starting rather than in its first batch."""
+    fold_by_key("sum", [b"k"], [0], decode_field([b'{"v": 1}'], "v"))
 
 
 def valid_utf8_keys(keys: list[bytes]) -> bool:

@@ -73,6 +73,8 @@ default): how long a record may wait for the brokers, through an outage, before 
 UNASSIGNED_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
 FLUSH_MARGIN_SECONDS = 5.0
+END_QUERY_SECONDS = 10.0
+"""How long a commit waits for the broker to say where a changelog partition ends."""
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
 _RETRIABLE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS,
@@ -255,13 +257,34 @@ class Committer:
     def _write_stores(self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
         for store, changes in changes_by_store.items():
             changelog_offset = (
-                self._tracker.next_offset(self._changelog_topics[store], txn.partition)
+                self._changelog_end(self._changelog_topics[store], txn.partition)
                 if self._changelog_topics is not None and changes
                 else None
             )
             txn.stores[store].commit(
                 ((key, value) for key, value, _ in changes), changelog_offset, txn.offset_to_commit
             )
+
+    def _changelog_end(self, topic: str, partition: int) -> int | None:
+        """Where a changelog partition ends once the commit's records are acknowledged: after its last
+        record, from that record's delivery report when the producer reports deliveries, else as
+        the broker tells it (the worker is the partition's only writer; under exactly-once the end
+        may include the commit's marker). None when the broker does not answer in time: the store
+        then keeps its previous changelog offset, and a restore replays these records again, to the
+        same values."""
+        reported = self._tracker.next_offset(topic, partition)
+        if reported is not None:
+            return reported
+        try:
+            ends = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self._deadline.bound(END_QUERY_SECONDS), cached=False
+            )
+        except KafkaException as error:
+            log.warning(
+                "Could not read where %s[%d] ends (%s); its store keeps its changelog offset", topic, partition, error
+            )
+            return None
+        return None if ends is None else int(ends[1])
 
     def _produce_changelog(self, partition: int, changes_by_store: dict[str, list[Change]]) -> None:
         assert self._changelog_topics is not None

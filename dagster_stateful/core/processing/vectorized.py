@@ -35,7 +35,7 @@ from confluent_kafka import Message
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.processing.aggregations import Aggregator
 from dagster_stateful.core.processing.batch import BatchProcessor
-from dagster_stateful.core.processing.columns import decode_field, fold_by_key, valid_utf8_keys
+from dagster_stateful.core.processing.columns import decode_field, fold_by_key, valid_utf8_keys, warm_up
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.state.keys import scoped_keys
 from dagster_stateful.core.state.live import PartialsRefused
@@ -74,6 +74,7 @@ def choose_path(
     if aggregation is None or not can_vectorize(config):
         return per_message, consume_batch
     log.info("Worker of %r folds its %s aggregation a batch at a time, in columns", config.name, aggregation[2].name)
+    warm_up()
     return VectorizedBatchProcessor(config, aggregation, per_message), VECTORIZED_CONSUME_BATCH
 
 
