@@ -73,9 +73,9 @@ default): how long a record may wait for the brokers, through an outage, before 
 UNASSIGNED_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
 FLUSH_MARGIN_SECONDS = 5.0
-END_QUERY_SECONDS = 10.0
-"""How long a commit waits for the broker to say where a changelog partition ends."""
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
+END_QUERY_SECONDS = 2.0
+"""How long a commit waits for the broker to say where a changelog partition ends."""
 _RETRIABLE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS,
     KafkaError.ILLEGAL_GENERATION,
