@@ -112,7 +112,7 @@ def test_sigkill_at_random_points_ten_times_in_a_row_loses_nothing_from_columnar
     consumed batch at a time); the other storms' workers use a stateful apply."""
     lab = Lab(kafka_bootstrap, tmp_path, SEED)
     result = sigkill_storm(
-        lab, orders=7_000, customers=600, partitions=3, kills=STORM_KILLS, guarantee=guarantee, aggregate=True
+        lab, orders=4_000, customers=600, partitions=3, kills=STORM_KILLS, guarantee=guarantee, aggregate=True
     )
 
     assert result.faults == STORM_KILLS, explain(result)
