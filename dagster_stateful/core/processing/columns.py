@@ -31,7 +31,7 @@ INT64_SAFE_SUM = 2**62
 NOT_ORJSON = (b"NaN", b"Infinity", b"\xef\xbb\xbf")
 """What Arrow's JSON reader takes and orjson refuses (a string holding them only costs the fast path)."""
 
-_READ = pajson.ReadOptions(use_threads=False, block_size=1 << 26)
+_READ = pajson.ReadOptions(use_threads=False, block_size=1 << 22)
 _SCHEMAS: dict[tuple[str, str], pajson.ParseOptions] = {}
 
 KeyPartials = tuple[list[bytes], list[Any], list[int]]
