@@ -390,7 +390,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--broker-heap", default="1g", help="heap of the broker")
     parser.add_argument("--log-level", default="WARNING", help="level of the engine's logging")
-    parser.set_defaults(aggregate=False, output=False, restore_batch_size=10_000)  # what bench_core.make_app reads
+    # What bench_core.make_app reads:
+    parser.set_defaults(aggregate=False, aggregate_per_message=False, output=False, restore_batch_size=10_000)
     args = parser.parse_args()
     if min(args.messages, args.keys, args.partitions, args.repetitions) <= 0 or args.warmups < 0:
         parser.error("--messages, --keys, --partitions and --repetitions must be positive, --warmups >= 0")
