@@ -199,7 +199,7 @@ def test_the_changelog_is_materialized_and_its_checks_evaluated(ui: UI):
 
     def every_check_passed() -> bool:
         page = ui.open(f"{CHANGELOG}?view=checks")
-        expect(page.get_by_text("Checks (5)")).to_be_visible()
+        expect(page.get_by_text("Checks (5)")).to_be_visible(timeout=60_000)  # a loaded machine renders it late
         page.wait_for_timeout(2_000)
         return page.get_by_text("Succeeded", exact=True).count() == 5
 
