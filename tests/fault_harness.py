@@ -227,6 +227,22 @@ class WorkerOutcome:
         return self.ended - self.started
 
 
+_uncommitted_applied: dict[Path, int] = {}
+_uncommitted_applied_lock = threading.Lock()
+
+
+def _note_uncommitted_applied(directory: Path, records: int) -> None:
+    with _uncommitted_applied_lock:
+        _uncommitted_applied[directory] = _uncommitted_applied.get(directory, 0) + records
+
+
+def uncommitted_applied_under(directory: Path) -> int:
+    """Records of uncommitted messages that the restores of every worker logging under `directory`
+    applied (see the worker's `uncommitted_applied` event): at-least-once can double only through them."""
+    with _uncommitted_applied_lock:
+        return _uncommitted_applied.get(directory, 0)
+
+
 class WorkerProcess:
     """A worker subprocess whose events are read as they come.
 
@@ -262,8 +278,11 @@ class WorkerProcess:
             if not line.startswith("EVENT "):
                 continue
             kind, _, data = line[len("EVENT ") :].partition(" ")
+            event = Event(kind, json.loads(data) if data else None, time.monotonic())
+            if kind == "uncommitted_applied":
+                _note_uncommitted_applied(self.log_path.parent, event.data[2])
             with self._changed:
-                self.events.append(Event(kind, json.loads(data) if data else None, time.monotonic()))
+                self.events.append(event)
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()

@@ -10,7 +10,9 @@ it from a `WorkerSpec`) and this file's use as a script: `python fault_worker.py
 JSON>'` runs one bounded worker and prints one line `EVENT <kind> <JSON>` per observable step on
 stdout: `started`, `state` (each state transition), `restore_start` / `batch` / `restore_end` /
 `restore_suspended` (a restore listener), `commit` (each source commit, once Kafka took it),
-`progress` (every `PROGRESS_EVERY` messages), and at the end `report` (the worker's report) or
+`progress` (every `PROGRESS_EVERY` messages), `uncommitted_applied` (a restore that applied records
+of uncommitted messages, which it does only where compaction left a gap: the only way at-least-once
+doubles; from the restore's log record), and at the end `report` (the worker's report) or
 `error` (the error it stopped with; exit code `WORKER_FAILED`). Logs go to stderr. Armed by the
 spec, the worker kills itself with SIGKILL inside its n-th commit (see `CommitPhase`): the windows
 between the commit's steps are too short to hit from outside.
@@ -42,7 +44,9 @@ from confluent_kafka import Consumer, Producer
 
 from dagster_stateful.core import Aggregate, App, Mean, RestoreListener, State
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor
+from dagster_stateful.core.recovery.changelog import RESTORE_REPORT_FIELD
 from dagster_stateful.core.state.keys import message_prefix, split_store_key
 from dagster_stateful.errors import StatefulError
 
@@ -230,6 +234,16 @@ class _PrintingRestoreListener(RestoreListener):
         _emit("restore_suspended", [partition, store, total_restored])
 
 
+class _UncommittedAppliedEvents(logging.Handler):
+    """Emits `uncommitted_applied` [partition, store, records] for each restore (ended or suspended)
+    that applied records of uncommitted messages, from the `RestoreReport` its log record carries."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        report = getattr(record, RESTORE_REPORT_FIELD, None)
+        if isinstance(report, RestoreReport) and report.records_uncommitted_applied:
+            _emit("uncommitted_applied", [report.partition, report.store, report.records_uncommitted_applied])
+
+
 def _install_commit_faults(spec: WorkerSpec) -> None:
     """Report every source commit, and kill this process inside the armed one (see `CommitPhase`)."""
     phase = CommitPhase(spec.kill_phase)
@@ -310,6 +324,7 @@ def _wait_for_release(release: Path, timeout: float = 600.0) -> None:
 def _worker_main(spec: WorkerSpec) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _install_commit_faults(spec)
+    logging.getLogger("dagster_stateful").addHandler(_UncommittedAppliedEvents())
     processed = [0]
 
     def progress(order: dict) -> None:

@@ -19,6 +19,7 @@ from fault_harness import FaultResult, KillPoint, RestartableBroker
 from fault_scenarios import (
     AT_LEAST_ONCE,
     EXACTLY_ONCE,
+    UNCOMMITTED_APPLIED,
     Lab,
     ReadOnlyMoment,
     alternating_kills,
@@ -93,6 +94,15 @@ def assert_nothing_lost(result: FaultResult) -> None:
     assert not result.missed_by_iteration, f"the store's own iteration misses customers:\n{explain(result)}"
 
 
+def assert_doubles_only_where_compaction_left_gaps(result: FaultResult) -> None:
+    """At-least-once doubles state only through a restore that applied records of uncommitted
+    messages, and a restore does that only where compaction left a gap in the range it read: with
+    no such record applied, the state must be exact."""
+    if result.counters[UNCOMMITTED_APPLIED] == 0:
+        doubled = result.doubled
+        assert doubled == 0, f"doubled {doubled} although no restore applied an uncommitted record:\n{explain(result)}"
+
+
 def assert_exact(result: FaultResult) -> None:
     assert_nothing_lost(result)
     assert result.doubled == 0, f"nothing crashed, so nothing may count twice:\n{explain(result)}"
@@ -128,6 +138,7 @@ def test_sigkill_at_random_points_ten_times_in_a_row_loses_nothing_from_columnar
         assert_exact(result)
     else:
         assert_nothing_lost(result)
+        assert_doubles_only_where_compaction_left_gaps(result)
 
 
 def test_exactly_once_sigkill_at_random_points_ten_times_is_exact_and_each_output_appears_once(
@@ -172,6 +183,8 @@ def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_wi
     assert not found, f"the windows differ from those recomputed from the source: {found}\n{explain(result)}"
     if guarantee == EXACTLY_ONCE:
         assert counters["final windows emitted"] == counters["windows closed (recomputed)"], explain(result)
+    else:
+        assert_doubles_only_where_compaction_left_gaps(result)
 
 
 def test_a_zombie_worker_is_fenced_and_none_of_its_writes_appear(kafka_bootstrap, tmp_path):
@@ -212,6 +225,7 @@ def test_two_workers_killed_in_turn_while_rebalancing_lose_nothing(two_workers):
     assert result.counters["rebalances seen by the survivor of the last kill"] >= 1, explain(result)
     assert_caught_up(result, "final")
     assert_nothing_lost(result)
+    assert_doubles_only_where_compaction_left_gaps(result)
 
 
 def test_after_the_rebalances_both_workers_report_running_while_they_process(two_workers):
@@ -229,6 +243,7 @@ def test_a_broker_outage_is_waited_out_or_stops_the_worker_clearly_and_loses_not
     assert patient.counters["outage seconds"] > 3, "longer than the session timeout: the group lost its members"
     assert_caught_up(patient, "through the outage")
     assert_nothing_lost(patient)
+    assert_doubles_only_where_compaction_left_gaps(patient)
 
     during = impatient.run("started during the outage")
     assert during.error is not None and during.error.is_a("KafkaOperationError"), explain(impatient)

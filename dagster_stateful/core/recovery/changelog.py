@@ -13,7 +13,9 @@ changelog position; a full restore gathers the last value per key over many batc
 up to `FULL_RESTORE_CHUNK_RECORDS` keys) and ingests each chunk as sorted SST files, so the
 rebuilt store is written once, already compacted, instead of through the memtable.
 Inconsistencies an operator must decide on (a stored offset beyond the changelog's end) are
-raised with the options.
+raised with the options. The log record of each restore's end or suspension carries its
+`RestoreReport` as the attribute `restore_report` (`RESTORE_REPORT_FIELD`), for log handlers that
+keep structured fields.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ FULL_RESTORE_CHUNK_RECORDS = 500_000
 """Keys a full restore holds in memory before it ingests them (about 100 MB at 200 bytes a key)."""
 PROGRESS_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
+RESTORE_REPORT_FIELD = "restore_report"
 
 
 def source_offset_header(offset: int) -> Headers:
@@ -163,6 +166,7 @@ class ChangelogRestore:
             self.filter.applied_uncommitted,
             self.report.records_skipped,
             self.report.seconds,
+            extra={RESTORE_REPORT_FIELD: self.report},
         )
         if self.filter.applied_uncommitted:
             log.warning(
@@ -193,6 +197,7 @@ class ChangelogRestore:
             self.position,
             self.end,
             self.report.records_applied,
+            extra={RESTORE_REPORT_FIELD: self.report},
         )
         return self.report
 
