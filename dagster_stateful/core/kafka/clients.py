@@ -260,6 +260,15 @@ class KafkaClients:
         )
         return {p: (low[p], high[p]) for p in partitions}
 
+    def ends(self, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int]:
+        """Where each partition ends now (its high watermark), in one ListOffsets attempt of at most
+        `timeout` seconds through the admin client, whose connections carry no long-polling fetch
+        (a consumer's query waits behind its own fetch, `fetch.wait.max.ms`). Raises
+        `KafkaException`, or `TimeoutError` when the broker does not answer in time."""
+        return self._list_offsets_once(
+            topic, list(partitions), OffsetSpec.latest(), timeout, IsolationLevel.READ_UNCOMMITTED
+        )
+
     def _offsets(
         self,
         topic: str,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -75,7 +75,9 @@ UNASSIGNED_PARTITION = -1
 FLUSH_MARGIN_SECONDS = 5.0
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
 END_QUERY_SECONDS = 2.0
-"""How long a commit waits for the broker to say where a changelog partition ends."""
+"""How long a commit waits for the broker to say where its changelog partitions end."""
+ChangelogEnds = Callable[[str, list[int], float], dict[int, int]]
+"""(topic, partitions, timeout in seconds) -> where each partition ends (see `KafkaClients.ends`)."""
 _RETRIABLE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS,
     KafkaError.ILLEGAL_GENERATION,
@@ -162,13 +164,17 @@ class Committer:
         transactions: KafkaTransactions | None = None,
         deadline: Deadline | None = None,
         group: str | None = None,
+        changelog_ends: ChangelogEnds | None = None,
     ) -> None:
         """delivery_timeout_seconds: the producer's `delivery.timeout.ms`, in seconds (see
         `delivery_timeout_seconds`); a commit waits that long, plus a margin, for acknowledgements.
         transactions: the producer's transactions, under exactly-once (None: at-least-once).
         deadline: when a commit gives up (a bounded worker's; None: none). group: the consumer's group,
-        named when Kafka refuses its commit (None: not known)."""
+        named when Kafka refuses its commit (None: not known). changelog_ends: asks the broker where
+        changelog partitions end (`KafkaClients.ends`), for a producer that reports errors only
+        (None: stores keep their changelog offset unless deliveries were reported)."""
         self._consumer = consumer
+        self._changelog_ends = changelog_ends
         self._group = group
         self._deadline = deadline or Deadline(None)
         self._committing: list[PartitionTransaction] = []
@@ -233,9 +239,10 @@ class Committer:
         finally:
             self._committing = []
         damaged: dict[int, StoreCorruptedError] = {}
+        ends = self._changelog_positions(prepared)
         for txn in pending:
             try:
-                self._write_stores(txn, prepared[txn.partition])
+                self._write_stores(txn, prepared[txn.partition], ends)
             except StoreCorruptedError as error:
                 damaged[txn.partition] = error
             txn.committed()
@@ -254,37 +261,51 @@ class Committer:
     def _metadata(txn: PartitionTransaction) -> str:
         return encode_stream_times(txn.stream_times_to_commit())
 
-    def _write_stores(self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
+    def _write_stores(
+        self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]], ends: dict[tuple[str, int], int]
+    ) -> None:
         for store, changes in changes_by_store.items():
-            changelog_offset = (
-                self._changelog_end(self._changelog_topics[store], txn.partition)
-                if self._changelog_topics is not None and changes
-                else None
-            )
+            changelog_offset = ends.get((store, txn.partition)) if changes else None
             txn.stores[store].commit(
                 ((key, value) for key, value, _ in changes), changelog_offset, txn.offset_to_commit
             )
 
-    def _changelog_end(self, topic: str, partition: int) -> int | None:
-        """Where a changelog partition ends once the commit's records are acknowledged: after its last
-        record, from that record's delivery report when the producer reports deliveries, else as
-        the broker tells it (the worker is the partition's only writer; under exactly-once the end
-        may include the commit's marker). None when the broker does not answer in time: the store
-        then keeps its previous changelog offset, and a restore replays these records again, to the
-        same values."""
-        reported = self._tracker.next_offset(topic, partition)
-        if reported is not None:
-            return reported
+    def _changelog_positions(self, prepared: dict[int, dict[str, list[Change]]]) -> dict[tuple[str, int], int]:
+        """Where each changed changelog partition ends once the commit's records are acknowledged:
+        after its last record, from that record's delivery report when the producer reports
+        deliveries, else as the broker tells it, in one query per changelog (the worker is the
+        partition's only writer; under exactly-once the end may include the commit's marker). A
+        partition missing from the result (the broker did not answer in time) keeps its store's
+        previous changelog offset: a restore replays these records again, to the same values."""
+        if self._changelog_topics is None:
+            return {}
+        positions: dict[tuple[str, int], int] = {}
+        asked: dict[str, list[int]] = {}
+        for partition, changes_by_store in prepared.items():
+            for store, changes in changes_by_store.items():
+                reported = self._tracker.next_offset(self._changelog_topics[store], partition) if changes else None
+                if reported is not None:
+                    positions[(store, partition)] = reported
+                elif changes:
+                    asked.setdefault(store, []).append(partition)
+        for store, partitions in asked.items():
+            ends = self._query_ends(self._changelog_topics[store], partitions)
+            positions.update(((store, partition), end) for partition, end in ends.items())
+        return positions
+
+    def _query_ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        if self._changelog_ends is None:
+            return {}
         try:
-            ends = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=self._deadline.bound(END_QUERY_SECONDS), cached=False
-            )
-        except KafkaException as error:
+            return self._changelog_ends(topic, partitions, self._deadline.bound(END_QUERY_SECONDS))
+        except (KafkaException, TimeoutError) as error:
             log.warning(
-                "Could not read where %s[%d] ends (%s); its store keeps its changelog offset", topic, partition, error
+                "Could not read where %s partitions %s end (%s); their stores keep their changelog offsets",
+                topic,
+                partitions,
+                str(error) or type(error).__name__,
             )
-            return None
-        return None if ends is None else int(ends[1])
+            return {}
 
     def _produce_changelog(self, partition: int, changes_by_store: dict[str, list[Change]]) -> None:
         assert self._changelog_topics is not None

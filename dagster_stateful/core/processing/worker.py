@@ -209,6 +209,7 @@ class Worker:
             transactions,
             self._commit_deadline,
             config.consumer_group,
+            kafka.ends,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
         restorer = Restorer(
