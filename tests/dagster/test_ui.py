@@ -43,6 +43,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+EXPECT_TIMEOUT_MS = 30_000
+"""How long an assertion on the page waits (Playwright's default, 5 s, is too short for a loaded
+2-core machine rendering Dagster's pages; a fresh-clone run found pages still empty after it)."""
+expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 STORE = "/assets/order_totals/totals_store"
 CHANGELOG = "/assets/order_totals/totals_changelog"
 SWITCHED_OFF = {
