@@ -15,8 +15,12 @@ processed-offset header) and measures, on the same data:
 
 Each line prints records/s and seconds, then the SST files each restored store holds (the
 WriteBatch path leaves memtable flushes that RocksDB still has to compact); the two stores are
-checked by digest against each other. The machine and every setting are printed first. See
-bench/README.md for one run's figures.
+checked by digest against each other.
+
+Then the parallel replay of a restore run (`recovery.parallel_replay`): a changelog of
+--parallel-partitions partitions holding --keys records in all is restored from scratch by 1 and
+by 2 processes (--processes), each partition's store checked by digest against the first run's.
+The machine and every setting are printed first. See bench/README.md for one run's figures.
 
     .venv/bin/python bench/bench_full_restore.py                 # 3M records
     .venv/bin/python bench/bench_full_restore.py --keys 500000   # a quick run
@@ -29,15 +33,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_restore import COMMITTED, bench_broker, open_partition, print_machine, produce_changelog
+from bench_restore import COMMITTED, STORE, bench_broker, open_partition, print_machine, produce_changelog
 from confluent_kafka import Message, TopicPartition
 
+from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, Restorer
+from dagster_stateful.core.recovery.parallel_replay import replay_partitions
 from dagster_stateful.core.recovery.verification import partition_digest
+from dagster_stateful.core.state.directory import StateDirectory
 
 TOPIC = "bench-restore-state-changelog"
+PARALLEL_APP = "bench-parallel-restore"
+PARALLEL_TOPIC = AppConfig(name=PARALLEL_APP, source="bench-source", stores=(STORE,)).changelog_topic(STORE)
 BATCH = 10_000
 
 
@@ -45,6 +54,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=3_000_000)
     parser.add_argument("--rounds", type=int, default=2, help="each measurement is repeated; the best is printed")
+    parser.add_argument("--parallel-partitions", type=int, default=4, help="changelog partitions replayed in parallel")
+    parser.add_argument("--processes", default="1,2", help="process counts of the parallel replay")
     arguments = parser.parse_args()
     print_machine()
     print(
@@ -52,7 +63,9 @@ def main() -> None:
         f"{RESTORE_CONSUMER_CONFIG}, full-restore chunk {FULL_RESTORE_CHUNK_RECORDS:,} keys"
     )
     with bench_broker("bench-full-restore-") as (bootstrap, work):
-        run(arguments, KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0}), bootstrap, work)
+        kafka = KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0})
+        run(arguments, kafka, bootstrap, work)
+        run_parallel(arguments, kafka, bootstrap, work)
 
 
 def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work: Path) -> None:
@@ -76,6 +89,47 @@ def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work
     replayed, from_sst = (digest_of(work / f"{path}-0") for path in ("3", "4"))
     assert replayed == from_sst, f"the two restores differ: {replayed} != {from_sst}"
     print("check: the SST-built store has the WriteBatch-built store's digest")
+
+
+def run_parallel(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work: Path) -> None:
+    partitions = list(range(arguments.parallel_partitions))
+    kafka.create_topic(PARALLEL_TOPIC, len(partitions), 1, {"cleanup.policy": "compact"})
+    produce_changelog(bootstrap, PARALLEL_TOPIC, arguments.keys, len(partitions))
+    marks = kafka.watermarks(PARALLEL_TOPIC, partitions, committed=True)
+    records = sum(high - low for low, high in marks.values())
+    print(f"parallel replay: {records:,} records in {len(partitions)} partitions, restore batches of {BATCH:,}")
+    digests: dict[int, str] | None = None
+    for processes in (int(count) for count in arguments.processes.split(",")):
+        seconds, found = min(
+            (
+                parallel_replay(kafka, work / f"parallel-{processes}-{round_}", partitions, marks, processes)
+                for round_ in range(arguments.rounds)
+            ),
+            key=lambda timed_run: timed_run[0],
+        )
+        print(f"{processes} process(es): {records / seconds:,.0f} records/s ({seconds:.2f} s)")
+        assert digests is None or found == digests, f"{processes} process(es) restored other state"
+        digests = found
+    print("check: every run's stores have the first run's digests")
+
+
+def parallel_replay(
+    kafka: KafkaClients, state_dir: Path, partitions: list[int], marks: dict[int, tuple[int, int]], processes: int
+) -> tuple[float, dict[int, str]]:
+    state = StateDirectory(state_dir, AppConfig(name=PARALLEL_APP, source="bench-source", stores=(STORE,)))
+    stores = {partition: state.partition(STORE, partition) for partition in partitions}
+    for store in stores.values():
+        store.open()
+    try:
+        started = time.monotonic()
+        replay_partitions(
+            kafka, "bench-parallel", stores, dict.fromkeys(partitions, COMMITTED), marks, processes, BATCH
+        )
+        seconds = time.monotonic() - started
+        return seconds, {partition: partition_digest(store).sha256 for partition, store in stores.items()}
+    finally:
+        for store in stores.values():
+            store.close()
 
 
 def digest_of(state_dir: Path) -> str:

@@ -331,7 +331,8 @@ class App:
 
         from_scratch: delete local state first. skip_locked: report partitions a running worker holds
         as skipped instead of failing. sst_writer: Spark's SST writer, for the "spark" path.
-        load_processes: processes writing a local snapshot's SST files at once (None: one per core).
+        load_processes: processes loading partitions at once, from a local snapshot or by replaying
+        the whole changelog of partitions with no local state (None: one per core).
         """
         request = RestoreRequest(
             partitions=tuple(partitions),

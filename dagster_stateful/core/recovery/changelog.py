@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -55,6 +57,27 @@ METADATA_TIMEOUT = 10.0
 RESTORE_REPORT_FIELD = "restore_report"
 
 
+class RestoreTarget(Protocol):
+    """Where a `ChangelogRestore` writes: a `StorePartition`, or the SST files of a full restore run
+    in another process (`parallel_replay.SstFilesTarget`)."""
+
+    store: str
+    partition: int
+    changelog_topic: str
+    changelog_offset: int | None
+    source_offset: int | None
+
+    def holds(self, key: bytes) -> bool: ...
+
+    def write_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None: ...
+
+    def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None: ...
+
+    def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None: ...
+
+    def flush(self) -> None: ...
+
+
 def source_offset_header(offset: int) -> Headers:
     return [(SOURCE_OFFSET_HEADER, offset.to_bytes(8, "big", signed=True))]
 
@@ -77,7 +100,7 @@ class ChangelogRestore:
         self,
         consumer: Consumer,
         listeners: Listeners,
-        store: StorePartition,
+        store: RestoreTarget,
         committed_source_offset: int | None,
         start: int,
         end: int,
@@ -187,7 +210,7 @@ class ChangelogRestore:
         self._complete_report()
         self.report.completed = False
         self._ingest_chunk()
-        self.store.db.flush()
+        self.store.flush()
         self._listeners.restore_suspended(self.store.partition, self.store.store, self.report.records_applied)
         log.info(
             "Suspended the restore of store %r partition %d at changelog offset %d of %d (%d records applied); "
@@ -227,7 +250,7 @@ class ChangelogRestore:
             self.filter.note_batch(first, last, len(messages), lambda: (record_position(m)[2] for m in messages))
 
     def _restored_here(self, key: bytes) -> bool:
-        return key in self._batch or self.store.get(key) is not None
+        return key in self._batch or self.store.holds(key)
 
     def _deduplicate(self, messages: list[Message]) -> None:
         """The batch's last value per key (None: tombstone), under the at-least-once rule.

@@ -158,7 +158,7 @@ def _start_child(snapshots: SnapshotStore, snapshot_id: str, group: list[Snapsho
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -172,18 +172,18 @@ def _child_result(
         raise RecoveryError(
             f"writing the SST files of store {snapshots.store!r} partitions {partitions} from snapshot "
             f"{snapshot_id} ({snapshots.snapshot_location(snapshot_id)}) failed in a child process (exit code "
-            f"{code}): {_last_words(errors)}. Nothing was "
+            f"{code}): {last_words(errors)}. Nothing was "
             "ingested; restore again, or with method 'changelog' if the snapshot is damaged."
         )
     written = json.loads(output)
     return {int(partition): [SstFile(path, records) for path, records in files] for partition, files in written.items()}
 
 
-def _last_words(stderr: bytes) -> str:
+def last_words(stderr: bytes) -> str:
     return stderr.decode(errors="replace")[-STDERR_SHOWN:].strip().rstrip(".") or "no error output"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux's PR_SET_PDEATHSIG: the child gets SIGKILL when the thread that started it ends."""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)

@@ -8,6 +8,7 @@ through an `SstWriter` the caller passes in, so this module stays free of pyspar
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -21,6 +22,7 @@ from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
+from dagster_stateful.core.recovery.parallel_replay import replay_partitions, replayable
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath, RestorePlan, plan_restore
 from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
@@ -56,7 +58,8 @@ class RestoreRequest:
     spark_cores: int = 0
     sst_writer: SstWriter | None = None
     load_processes: int | None = None
-    """Processes writing a local snapshot's SST files at once (None: one per core)."""
+    """Processes loading partitions at once, from a local snapshot or, for partitions with no local
+    state, by replaying the whole changelog (None: one per core)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", choice(RestoreMethod, self.method, "restore method"))
@@ -137,9 +140,10 @@ def _restore_store(
         spark_partitions = [p for p, plan in plans.items() if plan.path is RestorePath.SPARK]
         spark_files = _spark_files(snapshots, manifest, spark_partitions, request.sst_writer, cleanups)
         loaded = _snapshot_loads(opened, plans, snapshots, manifest, marks, request.load_processes)
+        loaded |= _changelog_replays(kafka, state, opened, plans, committed, marks, request.load_processes)
         for partition, part in opened.items():
             result = PartitionRestore(store, partition, plans[partition])
-            if result.plan.path is RestorePath.SNAPSHOT:
+            if partition in loaded:
                 result.reports.append(loaded[partition])
             elif result.plan.path is RestorePath.SPARK:
                 assert manifest is not None
@@ -177,6 +181,27 @@ def _snapshot_loads(
     assert snapshots is not None and manifest is not None
     highs = {p: marks[p][1] for p in chosen}
     return load_snapshot_partitions(chosen, snapshots, manifest, highs, processes)
+
+
+def _changelog_replays(
+    kafka: KafkaClients,
+    state: StateDirectory,
+    opened: dict[int, StorePartition],
+    plans: dict[int, RestorePlan],
+    committed: dict[int, int | None],
+    marks: dict[int, tuple[int, int]],
+    processes: int | None,
+) -> dict[int, RestoreReport]:
+    """Replay the whole changelog of the partitions with no local state, in parallel; the others (and
+    a single one) replay in `restorer`'s ordinary way."""
+    chosen = {p: part for p, part in opened.items() if plans[p].path is RestorePath.CHANGELOG and replayable(part)}
+    processes = processes or os.cpu_count() or 1
+    if len(chosen) < 2 or processes < 2:
+        return {}
+    config = state.config
+    return replay_partitions(
+        kafka, config.restore_group, chosen, committed, marks, processes, config.restore_batch_size
+    )
 
 
 def _plan(

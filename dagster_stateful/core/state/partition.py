@@ -173,6 +173,14 @@ class StorePartition:
             self.metrics.bytes_read += len(data)
         return data
 
+    def holds(self, key: bytes) -> bool:
+        """Whether `key` has a stored value."""
+        return self.get(key) is not None
+
+    def flush(self) -> None:
+        """Make everything written so far durable (restores write without the write-ahead log)."""
+        self.db.flush()
+
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """`get` of every key in one read (RocksDB's multi-get), in order."""
         found = self.db.get_many(keys)

@@ -1,0 +1,267 @@
+"""Full changelog restores of several store partitions on several cores at once.
+
+Owns `replay_partitions`, which restore runs use for partitions with no local state and no
+snapshot to load. A full restore reads every changelog record, and reading and writing SST files
+is CPU-bound, so one process replays about a core's worth. The partitions are split into groups of
+about equal record counts, one per process: this process replays the first group while child
+processes replay the others. Each process has its own restore consumer and runs the ordinary
+`ChangelogRestore` (so the at-least-once rule of `uncommitted` holds alike), into
+`SstFilesTarget`: each chunk becomes sorted SST files in a directory beside the partition's own
+(`replay_directory`; the partition's own is emptied before the files are ingested).
+Once every group is written the files are ingested, chunk by chunk in order, and each store
+records the position its restore reached; a child that fails fails the whole replay, naming its
+partitions, before anything is ingested. A child is a fresh Python running this module's `main`;
+its job, with the Kafka settings (which may hold secrets), comes as JSON on its stdin, never in
+its arguments, and its result goes back as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.monitoring.listeners import Listeners
+from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
+from dagster_stateful.core.recovery.parallel_load import die_with_parent, last_words
+from dagster_stateful.core.recovery.snapshot_load import start_fresh
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
+from dagster_stateful.errors import RecoveryError
+
+log = logging.getLogger(__name__)
+
+
+def replay_directory(store: StorePartition) -> Path:
+    """Where a parallel replay of the store partition writes its SST files: beside the partition's
+    directory (on the same file system, so ingesting moves them), under a name no partition has."""
+    return store.path.parent / f".replay-{store.partition}"
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    """Replay `topic[partition]` from `start` to `end` (a full restore) into SST files in `directory`."""
+
+    store: str
+    topic: str
+    partition: int
+    committed: int | None
+    start: int
+    end: int
+    directory: str
+
+
+@dataclass
+class ReplayedPartition:
+    partition: int
+    chunks: list[list[SstFile]]
+    """Each chunk's SST files, in key order; later chunks take precedence over earlier ones."""
+    position: int
+    """The changelog position the restore reached (never past the first uncommitted record)."""
+    report: RestoreReport
+
+
+class SstFilesTarget:
+    """A full restore's target in a replaying process: each chunk of restored keys becomes sorted SST
+    files in `directory` (tombstones included: they shadow the earlier chunks once ingested)."""
+
+    def __init__(self, store: str, partition: int, changelog_topic: str, directory: Path) -> None:
+        self.store, self.partition, self.changelog_topic = store, partition, changelog_topic
+        self.changelog_offset: int | None = None
+        self.source_offset: int | None = None
+        self.directory = directory
+        self.chunks: list[list[SstFile]] = []
+        self.position: int | None = None
+        self._keys: set[bytes] = set()
+
+    def holds(self, key: bytes) -> bool:
+        return key in self._keys
+
+    def write_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
+        raise RecoveryError("a replaying process runs full restores only, which write SST files")
+
+    def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
+        writer = SortedSstWriter(self.directory, f"chunk-{len(self.chunks)}")
+        for key, value in changes:
+            if value is None:
+                writer.delete(key)
+                self._keys.discard(key)
+            else:
+                writer.put(key, value)
+                self._keys.add(key)
+        self.chunks.append(writer.finish())
+        self.position = changelog_offset
+
+    def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None:
+        self.position = changelog_offset
+
+    def flush(self) -> None:
+        """Nothing to do: each chunk's files are complete once written."""
+
+
+def replay_partitions(
+    kafka: KafkaClients,
+    group: str,
+    stores: dict[int, StorePartition],
+    committed: dict[int, int | None],
+    marks: dict[int, tuple[int, int]],
+    processes: int,
+    batch_size: int,
+    chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
+) -> dict[int, RestoreReport]:
+    """Restore each open store partition (no local state, kept in RocksDB) from the whole of its
+    changelog, on up to `processes` processes; returns each partition's restore report. `marks`:
+    each changelog partition's (low, high) offsets, as a `read_committed` reader sees them."""
+    started = time.monotonic()
+    jobs = [_job(store, committed.get(partition), marks[partition]) for partition, store in stores.items()]
+    settings = _portable(kafka.settings)
+    groups = _balanced_groups(jobs, processes if settings is not None else 1)
+    work = {"kafka": settings, "admin_timeout": kafka.admin_timeout_seconds, "group": group}
+    work |= {"batch_size": batch_size, "chunk_records": chunk_records}
+    children = [_start_child(work, group_jobs) for group_jobs in groups[1:]]
+    try:
+        replayed = {job.partition: _replay(kafka, group, job, batch_size, chunk_records) for job in groups[0]}
+        for child, group_jobs in zip(children, groups[1:], strict=True):
+            replayed.update(_child_result(child, group_jobs))
+        reports = {
+            partition: _ingest(store, replayed[partition], committed.get(partition), started)
+            for partition, store in stores.items()
+        }
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        for job in jobs:
+            shutil.rmtree(job.directory, ignore_errors=True)
+    log.info(
+        "Replayed the changelogs of store partitions %s in %d process(es) in %.2f s",
+        sorted(stores),
+        len(groups),
+        time.monotonic() - started,
+    )
+    return reports
+
+
+def replayable(store: StorePartition) -> bool:
+    """Whether a parallel replay can restore the (open) store partition: no local state, in RocksDB."""
+    return store.changelog_offset is None and isinstance(store.db, PartitionDatabase)
+
+
+def _job(store: StorePartition, committed: int | None, marks: tuple[int, int]) -> ReplayJob:
+    directory = replay_directory(store)
+    shutil.rmtree(directory, ignore_errors=True)
+    low, high = marks
+    return ReplayJob(store.store, store.changelog_topic, store.partition, committed, low, high, str(directory))
+
+
+def _portable(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The Kafka settings as JSON can carry them to a child; None when some cannot (a callback)."""
+    if all(isinstance(value, str | int | float | bool) for value in settings.values()):
+        return settings
+    log.info("The Kafka settings hold callbacks a child process cannot receive: replaying in this process")
+    return None
+
+
+def _balanced_groups(jobs: list[ReplayJob], processes: int) -> list[list[ReplayJob]]:
+    """At most `processes` non-empty groups; each job joins the group with the fewest records so far,
+    the largest partitions first."""
+    groups: list[list[ReplayJob]] = [[] for _ in range(max(1, min(processes, len(jobs))))]
+    loads = [0] * len(groups)
+    for job in sorted(jobs, key=lambda job: job.end - job.start, reverse=True):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(job)
+        loads[lightest] += job.end - job.start
+    return [group for group in groups if group] or [[]]
+
+
+def _replay(kafka: KafkaClients, group: str, job: ReplayJob, batch_size: int, chunk_records: int) -> ReplayedPartition:
+    target = SstFilesTarget(job.store, job.partition, job.topic, Path(job.directory))
+    consumer = kafka.consumer({"group.id": group, **RESTORE_CONSUMER_CONFIG})
+    try:
+        replay = ChangelogRestore(
+            consumer, Listeners(), target, job.committed, job.start, job.end, batch_size, chunk_records, group
+        )
+        while not replay.done:
+            replay.step()
+        report = replay.finish()
+    finally:
+        consumer.close()
+    assert target.position is not None, "finish() records the position"
+    return ReplayedPartition(job.partition, target.chunks, target.position, report)
+
+
+def _ingest(store: StorePartition, replayed: ReplayedPartition, committed: int | None, started: float) -> RestoreReport:
+    start_fresh(store)
+    for chunk in replayed.chunks:
+        store.db.ingest_files([file.path for file in chunk])
+    store.finish_restore(replayed.position, committed)
+    replayed.report.seconds = time.monotonic() - started
+    return replayed.report
+
+
+def _start_child(work: dict[str, Any], jobs: list[ReplayJob]) -> subprocess.Popen[bytes]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"from {__name__} import main; main()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=die_with_parent,
+    )
+    assert child.stdin is not None
+    child.stdin.write(json.dumps({**work, "jobs": [asdict(job) for job in jobs]}).encode())
+    child.stdin.close()
+    child.stdin = None  # written: communicate() only reads
+    return child
+
+
+def _child_result(child: subprocess.Popen[bytes], jobs: list[ReplayJob]) -> dict[int, ReplayedPartition]:
+    output, errors = child.communicate()
+    code = child.returncode
+    if code != 0:
+        topics = sorted({f"{job.topic}[{job.partition}]" for job in jobs})
+        raise RecoveryError(
+            f"replaying {', '.join(topics)} failed in a child process (exit code {code}): {last_words(errors)}. "
+            "Nothing was ingested; restore again (the error says whether the brokers or the disk need a look first)."
+        )
+    return {int(partition): _decoded(result) for partition, result in json.loads(output).items()}
+
+
+def _encoded(replayed: ReplayedPartition) -> dict[str, Any]:
+    return {
+        "chunks": [[[file.path, file.records] for file in chunk] for chunk in replayed.chunks],
+        "position": replayed.position,
+        "report": {**asdict(replayed.report), "kind": str(replayed.report.kind)},
+    }
+
+
+def _decoded(result: dict[str, Any]) -> ReplayedPartition:
+    report = RestoreReport(**{**result["report"], "kind": RestoreKind(result["report"]["kind"])})
+    chunks = [[SstFile(path, records) for path, records in chunk] for chunk in result["chunks"]]
+    return ReplayedPartition(report.partition, chunks, result["position"], report)
+
+
+def main() -> None:
+    """A child's work: the job on stdin, the replayed partitions on stdout, a failure on stderr."""
+    work = json.loads(sys.stdin.read())
+    kafka = KafkaClients(work["kafka"], work["admin_timeout"])
+    try:
+        replayed = {
+            job["partition"]: _encoded(
+                _replay(kafka, work["group"], ReplayJob(**job), work["batch_size"], work["chunk_records"])
+            )
+            for job in work["jobs"]
+        }
+    except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it with its context
+        sys.stderr.write(f"{type(error).__name__}: {error}\n")
+        sys.exit(1)
+    sys.stdout.write(json.dumps(replayed))
