@@ -222,7 +222,8 @@ def process(batches: list[list[Any]], partitions: int, aggregate: bool, commit_e
     """One pass over `batches` on fresh stores: messages/s, and the store metrics where this engine has them."""
     from dagster_stateful.core.processing.bad_input import BadInputHandler
     from dagster_stateful.core.processing.batch import BatchProcessor
-    from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
+    from dagster_stateful.core.processing.commit import Committer
+    from dagster_stateful.core.processing.delivery import DeliveryTracker
     from dagster_stateful.core.processing.restoring import Restorations
     from dagster_stateful.core.state.transaction import PartitionTransaction
 

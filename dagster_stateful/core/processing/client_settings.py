@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.processing.commit import DEFAULT_DELIVERY_TIMEOUT_MS
+from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
 from dagster_stateful.core.processing.transactions import transactional_config
 
 __all__ = ["PARTITION_FETCH_BYTES", "worker_consumer_config", "worker_producer_config"]

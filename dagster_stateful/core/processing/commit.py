@@ -1,8 +1,8 @@
 """The one place a commit happens, in the order that makes a crash at any point lose nothing.
 
-Owns `Committer` and `DeliveryTracker`. A commit of a set of partition transactions (after their
-expiring and bounded stores deleted what has expired or would not fit, which the commit then
-carries like any change):
+Owns `Committer` (deliveries are tracked by `delivery.DeliveryTracker`). A commit of a set of
+partition transactions (after their expiring and bounded stores deleted what has expired or
+would not fit, which the commit then carries like any change):
 1. produces each changed key to the store's changelog (value, or a tombstone for a delete) with
    the processed source offset in a header (outputs were produced while processing);
 2. waits until Kafka acknowledged every changelog and output record (a failure stops here:
@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dagster_stateful.core.kafka.authorization import (
     GROUP,
@@ -56,9 +56,10 @@ from dagster_stateful.core.kafka.authorization import (
     is_authorization_failure,
 )
 from dagster_stateful.core.kafka.bounded import CallTimedOut
-from dagster_stateful.core.kafka.records import Headers, position
+from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.monitoring.store_metrics import RunStoreMetrics
 from dagster_stateful.core.processing.commit_metadata import encode_stream_times
+from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
 from dagster_stateful.core.recovery.changelog import source_offset_header
@@ -67,9 +68,6 @@ from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StatefulE
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
-"""The worker producer's `delivery.timeout.ms` unless `producer_config` sets it (Kafka Streams'
-default): how long a record may wait for the brokers, through an outage, before it fails."""
 UNASSIGNED_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
 FLUSH_MARGIN_SECONDS = 5.0
@@ -105,15 +103,6 @@ class CommitDeferred(Exception):
     """
 
 
-def delivery_timeout_seconds(producer_config: Mapping[str, object]) -> float:
-    """The delivery timeout a producer with this configuration applies (librdkafka's alias
-    `message.timeout.ms` included), in seconds."""
-    for name in ("delivery.timeout.ms", "message.timeout.ms"):
-        if name in producer_config:
-            return float(str(producer_config[name])) / 1000
-    return DEFAULT_DELIVERY_TIMEOUT_MS / 1000
-
-
 class StoresDamaged(Exception):
     """The source offsets were committed, but writing some partitions' local stores found them
     damaged (RocksDB reported corruption). Their commits are in the changelog: each damaged store
@@ -125,31 +114,6 @@ class StoresDamaged(Exception):
         """The corruption met, per source partition."""
         self.committed = committed
         """The committed offset per partition, as `Committer.commit` returns it."""
-
-
-class DeliveryTracker:
-    """The producer's delivery callback: remembers failures (every one, for the run; those refused
-    for want of an ACL also by topic) and the last offset per topic partition."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.refused: dict[str, KafkaError] = {}
-        """Topic -> Kafka's authorization error for a record refused there."""
-        self.last_offsets: dict[tuple[str, int], int] = {}
-
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            self.errors.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
-            if is_authorization_failure(error):
-                self.refused.setdefault(str(message.topic()), error)
-            return
-        topic, partition, offset = position(message)
-        if offset > self.last_offsets.get((topic, partition), -1):
-            self.last_offsets[(topic, partition)] = offset
-
-    def next_offset(self, topic: str, partition: int) -> int | None:
-        last = self.last_offsets.get((topic, partition))
-        return None if last is None else last + 1
 
 
 class Committer:

@@ -35,13 +35,9 @@ from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.batch import BatchProcessor
 from dagster_stateful.core.processing.client_settings import worker_consumer_config, worker_producer_config
-from dagster_stateful.core.processing.commit import (
-    Committer,
-    DeliveryTracker,
-    StoresDamaged,
-    delivery_timeout_seconds,
-)
+from dagster_stateful.core.processing.commit import Committer, StoresDamaged
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.delivery import DeliveryTracker, delivery_timeout_seconds
 from dagster_stateful.core.processing.emission import commit_emitter
 from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, Deadline, RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers

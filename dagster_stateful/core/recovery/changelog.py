@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -39,6 +37,7 @@ from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.kafka.records import position as record_position
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.restore_target import RestoreTarget
 from dagster_stateful.core.recovery.uncommitted import OFFSET_BYTES, UncommittedFilter
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
@@ -55,27 +54,6 @@ FULL_RESTORE_CHUNK_RECORDS = 500_000
 PROGRESS_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
 RESTORE_REPORT_FIELD = "restore_report"
-
-
-class RestoreTarget(Protocol):
-    """Where a `ChangelogRestore` writes: a `StorePartition`, or the SST files of a full restore run
-    in another process (`parallel_replay.SstFilesTarget`)."""
-
-    store: str
-    partition: int
-    changelog_topic: str
-    changelog_offset: int | None
-    source_offset: int | None
-
-    def holds(self, key: bytes) -> bool: ...
-
-    def write_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None: ...
-
-    def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None: ...
-
-    def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None: ...
-
-    def flush(self) -> None: ...
 
 
 def source_offset_header(offset: int) -> Headers:

@@ -18,12 +18,8 @@ from kafka_helpers import create_topic, produce, wait_for
 
 from dagster_stateful.core import AppConfig, JsonSerde
 from dagster_stateful.core.kafka.clients import ATTEMPT_TIMEOUT, KafkaClients
-from dagster_stateful.core.processing.commit import (
-    FLUSH_MARGIN_SECONDS,
-    Committer,
-    DeliveryTracker,
-    delivery_timeout_seconds,
-)
+from dagster_stateful.core.processing.commit import FLUSH_MARGIN_SECONDS, Committer
+from dagster_stateful.core.processing.delivery import DeliveryTracker, delivery_timeout_seconds
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.transaction import PartitionTransaction

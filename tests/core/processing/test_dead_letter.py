@@ -12,7 +12,8 @@ from kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.core.config import ErrorPolicy
 from dagster_stateful.core.processing.bad_input import ERROR_HEADER_PREFIX, BadInputHandler
-from dagster_stateful.core.processing.commit import Committer, DeliveryTracker
+from dagster_stateful.core.processing.commit import Committer
+from dagster_stateful.core.processing.delivery import DeliveryTracker
 
 BAD_MESSAGES = 40
 
