@@ -50,7 +50,11 @@ class RestoreConfig(Config):
     )
     method: str = Field(default="auto", description="auto (the planner picks), changelog or snapshot.")
     load_processes: int = Field(
-        default=0, description="Processes writing a local snapshot's files at once (0: one per core)."
+        default=0,
+        description=(
+            "Processes loading partitions at once, from a local snapshot or by replaying the whole changelog "
+            "of partitions with no local state (0: one per core)."
+        ),
     )
 
 
