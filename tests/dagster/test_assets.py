@@ -275,7 +275,8 @@ def test_worker_schedule_waits_for_the_source_topic_and_for_the_run_in_progress(
     instance = DagsterInstance.local_temp(str(tmp_path / "dagster"))
 
     def evaluate():
-        return schedule(build_schedule_context(instance=instance, resources={"kafka": kafka}))
+        with build_schedule_context(instance=instance, resources={"kafka": kafka}) as context:
+            return schedule(context)
 
     skipped = evaluate()
     assert isinstance(skipped, SkipReason) and skipped.skip_message is not None, skipped

@@ -144,7 +144,8 @@ def test_every_job_runs_as_a_least_privileged_user_and_the_password_appears_nowh
     run("spark_restore", op_config(app, "spark_restore_op", spark_restore))
     assert totals_in_store(bound, PARTITIONS) == expected_totals(orders)
     for sensor in ("lag_sensor", "rebalance_sensor", "snapshot_sensor"):
-        defs.resolve_sensor_def(job_name(app, sensor))(build_sensor_context(instance=instance, resources=resources))
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            defs.resolve_sensor_def(job_name(app, sensor))(context)
 
     runs = instance.get_runs()
     assert len(runs) >= 9

@@ -28,9 +28,11 @@ def deployment(kafka_bootstrap, unique_name, tmp_path):
 
 
 def tick(defs, name, resources, instance, cursor=None):
+    """One evaluation of the sensor, in a context that is closed afterwards (an open one leaves its
+    instance registered in Dagster's process-wide state, which later definition loads then trip on)."""
     sensor = defs.resolve_sensor_def(name)
-    context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-    return sensor(context), context
+    with build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
+        return sensor(context)
 
 
 def test_lag_sensor_requests_a_worker_run_when_lag_passes_the_threshold(deployment, kafka_bootstrap):
@@ -38,18 +40,18 @@ def test_lag_sensor_requests_a_worker_run_when_lag_passes_the_threshold(deployme
     instance = DagsterInstance.ephemeral()
     sensor_name = job_name(app, "lag_sensor")
 
-    result, _ = tick(defs, sensor_name, resources, instance)
+    result = tick(defs, sensor_name, resources, instance)
     assert len(result.run_requests) == 1, "200 unprocessed messages pass the threshold of 100"
     run_key = result.run_requests[0].run_key
     observed = [e for e in result.asset_events if e.asset_key == store_key(app, "totals")]
     assert sorted(e.partition for e in observed) == [str(p) for p in range(PARTITIONS)]
     assert sum(e.metadata["lag"].value for e in observed) == 200
 
-    again, _ = tick(defs, sensor_name, resources, instance, cursor=result.cursor)
+    again = tick(defs, sensor_name, resources, instance, cursor=result.cursor)
     assert again.run_requests[0].run_key == run_key, "same backlog, same run key: a retry never doubles work"
 
     instance.create_run_for_job(defs.resolve_job_def(job_name(app, "worker")))
-    busy, _ = tick(defs, sensor_name, resources, instance, cursor=again.cursor)
+    busy = tick(defs, sensor_name, resources, instance, cursor=again.cursor)
     assert not busy.run_requests and "in progress" in busy.skip_reason.skip_message
 
 
@@ -58,7 +60,7 @@ def test_lag_sensor_skips_without_lag_and_survives_a_bad_cursor(deployment):
     bound.run_worker(max_seconds=120)
     instance = DagsterInstance.ephemeral()
 
-    result, _ = tick(defs, job_name(app, "lag_sensor"), resources, instance, cursor="{definitely not json")
+    result = tick(defs, job_name(app, "lag_sensor"), resources, instance, cursor="{definitely not json")
 
     assert not result.run_requests
     assert isinstance(result.skip_reason, SkipReason) and result.skip_reason.skip_message is not None
@@ -78,7 +80,7 @@ def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deploymen
     elsewhere = here.bind(state_dir=tmp_path / "elsewhere")
     instance = DagsterInstance.ephemeral()
     sensor_name = job_name(app, "rebalance_sensor")
-    idle, _ = tick(defs, sensor_name, resources, instance)
+    idle = tick(defs, sensor_name, resources, instance)
     assert "no partition owned elsewhere" in idle.skip_reason.skip_message
 
     worker_here = here.worker(max_seconds=120, until_caught_up=False)
@@ -86,7 +88,7 @@ def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deploymen
     threads = [run_in_thread(worker_here)]
     try:
         wait_for(lambda: worker_here.report.total_processed == 200, 60, "the first worker to process the backlog")
-        first, _ = tick(defs, sensor_name, resources, instance, cursor=idle.cursor)
+        first = tick(defs, sensor_name, resources, instance, cursor=idle.cursor)
         assert first.asset_events and first.asset_events[0].metadata["members"].value == 1
 
         threads.append(run_in_thread(worker_elsewhere))  # a second worker joins: partitions move to it
@@ -104,7 +106,7 @@ def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deploymen
 
         group = wait_for(settled_with_two_members, 60, "the group to settle with both workers")
         moved = sorted(p for m in group.members if m.client_id == elsewhere.worker_client_id for p in m.partitions)
-        joined, _ = tick(defs, sensor_name, resources, instance, cursor=first.cursor)
+        joined = tick(defs, sensor_name, resources, instance, cursor=first.cursor)
         assert joined.asset_events[0].metadata["rebalances"].value == 1
         assert joined.asset_events[0].metadata["moved_partitions"].value == ", ".join(map(str, moved))
 
@@ -117,7 +119,7 @@ def test_rebalance_sensor_records_a_join_and_restores_moved_partitions(deploymen
             return all(committed[p] == highs[p][1] for p in range(PARTITIONS))
 
         wait_for(all_committed, 90, "both workers to process and commit the new orders")
-        requested, _ = tick(defs, sensor_name, resources, instance, cursor=joined.cursor)
+        requested = tick(defs, sensor_name, resources, instance, cursor=joined.cursor)
     finally:
         # This machine's worker leaves first: were the other one first, the moved partitions would
         # come back here and be restored by the worker itself.
@@ -160,16 +162,16 @@ def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_i
     name = job_name(app, "snapshot_sensor")
     bound.provision()
 
-    empty, _ = tick(defs, name, resources, instance)
+    empty = tick(defs, name, resources, instance)
     assert isinstance(empty, SkipReason) and "changelogs are empty" in str(empty.skip_message)
 
     bound.run_worker(max_seconds=120)
-    first, _ = tick(defs, name, resources, instance)
+    first = tick(defs, name, resources, instance)
     assert isinstance(first, RunRequest) and first.run_key == "snapshot-totals:none", "no snapshot yet: one now"
 
     compaction = defs.resolve_job_def(job_name(app, "compaction"))
     instance.create_run_for_job(compaction, status=DagsterRunStatus.STARTED)
-    busy, _ = tick(defs, name, resources, instance)
+    busy = tick(defs, name, resources, instance)
     assert isinstance(busy, SkipReason) and "still in progress" in str(busy.skip_message)
 
     snapshots = SnapshotStore(str(tmp_path / "snapshots"), app.name, "totals")
@@ -180,8 +182,8 @@ def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_i
         snapshots.write_manifest(SnapshotManifest(app.name, "totals", topic, snapshot_id, created_at, {}, {}))
 
     publish("snapshot-1", time.time() - 7200)
-    stale, _ = tick(defs, name, resources, DagsterInstance.ephemeral())
+    stale = tick(defs, name, resources, DagsterInstance.ephemeral())
     assert isinstance(stale, RunRequest) and stale.run_key == "snapshot-totals:snapshot-1", "older than an hour"
     publish("snapshot-2", time.time())
-    fresh, _ = tick(defs, name, resources, DagsterInstance.ephemeral())
+    fresh = tick(defs, name, resources, DagsterInstance.ephemeral())
     assert isinstance(fresh, SkipReason) and "younger than 1 h" in str(fresh.skip_message)

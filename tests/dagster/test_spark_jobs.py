@@ -91,7 +91,8 @@ def test_sensor_triggered_restore_takes_the_planned_snapshot_path(deployment, ka
     threads[0].start()
     try:
         wait_for(lambda: worker_here.report.total_processed == 200, 60, "the first worker to process the backlog")
-        first = sensor(build_sensor_context(instance=instance, resources=resources))
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            first = sensor(context)
         threads.append(threading.Thread(target=worker_elsewhere.run, daemon=True))
         threads[1].start()
         group = wait_for(
@@ -114,7 +115,8 @@ def test_sensor_triggered_restore_takes_the_planned_snapshot_path(deployment, ka
 
         wait_for(all_committed, 90, "the new events to be processed and committed")
         materialize_snapshot(defs, app, resources)  # the daily compaction, say
-        requested = sensor(build_sensor_context(instance=instance, cursor=first.cursor, resources=resources))
+        with build_sensor_context(instance=instance, cursor=first.cursor, resources=resources) as context:
+            requested = sensor(context)
     finally:
         for worker, thread in zip(
             (worker_here, worker_elsewhere), threads, strict=False
