@@ -229,9 +229,8 @@ class Committer:
         self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]], ends: dict[tuple[str, int], int]
     ) -> None:
         for store, changes in changes_by_store.items():
-            changelog_offset = ends.get((store, txn.partition)) if changes else None
             txn.stores[store].commit(
-                ((key, value) for key, value, _ in changes), changelog_offset, txn.offset_to_commit
+                ((key, value) for key, value, _ in changes), ends.get((store, txn.partition)), txn.offset_to_commit
             )
 
     def _changelog_positions(self, prepared: dict[int, dict[str, list[Change]]]) -> dict[tuple[str, int], int]:
@@ -246,12 +245,12 @@ class Committer:
         positions: dict[tuple[str, int], int] = {}
         asked: dict[str, list[int]] = {}
         for partition, changes_by_store in prepared.items():
-            for store, changes in changes_by_store.items():
-                reported = self._tracker.next_offset(self._changelog_topics[store], partition) if changes else None
-                if reported is not None:
-                    positions[(store, partition)] = reported
-                elif changes:
+            for store in (store for store, changes in changes_by_store.items() if changes):
+                reported = self._tracker.next_offset(self._changelog_topics[store], partition)
+                if reported is None:
                     asked.setdefault(store, []).append(partition)
+                else:
+                    positions[(store, partition)] = reported
         for store, partitions in asked.items():
             ends = self._query_ends(self._changelog_topics[store], partitions)
             positions.update(((store, partition), end) for partition, end in ends.items())

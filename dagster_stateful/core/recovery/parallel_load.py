@@ -21,8 +21,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.recovery.snapshot_load import (
@@ -39,6 +41,8 @@ from dagster_stateful.core.state.rocksdb import PartitionDatabase, SstFile
 from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 STDERR_SHOWN = 2_000
 """Characters of a failed child's error output carried into the error raised."""
@@ -104,7 +108,8 @@ def write_snapshot_files_parallel(
 ) -> dict[int, list[SstFile]]:
     """Carry out the jobs on up to `processes` processes (this one included); returns each
     partition's SST files, in key order."""
-    groups = _balanced_groups(snapshots, snapshot_id, jobs, processes)
+    counts = snapshots.count_keys(snapshot_id, [job.partition for job in jobs])
+    groups = balanced_groups(jobs, lambda job: counts[job.partition], processes)
     started = time.monotonic()
     children = [_start_child(snapshots, snapshot_id, group) for group in groups[1:]]
     try:
@@ -130,18 +135,15 @@ def write_snapshot_files_parallel(
     return written
 
 
-def _balanced_groups(
-    snapshots: SnapshotStore, snapshot_id: str, jobs: list[SnapshotFilesJob], processes: int
-) -> list[list[SnapshotFilesJob]]:
-    """At most `processes` non-empty groups; each job joins the group with the fewest keys so far,
-    the largest partitions first."""
-    counts = snapshots.count_keys(snapshot_id, [job.partition for job in jobs])
-    groups: list[list[SnapshotFilesJob]] = [[] for _ in range(max(1, min(processes, len(jobs))))]
+def balanced_groups(items: list[T], weight: Callable[[T], int], processes: int) -> list[list[T]]:
+    """At most `processes` non-empty groups; each item joins the group with the least weight so far,
+    the heaviest items first."""
+    groups: list[list[T]] = [[] for _ in range(max(1, min(processes, len(items))))]
     loads = [0] * len(groups)
-    for job in sorted(jobs, key=lambda job: counts[job.partition], reverse=True):
+    for item in sorted(items, key=weight, reverse=True):
         lightest = loads.index(min(loads))
-        groups[lightest].append(job)
-        loads[lightest] += counts[job.partition]
+        groups[lightest].append(item)
+        loads[lightest] += weight(item)
     return [group for group in groups if group] or [[]]
 
 

@@ -32,7 +32,7 @@ from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaCl
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
-from dagster_stateful.core.recovery.parallel_load import die_with_parent, last_words
+from dagster_stateful.core.recovery.parallel_load import balanced_groups, die_with_parent, last_words
 from dagster_stateful.core.recovery.snapshot_load import start_fresh
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
@@ -124,7 +124,7 @@ def replay_partitions(
     started = time.monotonic()
     jobs = [_job(store, committed.get(partition), marks[partition]) for partition, store in stores.items()]
     settings = _portable(kafka.settings)
-    groups = _balanced_groups(jobs, processes if settings is not None else 1)
+    groups = balanced_groups(jobs, lambda job: job.end - job.start, processes if settings is not None else 1)
     work = {"kafka": settings, "admin_timeout": kafka.admin_timeout_seconds, "group": group}
     work |= {"batch_size": batch_size, "chunk_records": chunk_records}
     children = [_start_child(work, group_jobs) for group_jobs in groups[1:]]
@@ -170,18 +170,6 @@ def _portable(settings: dict[str, Any]) -> dict[str, Any] | None:
         return settings
     log.info("The Kafka settings hold callbacks a child process cannot receive: replaying in this process")
     return None
-
-
-def _balanced_groups(jobs: list[ReplayJob], processes: int) -> list[list[ReplayJob]]:
-    """At most `processes` non-empty groups; each job joins the group with the fewest records so far,
-    the largest partitions first."""
-    groups: list[list[ReplayJob]] = [[] for _ in range(max(1, min(processes, len(jobs))))]
-    loads = [0] * len(groups)
-    for job in sorted(jobs, key=lambda job: job.end - job.start, reverse=True):
-        lightest = loads.index(min(loads))
-        groups[lightest].append(job)
-        loads[lightest] += job.end - job.start
-    return [group for group in groups if group] or [[]]
 
 
 def _replay(kafka: KafkaClients, group: str, job: ReplayJob, batch_size: int, chunk_records: int) -> ReplayedPartition:
