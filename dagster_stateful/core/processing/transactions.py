@@ -46,6 +46,13 @@ ATTEMPT_SECONDS = 10.0
 """The timeout given to one try of a transactional call, which is tried again (librdkafka resumes a
 call that timed out) while the transaction timeout lasts: a stalled try is logged and retried
 instead of holding the worker for the whole transaction timeout in one silent wait."""
+IDLE_CONNECTION_MS = 10_000
+"""The transactional producer closes a broker connection idle this long. With librdkafka 2.16,
+`send_offsets_to_transaction` otherwise may wait forever for a group coordinator whose broker died
+and left the cluster's metadata: it looks for the new coordinator only when some broker connection
+changes state (librdkafka#5511; seen in about half the runs of a three-broker cluster losing a
+broker). While it waits, the producer's other connections fall idle, and closing them is such a
+change, so the new coordinator is found within this time."""
 CALL_MARGIN_SECONDS = 1.0
 """How much longer than its timeout a call run bounded is waited for, for librdkafka's verdict."""
 
@@ -63,7 +70,8 @@ def transactional_config(config: AppConfig, worker_client_id: str) -> dict[str, 
     with librdkafka 2.16: after every broker was down, a re-bootstrapped transactional producer
     never sends the TxnOffsetCommit of `send_offsets_to_transaction`, which then waits until the
     producer is fenced; without it, the producer reconnects to the brokers it knew and the
-    transaction goes on). Empty under at-least-once."""
+    transaction goes on), and idle broker connections closed (see `IDLE_CONNECTION_MS`). Empty under
+    at-least-once."""
     if not config.exactly_once:
         return {}
     identity = config.group_instance_id or hashlib.sha256(worker_client_id.encode()).hexdigest()[:16]
@@ -73,6 +81,7 @@ def transactional_config(config: AppConfig, worker_client_id: str) -> dict[str, 
         # A record may not wait longer than its transaction may stay open.
         "delivery.timeout.ms": config.transaction_timeout_ms,
         "metadata.recovery.strategy": "none",
+        "connections.max.idle.ms": IDLE_CONNECTION_MS,
     }
 
 
