@@ -4,7 +4,10 @@ and one local Spark session per test session.
 When KAFKA_BOOTSTRAP_SERVERS is set, tests use that cluster and start no broker. Every test
 makes its own uniquely named topics and consumer groups (`unique_name`), so tests never see each
 other's data. Tests that need a broker, Spark, Dagster processes or a browser are marked
-`integration`; the others form the fast tier (`-m "not integration"`), which runs first.
+`integration`; the others form the fast tier (`-m "not integration"`), which runs first. Under
+pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test runs the integration tier) each worker
+process starts its own broker when one of its tests asks, and every test is put in a group that
+runs on one worker (`_run_group`).
 """
 
 from __future__ import annotations
@@ -29,11 +32,31 @@ INTEGRATION_DIRS = {"local_kafka", "dagster", "spark"}
 """Tests here start brokers, Spark, Dagster processes or a browser of their own."""
 
 
+SPARK_GROUP = "spark"
+"""The `xdist_group` of every test that uses the Spark session, so that one worker starts it."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         directories = set(item.path.relative_to(TESTS).parts[:-1])
-        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or INTEGRATION_DIRS & directories:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if INTEGRATION_FIXTURES & fixtures or INTEGRATION_DIRS & directories:
             item.add_marker(pytest.mark.integration)
+        item.add_marker(pytest.mark.xdist_group(_run_group(item, fixtures, directories)))
+
+
+def _run_group(item: pytest.Item, fixtures: set[str], directories: set[str]) -> str:
+    """The tests that run together, in order, on one pytest-xdist worker (`--dist loadgroup`): the
+    group a module names (`pytest.mark.xdist_group`: "waits" for the tests that mostly wait for
+    brokers of their own to stop, freeze or time out, one after the other while the other worker
+    computes), else every test using Spark, else the module (whose module-scoped fixtures are
+    then set up once)."""
+    named = item.get_closest_marker("xdist_group")
+    if named is not None:
+        return str(named.args[0])
+    if "spark" in fixtures or "spark" in directories:
+        return SPARK_GROUP
+    return str(item.path.relative_to(TESTS))
 
 
 @pytest.fixture(scope="session")
