@@ -172,7 +172,7 @@ def screenshot_on_failure(ui: UI, request: pytest.FixtureRequest) -> Iterator[No
         print(f"screenshot of the page at the failure: {path}")  # noqa: T201 - pytest shows it with the failure
 
 
-pytestmark = pytest.mark.usefixtures("screenshot_on_failure")
+pytestmark = [pytest.mark.usefixtures("screenshot_on_failure"), pytest.mark.alone]
 
 
 def test_a_worker_launched_from_the_ui_succeeds(ui: UI):
