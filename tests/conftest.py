@@ -34,6 +34,15 @@ INTEGRATION_DIRS = {"local_kafka", "dagster", "spark"}
 
 SPARK_GROUP = "spark"
 """The `xdist_group` of every test that uses the Spark session, so that one worker starts it."""
+WAITS_GROUP = "waits"
+WAITING_MODULES = {
+    "core/kafka/test_broker_outage.py",
+    "core/processing/test_bounded_worker.py",
+    "core/processing/test_exactly_once_takeover.py",
+    "local_kafka/test_cluster.py",
+}
+"""Modules whose tests mostly wait for brokers of their own to stop, freeze or time out: they run
+one after the other on one worker (`WAITS_GROUP`) while the other worker computes."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -47,16 +56,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _run_group(item: pytest.Item, fixtures: set[str], directories: set[str]) -> str:
     """The tests that run together, in order, on one pytest-xdist worker (`--dist loadgroup`): the
-    group a module names (`pytest.mark.xdist_group`: "waits" for the tests that mostly wait for
-    brokers of their own to stop, freeze or time out, one after the other while the other worker
-    computes), else every test using Spark, else the module (whose module-scoped fixtures are
-    then set up once)."""
-    named = item.get_closest_marker("xdist_group")
-    if named is not None:
-        return str(named.args[0])
+    waiting modules, every test using Spark, and otherwise each module (whose module-scoped
+    fixtures are then set up once)."""
+    module = item.path.relative_to(TESTS).as_posix()
+    if module in WAITING_MODULES:
+        return WAITS_GROUP
     if "spark" in fixtures or "spark" in directories:
         return SPARK_GROUP
-    return str(item.path.relative_to(TESTS))
+    return module
 
 
 @pytest.fixture(scope="session")

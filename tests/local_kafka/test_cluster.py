@@ -26,7 +26,6 @@ from dagster_stateful.core.processing.worker import Worker
 from dagster_stateful.core.state.keys import split_store_key
 from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
 
-pytestmark = pytest.mark.xdist_group("waits")  # see tests/conftest.py
 PARTITIONS = 3
 MAX_SECONDS = 120
 

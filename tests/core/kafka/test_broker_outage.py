@@ -26,7 +26,7 @@ from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import DeliveryError, KafkaOperationError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("waits")]  # see tests/conftest.py
+pytestmark = pytest.mark.integration
 
 SHORT_DEADLINE = 3.0
 LONG_DEADLINE = 180.0

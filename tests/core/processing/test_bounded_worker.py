@@ -41,7 +41,7 @@ from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.errors import CommitTimeoutError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("waits")]  # see tests/conftest.py
+pytestmark = pytest.mark.integration
 
 log = logging.getLogger(__name__)
 
