@@ -1,7 +1,8 @@
 """A three-broker KRaft cluster started by `dagster-stateful kafka start --brokers 3`: replicated
 topics, and a broker SIGKILLed while an exactly-once worker processes and commits: the worker
 finishes, the store holds what its changelog holds and the totals recomputed from the source,
-exactly, and the restarted broker rejoins every changelog partition's in-sync replicas."""
+exactly, and the restarted broker rejoins every changelog partition's in-sync replicas. Offsets read
+while a partition's leader is dead wait for the new leader instead of answering nonsense."""
 
 from __future__ import annotations
 
@@ -125,5 +126,35 @@ def test_a_broker_killed_while_a_worker_commits_loses_nothing_and_rejoins(cluste
         lambda: set(in_sync_replicas(bootstrap, changelog).values()) == {3},
         120,
         "the restarted broker back in every changelog partition's in-sync replicas",
+        interval=1.0,
+    )
+
+
+def test_watermarks_wait_out_a_dead_leader_instead_of_answering_an_invalid_offset(cluster, unique_name):
+    """librdkafka answers ListOffsets for a partition whose leader's broker died with offset -1001
+    and no error; read as a changelog's end, that once failed a restore as "changelog recreated"."""
+    bootstrap, nodes = cluster
+    topic = unique_name("ends")
+    kafka = KafkaClients({"bootstrap.servers": bootstrap})
+    kafka.create_topic(topic, 6, -1, {})
+    produce(bootstrap, topic, make_orders(600, 50))
+    ends = kafka.watermarks(topic, range(6))
+    assert sum(high for _, high in ends.values()) == 600
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    leaders = {info.leader for info in metadata.topics[topic].partitions.values()}
+    node = min(leaders)
+
+    nodes.kill(node)
+    try:
+        deadline = time.monotonic() + 20  # past the dead broker's fencing and the new leaders' election
+        while time.monotonic() < deadline:
+            assert kafka.watermarks(topic, range(6)) == ends
+            assert kafka.watermarks(topic, range(6), committed=True) == ends
+    finally:
+        nodes.start_node(node)
+    wait_for(
+        lambda: set(in_sync_replicas(bootstrap, topic).values()) == {3},
+        120,
+        "the restarted broker back in every partition's in-sync replicas",
         interval=1.0,
     )

@@ -23,7 +23,6 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -44,6 +43,7 @@ from confluent_kafka.admin import (
 from dagster_stateful.core.kafka.authorization import GROUP, TOPIC, Access, is_authorization_failure
 from dagster_stateful.core.kafka.backoff import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
 from dagster_stateful.core.kafka.backoff import MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
+from dagster_stateful.core.kafka.descriptions import GroupDescription, GroupMember, TopicLayout
 from dagster_stateful.core.kafka.errors import (
     STALE_METADATA,
     as_operation_error,
@@ -55,39 +55,6 @@ from dagster_stateful.core.kafka.security_failures import ClientIdentity, Securi
 from dagster_stateful.errors import ConfigurationError, KafkaOperationError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GroupMember:
-    member_id: str
-    client_id: str
-    host: str
-    group_instance_id: str | None
-    partitions: tuple[int, ...]
-    """Partitions of the topic asked about that this member owns."""
-
-
-@dataclass(frozen=True)
-class GroupDescription:
-    group: str
-    state: str
-    """Kafka's group state: STABLE, PREPARING_REBALANCE, COMPLETING_REBALANCE, EMPTY, DEAD, UNKNOWN."""
-    members: tuple[GroupMember, ...]
-
-    def owners(self) -> dict[int, str]:
-        """Partition -> a stable name of the member that owns it (instance id, else client@host)."""
-        return {
-            p: member.group_instance_id or f"{member.client_id}@{member.host}/{member.member_id[-8:]}"
-            for member in self.members
-            for p in member.partitions
-        }
-
-
-@dataclass(frozen=True)
-class TopicLayout:
-    partitions: int
-    replication_factor: int
-    """Replicas of the topic's least replicated partition."""
 
 
 ADMIN_TIMEOUT = 30.0
@@ -292,9 +259,21 @@ class KafkaClients:
         futures = self.admin().list_offsets(
             {TopicPartition(topic, p): spec for p in partitions}, isolation_level=isolation, request_timeout=timeout
         )
-        return {
+        offsets = {
             tp.partition: future.result(timeout=timeout + MIN_ATTEMPT_TIMEOUT).offset for tp, future in futures.items()
         }
+        unanswered = sorted(p for p, offset in offsets.items() if offset < 0)
+        if unanswered:
+            # librdkafka answers a partition whose leader's broker died, until a new leader is
+            # elected, with offset -1001 (OFFSET_INVALID) and no error.
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.LEADER_NOT_AVAILABLE,
+                    f"no offset for {topic} partitions {unanswered}: their leader did not answer",
+                    retriable=True,
+                )
+            )
+        return offsets
 
     def committed_offsets(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
         """The group's committed offset per partition (None where it never committed).

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dagster_stateful.core.config import AppConfig, ErrorPolicy
-from dagster_stateful.core.kafka.clients import DEFAULT_REPLICATION, KafkaClients, TopicLayout, describe_replication
+from dagster_stateful.core.kafka.clients import DEFAULT_REPLICATION, KafkaClients, describe_replication
+from dagster_stateful.core.kafka.descriptions import TopicLayout
 from dagster_stateful.errors import TopicMismatchError, TopicMissingError
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from core_helpers import expected_totals, make_orders, orders_topic, totals_app
 from kafka_helpers import create_topic, produce, read_all
 
 from dagster_stateful.core import App
-from dagster_stateful.core.kafka.clients import TopicLayout
+from dagster_stateful.core.kafka.descriptions import TopicLayout
 from dagster_stateful.core.kafka.provisioning import TopicStatus
 
 NOT_JSON = b"{not json"
