@@ -83,6 +83,7 @@ class App:
         producer_config: Mapping[str, Any] | None = None,
         group_instance_id: str | None = None,
         restore_batch_size: int = 10_000,
+        restore_processes: int | None = None,
         processing_guarantee: ProcessingGuarantee | str = ProcessingGuarantee.AT_LEAST_ONCE,
         missing_offsets: MissingOffsets | str = MissingOffsets.RESUME_FROM_STATE,
         snapshot_root: str | None = None,
@@ -102,6 +103,8 @@ class App:
             segment.ms, min.cleanable.dirty.ratio, max.compaction.lag.ms, ...).
         group_instance_id: static membership: a restarted worker with the same id gets its partitions
             back without a rebalance.
+        restore_processes: processes a worker's full restores (no local state) use at once, its own
+            included; the others are child processes. By default one per core.
         missing_offsets: when the group has no committed offset for a partition with local state
             (expired or deleted group offsets): "resume-from-state" (from the source offset the local
             state was committed at) or "fail" (stop with the operator's options).
@@ -131,6 +134,7 @@ class App:
             producer_config=producer_config or {},
             group_instance_id=group_instance_id,
             restore_batch_size=restore_batch_size,
+            restore_processes=restore_processes,
             processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
             missing_offsets=choice(MissingOffsets, missing_offsets, "missing_offsets"),
         )

@@ -96,6 +96,8 @@ class AppConfig:
     producer_config: Mapping[str, Any] = field(default_factory=dict)
     group_instance_id: str | None = None
     restore_batch_size: int = 10_000
+    restore_processes: int | None = None
+    """Processes a worker's full restores use at once, its own included (None: one per core)."""
     processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE
     missing_offsets: MissingOffsets = MissingOffsets.RESUME_FROM_STATE
 
@@ -120,6 +122,10 @@ class AppConfig:
             raise ConfigurationError(f"cache_max_bytes must be 0 or more, got {self.cache_max_bytes}")
         if self.restore_batch_size <= 0:
             raise ConfigurationError("restore_batch_size must be positive")
+        if self.restore_processes is not None and self.restore_processes <= 0:
+            raise ConfigurationError(
+                f"restore_processes must be positive (or None: one per core), got {self.restore_processes}"
+            )
         self._set("changelog_config", {"cleanup.policy": "compact", **self.changelog_config})
         self._set("consumer_config", dict(self.consumer_config))
         self._set("producer_config", dict(self.producer_config))

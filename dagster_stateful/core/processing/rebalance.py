@@ -21,8 +21,9 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.processing.background_restores import BackgroundRestores, ChildReplay
 from dagster_stateful.core.processing.commit_metadata import decode_stream_times
-from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition
+from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition, suspend_started
 from dagster_stateful.core.processing.starting_offsets import StartingOffsets
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
@@ -51,14 +52,16 @@ class PartitionAssignments:
         snapshots: Callable[[str], SnapshotStore] | None = None,
         drop_in_flight: Callable[[], None] | None = None,
         live_stores: Mapping[str, WindowBounds | None] | None = None,
+        background: BackgroundRestores | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, with their windows' bounds (see
         `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
         restore loads the latest one when the planner says that is faster than replaying the
         changelog. drop_in_flight: called when partitions are lost, once they are closed
         (exactly-once: abort the open transaction, which holds their records, and rewind the
-        partitions kept)."""
+        partitions kept). background: runs full restores on the machine's other cores."""
         self._drop_in_flight = drop_in_flight
+        self._background = background
         self._live_stores = live_stores
         self.config = config
         self._kafka = kafka
@@ -113,8 +116,11 @@ class PartitionAssignments:
     def advance(self, consumer: Consumer) -> None:
         """Between polls: open the stores of new partitions (waiting for locks without blocking),
         replay one changelog batch, and resume the partitions whose stores are up to date."""
-        for restoring in self.restorations.unopened():
+        opening = self.restorations.unopened()
+        for restoring in opening:
             self._try_open(restoring)
+        if self._background is not None and opening:
+            self._background.launch(restoring.pending for restoring in self.restorations.partitions.values())
         try:
             ready = self.restorations.step()
         except StoreCorruptedError as damage:
@@ -129,8 +135,7 @@ class PartitionAssignments:
         damaged = _damaged_store(restoring.stores if restoring else {}, error)
         if restoring is None or damaged is None:
             raise error
-        if restoring.pending and restoring.pending[0].started:
-            self.restorations.reports.append(restoring.pending[0].suspend())
+        self.restorations.reports.extend(suspend_started(restoring))
         aside = damaged.quarantine(error)
         log.warning(
             "Store %r partition %d was found damaged while restoring (%s); moved it to %s and restoring it fully",
@@ -349,10 +354,10 @@ class PartitionAssignments:
                 restoring.records_left,
             )
 
-    def _replays(self, stores: dict[str, StorePartition], start: int | None) -> list[ChangelogRestore]:
+    def _replays(self, stores: dict[str, StorePartition], start: int | None) -> list[ChangelogRestore | ChildReplay]:
         if self._restorer is None:
             return []
-        replays = []
+        replays: list[ChangelogRestore | ChildReplay] = []
         for store in stores.values():
             if self._snapshots is not None:
                 self._load_snapshot_if_faster(store)

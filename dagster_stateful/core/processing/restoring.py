@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dagster_stateful.core.monitoring.report import RestoreReport
+from dagster_stateful.core.processing.background_restores import ChildReplay
 from dagster_stateful.core.recovery.changelog import ChangelogRestore
 from dagster_stateful.core.state.partition import StorePartition
 
@@ -29,7 +30,8 @@ class RestoringPartition:
     """The stream time of each window or TTL store that the group's last commit recorded."""
     opened: bool = False
     """Whether every store is open (their locks taken) and the replays they need are known."""
-    pending: list[ChangelogRestore] = field(default_factory=list)
+    pending: list[ChangelogRestore | ChildReplay] = field(default_factory=list)
+    """The restores its stores still need, in this process or in children (`background_restores`)."""
     rewind_to: int | None = None
     """The first offset of this partition that arrived while it was restoring (not processed)."""
 
@@ -63,30 +65,54 @@ class Restorations:
         return [restoring for restoring in self.partitions.values() if not restoring.opened]
 
     def step(self) -> list[RestoringPartition]:
-        """Advance the first unfinished restore by one batch; returns the partitions now ready."""
+        """Look at the restores children run, advance this process's current restore by one batch
+        (one at a time: they share the restore consumer), finish those done; returns the partitions
+        now ready."""
         for restoring in self.partitions.values():
-            if not restoring.pending:
-                continue
-            replay = restoring.pending[0]
-            replay.step()
-            if replay.done:
+            for replay in restoring.pending:
+                if isinstance(replay, ChildReplay):
+                    replay.step()
+            restoring.pending = [_here_if_handed_back(replay) for replay in restoring.pending]
+        current = self._current_replay()
+        if current is not None:
+            current.step()
+        for restoring in self.partitions.values():
+            for replay in [replay for replay in restoring.pending if replay.done]:
                 self.reports.append(replay.finish())
-                restoring.pending.pop(0)
-            break
+                restoring.pending.remove(replay)
         ready = [r for r in self.partitions.values() if r.opened and not r.pending]
         for restoring in ready:
             del self.partitions[restoring.partition]
         return ready
 
+    def _current_replay(self) -> ChangelogRestore | None:
+        """The restore this process runs: the one started, else the first waiting."""
+        here = [r for p in self.partitions.values() for r in p.pending if isinstance(r, ChangelogRestore)]
+        return next((replay for replay in here if replay.started), here[0] if here else None)
+
+    @property
+    def replaying_here(self) -> bool:
+        """Whether this process has restores to run (not only children's to wait for)."""
+        return self._current_replay() is not None
+
     def suspend(self, partition: int) -> RestoringPartition | None:
         """Stop restoring `partition` (its progress is kept); returns it so its stores can be closed."""
         restoring = self.partitions.pop(partition, None)
-        if restoring is not None and restoring.pending:
-            if restoring.pending[0].started:
-                self.reports.append(restoring.pending[0].suspend())
-            restoring.pending.clear()
+        if restoring is not None:
+            self.reports.extend(suspend_started(restoring))
         return restoring
 
     @property
     def records_left(self) -> int:
         return sum(restoring.records_left for restoring in self.partitions.values())
+
+
+def suspend_started(restoring: RestoringPartition) -> list[RestoreReport]:
+    """Suspend the partition's restores that have started and forget them all; returns their reports."""
+    reports = [replay.suspend() for replay in restoring.pending if replay.started]
+    restoring.pending.clear()
+    return reports
+
+
+def _here_if_handed_back(replay: ChangelogRestore | ChildReplay) -> ChangelogRestore | ChildReplay:
+    return replay.in_process if isinstance(replay, ChildReplay) and replay.handed_back else replay

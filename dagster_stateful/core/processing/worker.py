@@ -22,6 +22,7 @@ the loop at once (`KafkaClients.check_security`), like a refused ACL; nothing mo
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -32,6 +33,7 @@ from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaCl
 from dagster_stateful.core.kafka.provisioning import provision
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
+from dagster_stateful.core.processing.background_restores import BackgroundRestores
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.batch import BatchProcessor
 from dagster_stateful.core.processing.client_settings import worker_consumer_config, worker_producer_config
@@ -226,6 +228,13 @@ class Worker:
             snapshots=self._snapshot_store if self.snapshot_root else None,
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
             live_stores=self._dataframe.live_stores,
+            background=BackgroundRestores(
+                kafka,
+                config.restore_group,
+                self.listeners,
+                config.restore_processes or os.cpu_count() or 1,
+                config.restore_batch_size,
+            ),
         )
         self._transactions = self._assignments.transactions
         per_message = BatchProcessor(
@@ -281,7 +290,8 @@ class Worker:
             restoring = bool(self._assignments.restorations)
             if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
                 self._assignments.advance(self._consumer)
-            messages = self._consumer.consume(self._consume_batch, timeout=0.0 if restoring else 0.2)
+            replaying = restoring and self._assignments.restorations.replaying_here
+            messages = self._consumer.consume(self._consume_batch, timeout=0.0 if replaying else 0.2)
             self.kafka.check_security(consuming)
             self._assignments.raise_failure()
             index = 0

@@ -12,7 +12,9 @@ Once every group is written the files are ingested, chunk by chunk in order, and
 records the position its restore reached; a child that fails fails the whole replay, naming its
 partitions, before anything is ingested. A child is a fresh Python running this module's `main`;
 its job, with the Kafka settings (which may hold secrets), comes as JSON on its stdin, never in
-its arguments, and its result goes back as JSON on stdout.
+its arguments, and its result goes back as JSON on its stdout, a file (`ReplayChild`), so that a
+parent may poll a child it does not wait for. A worker runs its own restores this way too (see
+`processing.background_restores`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import logging
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
@@ -122,25 +125,22 @@ def replay_partitions(
     changelog, on up to `processes` processes; returns each partition's restore report. `marks`:
     each changelog partition's (low, high) offsets, as a `read_committed` reader sees them."""
     started = time.monotonic()
-    jobs = [_job(store, committed.get(partition), marks[partition]) for partition, store in stores.items()]
-    settings = _portable(kafka.settings)
+    jobs = [replay_job(store, committed.get(partition), marks[partition]) for partition, store in stores.items()]
+    settings = portable_settings(kafka.settings)
     groups = balanced_groups(jobs, lambda job: job.end - job.start, processes if settings is not None else 1)
-    work = {"kafka": settings, "admin_timeout": kafka.admin_timeout_seconds, "group": group}
-    work |= {"batch_size": batch_size, "chunk_records": chunk_records}
-    children = [_start_child(work, group_jobs) for group_jobs in groups[1:]]
+    work = child_work(kafka, settings, group, batch_size, chunk_records)
+    children = [ReplayChild(work, group_jobs) for group_jobs in groups[1:]]
     try:
         replayed = {job.partition: _replay(kafka, group, job, batch_size, chunk_records) for job in groups[0]}
-        for child, group_jobs in zip(children, groups[1:], strict=True):
-            replayed.update(_child_result(child, group_jobs))
+        for child in children:
+            replayed.update({job.partition: result for job, result in zip(child.jobs, child.result(), strict=True)})
         reports = {
-            partition: _ingest(store, replayed[partition], committed.get(partition), started)
+            partition: ingest_replayed(store, replayed[partition], committed.get(partition), started)
             for partition, store in stores.items()
         }
     finally:
         for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+            child.kill()
         for job in jobs:
             shutil.rmtree(job.directory, ignore_errors=True)
     log.info(
@@ -157,14 +157,24 @@ def replayable(store: StorePartition) -> bool:
     return store.changelog_offset is None and isinstance(store.db, PartitionDatabase)
 
 
-def _job(store: StorePartition, committed: int | None, marks: tuple[int, int]) -> ReplayJob:
+def child_work(
+    kafka: KafkaClients, settings: dict[str, Any] | None, group: str, batch_size: int, chunk_records: int
+) -> dict[str, Any]:
+    """What every child of a replay is told besides its jobs."""
+    work = {"kafka": settings, "admin_timeout": kafka.admin_timeout_seconds, "group": group}
+    return work | {"batch_size": batch_size, "chunk_records": chunk_records}
+
+
+def replay_job(store: StorePartition, committed: int | None, marks: tuple[int, int]) -> ReplayJob:
+    """The job of replaying the store partition's changelog from `marks`' low to high, into a fresh
+    replay directory."""
     directory = replay_directory(store)
     shutil.rmtree(directory, ignore_errors=True)
     low, high = marks
     return ReplayJob(store.store, store.changelog_topic, store.partition, committed, low, high, str(directory))
 
 
-def _portable(settings: dict[str, Any]) -> dict[str, Any] | None:
+def portable_settings(settings: dict[str, Any]) -> dict[str, Any] | None:
     """The Kafka settings as JSON can carry them to a child; None when some cannot (a callback)."""
     if all(isinstance(value, str | int | float | bool) for value in settings.values()):
         return settings
@@ -188,7 +198,10 @@ def _replay(kafka: KafkaClients, group: str, job: ReplayJob, batch_size: int, ch
     return ReplayedPartition(job.partition, target.chunks, target.position, report)
 
 
-def _ingest(store: StorePartition, replayed: ReplayedPartition, committed: int | None, started: float) -> RestoreReport:
+def ingest_replayed(
+    store: StorePartition, replayed: ReplayedPartition, committed: int | None, started: float
+) -> RestoreReport:
+    """Replace the store partition's state with the replayed SST files, and record the position reached."""
     start_fresh(store)
     for chunk in replayed.chunks:
         store.db.ingest_files([file.path for file in chunk])
@@ -197,31 +210,52 @@ def _ingest(store: StorePartition, replayed: ReplayedPartition, committed: int |
     return replayed.report
 
 
-def _start_child(work: dict[str, Any], jobs: list[ReplayJob]) -> subprocess.Popen[bytes]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", f"from {__name__} import main; main()"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=die_with_parent,
-    )
-    assert child.stdin is not None
-    child.stdin.write(json.dumps({**work, "jobs": [asdict(job) for job in jobs]}).encode())
-    child.stdin.close()
-    child.stdin = None  # written: communicate() only reads
-    return child
+class ReplayChild:
+    """A child process replaying a group of jobs. Its output goes to temporary files, never to pipes,
+    so that a parent that only polls it (`result(wait=False)`) cannot block it on a full pipe."""
 
+    def __init__(self, work: dict[str, Any], jobs: list[ReplayJob]) -> None:
+        self.jobs = jobs
+        self._outputs = Path(tempfile.mkdtemp(prefix="dagster-stateful-replay-"))
+        with (self._outputs / "stdout").open("wb") as output, (self._outputs / "stderr").open("wb") as errors:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", f"from {__name__} import main; main()"],
+                stdin=subprocess.PIPE,
+                stdout=output,
+                stderr=errors,
+                preexec_fn=die_with_parent,
+            )
+        assert self._process.stdin is not None
+        with self._process.stdin as stdin:  # the settings may hold secrets: never in a file or an argument
+            stdin.write(json.dumps({**work, "jobs": [asdict(job) for job in jobs]}).encode())
 
-def _child_result(child: subprocess.Popen[bytes], jobs: list[ReplayJob]) -> dict[int, ReplayedPartition]:
-    output, errors = child.communicate()
-    code = child.returncode
-    if code != 0:
-        topics = sorted({f"{job.topic}[{job.partition}]" for job in jobs})
-        raise RecoveryError(
-            f"replaying {', '.join(topics)} failed in a child process (exit code {code}): {last_words(errors)}. "
-            "Nothing was ingested; restore again (the error says whether the brokers or the disk need a look first)."
-        )
-    return {int(partition): _decoded(result) for partition, result in json.loads(output).items()}
+    @overload
+    def result(self) -> list[ReplayedPartition]: ...
+    @overload
+    def result(self, wait: bool) -> list[ReplayedPartition] | None: ...
+    def result(self, wait: bool = True) -> list[ReplayedPartition] | None:
+        """Each job's replayed partition, in the jobs' order, once the child has ended (None while
+        it runs, without `wait`); raises `RecoveryError`, naming the partitions, when it failed."""
+        code = self._process.wait() if wait else self._process.poll()
+        if code is None:
+            return None
+        output, errors = (self._outputs / "stdout").read_bytes(), (self._outputs / "stderr").read_bytes()
+        shutil.rmtree(self._outputs, ignore_errors=True)
+        if code != 0:
+            topics = sorted({f"{job.topic}[{job.partition}]" for job in self.jobs})
+            raise RecoveryError(
+                f"replaying {', '.join(topics)} failed in a child process (exit code {code}): {last_words(errors)}. "
+                "Nothing was ingested; restore again (the error says whether the brokers or the disk need a look "
+                "first)."
+            )
+        return [_decoded(result) for result in json.loads(output)]
+
+    def kill(self) -> None:
+        """End the child if it still runs (the jobs' directories are their owners' to remove)."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        shutil.rmtree(self._outputs, ignore_errors=True)
 
 
 def _encoded(replayed: ReplayedPartition) -> dict[str, Any]:
@@ -243,12 +277,10 @@ def main() -> None:
     work = json.loads(sys.stdin.read())
     kafka = KafkaClients(work["kafka"], work["admin_timeout"])
     try:
-        replayed = {
-            job["partition"]: _encoded(
-                _replay(kafka, work["group"], ReplayJob(**job), work["batch_size"], work["chunk_records"])
-            )
+        replayed = [
+            _encoded(_replay(kafka, work["group"], ReplayJob(**job), work["batch_size"], work["chunk_records"]))
             for job in work["jobs"]
-        }
+        ]
     except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it with its context
         sys.stderr.write(f"{type(error).__name__}: {error}\n")
         sys.exit(1)

@@ -1,6 +1,7 @@
 """Restores run in the worker's loop, never inside a rebalance callback: the worker keeps polling (no
 eviction during a long restore), restored partitions process while others restore, and a stop or a
-revocation interrupts a restore without losing its progress."""
+revocation interrupts a restore without losing its progress. The workers here restore in their
+own process (`restore_processes=1`); test_background_restores covers restores in child processes."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def orders_on(
 
 def with_state_built(bootstrap: str, source: str, state_dir: Path, name: str) -> App:
     """An app whose changelog holds a few thousand records and whose local state is then deleted."""
-    app = totals_app(bootstrap, source, state_dir, name, restore_batch_size=RESTORE_BATCH)
+    app = totals_app(bootstrap, source, state_dir, name, restore_batch_size=RESTORE_BATCH, restore_processes=1)
     assert app.run_worker(max_seconds=120).stop_reason == "caught_up"
     app.clear_state()
     return app
@@ -98,12 +99,24 @@ def test_a_restore_longer_than_the_poll_interval_survives_a_join_and_leave(kafka
     with_state_built(kafka_bootstrap, source, tmp_path / "a", name)
     poll_limit = {"max.poll.interval.ms": 10_000}
     app_a = totals_app(
-        kafka_bootstrap, source, tmp_path / "a", name, restore_batch_size=RESTORE_BATCH, consumer_config=poll_limit
+        kafka_bootstrap,
+        source,
+        tmp_path / "a",
+        name,
+        restore_batch_size=RESTORE_BATCH,
+        restore_processes=1,
+        consumer_config=poll_limit,
     )
     slow_a = SlowRestore(delay=0.15)  # 120 batches: the restore takes about 18 s, longer than the poll limit
     app_a.add_restore_listener(slow_a)
     app_b = totals_app(
-        kafka_bootstrap, source, tmp_path / "b", name, restore_batch_size=RESTORE_BATCH, consumer_config=poll_limit
+        kafka_bootstrap,
+        source,
+        tmp_path / "b",
+        name,
+        restore_batch_size=RESTORE_BATCH,
+        restore_processes=1,
+        consumer_config=poll_limit,
     )
     app_b.add_restore_listener(SlowRestore(delay=0.15))
     results: dict[str, object] = {}
@@ -137,7 +150,8 @@ SIGTERMED_RESTORE = textwrap.dedent("""
             print("BATCH", partition, batch_end_offset, flush=True)
             time.sleep(0.1)
 
-    app = totals_app({bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, restore_batch_size={batch})
+    app = totals_app({bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, restore_batch_size={batch},
+                     restore_processes=1)
     app.add_restore_listener(Slow())
     report = app.run_worker(max_seconds=300)
     print(json.dumps({{"stop_reason": report.stop_reason, "processed": report.total_processed,
@@ -185,7 +199,7 @@ def test_sigterm_mid_restore_stops_within_seconds_and_the_next_run_continues(kaf
     [[_, first_start, end, completed]] = result["restores"]
     assert not completed and first_start == 0
 
-    app = totals_app(kafka_bootstrap, source, tmp_path, name, restore_batch_size=1000)
+    app = totals_app(kafka_bootstrap, source, tmp_path, name, restore_batch_size=1000, restore_processes=1)
     report = app.run_worker(max_seconds=120)
 
     [restore] = report.restores
@@ -201,7 +215,7 @@ def test_a_restored_partition_processes_while_another_restores(kafka_bootstrap, 
     produce_to(kafka_bootstrap, source, first)
     name = unique_name("totals")
     with_state_built(kafka_bootstrap, source, tmp_path, name)
-    app = totals_app(kafka_bootstrap, source, tmp_path, name, restore_batch_size=RESTORE_BATCH)
+    app = totals_app(kafka_bootstrap, source, tmp_path, name, restore_batch_size=RESTORE_BATCH, restore_processes=1)
     slow = SlowRestore(delay=0.2, partitions={1})  # partition 1 needs 80 slow batches: about 16 s
     app.add_restore_listener(slow)
     results: dict[str, object] = {}
