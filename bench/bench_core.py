@@ -210,7 +210,7 @@ def make_app(bootstrap: str, name: str, source: str, state_dir: Path, args: argp
         commit_interval=args.commit_interval,
         commit_every=args.commit_every,
         restore_batch_size=args.restore_batch_size,
-        restore_processes=args.restore_processes,
+        restore_processes=getattr(args, "restore_processes", None),
         processing_guarantee=args.guarantee,
     )
     frame = app.dataframe()

@@ -6,28 +6,16 @@ aggregators (`Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Collect`, `Aggrega
 the listeners, the reports and the error hierarchy. The sub-packages hold the parts:
 `state/` (local storage), `kafka/` (clients and topics), `recovery/` (restores), `processing/`
 (steps and the worker) and `monitoring/` (reports, listeners, lag).
+
+The names are imported on first use, so that a process needing one part (a child process replaying
+a changelog) does not load them all.
 """
 
-from dagster_stateful.core.app import App
-from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
-from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
-from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
-from dagster_stateful.core.processing.aggregations import (
-    Aggregate,
-    Aggregator,
-    Collect,
-    Count,
-    Max,
-    Mean,
-    Min,
-    Reduce,
-    Sum,
-)
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
-from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
-from dagster_stateful.core.state.kv import State
-from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
-from dagster_stateful.core.state.stores import Store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dagster_stateful.errors import (
     CommitTimeoutError,
     ConfigurationError,
@@ -45,6 +33,61 @@ from dagster_stateful.errors import (
     TopicMismatchError,
     TopicMissingError,
 )
+
+if TYPE_CHECKING:
+    from dagster_stateful.core.app import App
+    from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
+    from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
+    from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
+    from dagster_stateful.core.processing.aggregations import (
+        Aggregate,
+        Aggregator,
+        Collect,
+        Count,
+        Max,
+        Mean,
+        Min,
+        Reduce,
+        Sum,
+    )
+    from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+    from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
+    from dagster_stateful.core.state.kv import State
+    from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
+    from dagster_stateful.core.state.stores import Store
+
+_EXPORTS = {
+    "App": "dagster_stateful.core.app",
+    "AppConfig": "dagster_stateful.core.config",
+    "ErrorPolicy": "dagster_stateful.core.config",
+    "ProcessingGuarantee": "dagster_stateful.core.config",
+    "AppState": "dagster_stateful.core.monitoring.listeners",
+    "RestoreListener": "dagster_stateful.core.monitoring.listeners",
+    "StateListener": "dagster_stateful.core.monitoring.listeners",
+    "RestoreKind": "dagster_stateful.core.monitoring.report",
+    "RestoreReport": "dagster_stateful.core.monitoring.report",
+    "StopReason": "dagster_stateful.core.monitoring.report",
+    "WorkerReport": "dagster_stateful.core.monitoring.report",
+    "Aggregate": "dagster_stateful.core.processing.aggregations",
+    "Aggregator": "dagster_stateful.core.processing.aggregations",
+    "Collect": "dagster_stateful.core.processing.aggregations",
+    "Count": "dagster_stateful.core.processing.aggregations",
+    "Max": "dagster_stateful.core.processing.aggregations",
+    "Mean": "dagster_stateful.core.processing.aggregations",
+    "Min": "dagster_stateful.core.processing.aggregations",
+    "Reduce": "dagster_stateful.core.processing.aggregations",
+    "Sum": "dagster_stateful.core.processing.aggregations",
+    "StreamingDataFrame": "dagster_stateful.core.processing.dataframe",
+    "RestoreMethod": "dagster_stateful.core.recovery.planner",
+    "RestorePath": "dagster_stateful.core.recovery.planner",
+    "State": "dagster_stateful.core.state.kv",
+    "BytesSerde": "dagster_stateful.core.state.serialization",
+    "IntSerde": "dagster_stateful.core.state.serialization",
+    "JsonSerde": "dagster_stateful.core.state.serialization",
+    "Serde": "dagster_stateful.core.state.serialization",
+    "StrSerde": "dagster_stateful.core.state.serialization",
+    "Store": "dagster_stateful.core.state.stores",
+}
 
 __all__ = [
     "Aggregate",
@@ -93,3 +136,16 @@ __all__ = [
     "TopicMissingError",
     "WorkerReport",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagster_stateful.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -25,7 +25,7 @@ from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
-from dagster_stateful.core.recovery.parallel_load import balanced_groups
+from dagster_stateful.core.recovery.child_processes import balanced_groups
 from dagster_stateful.core.recovery.parallel_replay import (
     ReplayChild,
     ReplayedPartition,

@@ -12,21 +12,18 @@ its partitions; the files are ingested only once every group is written.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from dagster_stateful.core.monitoring.report import RestoreReport
+from dagster_stateful.core.recovery.child_processes import balanced_groups, die_with_parent, last_words
 from dagster_stateful.core.recovery.snapshot_load import (
     BULK_LOAD_DIRECTORY,
     ingest_snapshot_files,
@@ -42,9 +39,7 @@ from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
-STDERR_SHOWN = 2_000
 """Characters of a failed child's error output carried into the error raised."""
 
 
@@ -135,18 +130,6 @@ def write_snapshot_files_parallel(
     return written
 
 
-def balanced_groups(items: list[T], weight: Callable[[T], int], processes: int) -> list[list[T]]:
-    """At most `processes` non-empty groups; each item joins the group with the least weight so far,
-    the heaviest items first."""
-    groups: list[list[T]] = [[] for _ in range(max(1, min(processes, len(items))))]
-    loads = [0] * len(groups)
-    for item in sorted(items, key=weight, reverse=True):
-        lightest = loads.index(min(loads))
-        groups[lightest].append(item)
-        loads[lightest] += weight(item)
-    return [group for group in groups if group] or [[]]
-
-
 def _start_child(snapshots: SnapshotStore, snapshot_id: str, group: list[SnapshotFilesJob]) -> subprocess.Popen[bytes]:
     job = {
         "root": snapshots.root,
@@ -179,16 +162,6 @@ def _child_result(
         )
     written = json.loads(output)
     return {int(partition): [SstFile(path, records) for path, records in files] for partition, files in written.items()}
-
-
-def last_words(stderr: bytes) -> str:
-    return stderr.decode(errors="replace")[-STDERR_SHOWN:].strip().rstrip(".") or "no error output"
-
-
-def die_with_parent() -> None:
-    """Linux's PR_SET_PDEATHSIG: the child gets SIGKILL when the thread that started it ends."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def main() -> None:

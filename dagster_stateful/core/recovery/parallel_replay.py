@@ -35,8 +35,7 @@ from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaCl
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
-from dagster_stateful.core.recovery.parallel_load import balanced_groups, die_with_parent, last_words
-from dagster_stateful.core.recovery.snapshot_load import start_fresh
+from dagster_stateful.core.recovery.child_processes import balanced_groups, die_with_parent, last_words
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
 from dagster_stateful.errors import RecoveryError
@@ -202,7 +201,8 @@ def ingest_replayed(
     store: StorePartition, replayed: ReplayedPartition, committed: int | None, started: float
 ) -> RestoreReport:
     """Replace the store partition's state with the replayed SST files, and record the position reached."""
-    start_fresh(store)
+    store.wipe()  # emptied, then opened again for the files
+    store.open()
     for chunk in replayed.chunks:
         store.db.ingest_files([file.path for file in chunk])
     store.finish_restore(replayed.position, committed)
