@@ -25,6 +25,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from dagster_stateful.core.gc_pause import gc_paused
 from dagster_stateful.core.kafka.authorization import (
     GROUP,
     TOPIC,
@@ -124,6 +125,10 @@ class ChangelogRestore:
             self._begin()
         if self.done:
             return 0
+        with gc_paused():
+            return self._step()
+
+    def _step(self) -> int:
         messages = self._read_batch()
         if not messages:
             self._note_no_records()
@@ -205,7 +210,8 @@ class ChangelogRestore:
     def _ingest_chunk(self) -> None:
         """A full restore's gathered keys into the store, as SST files, with the position they reach."""
         if self._batch:
-            self.store.ingest_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
+            with gc_paused():
+                self.store.ingest_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
             self._batch = {}
 
     def _begin(self) -> None:
