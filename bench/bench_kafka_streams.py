@@ -237,7 +237,9 @@ def run_java(command: list[str], timeout_s: float = APP_TIMEOUT_S) -> JavaRun:
 
 
 class PeakRss(threading.Thread):
-    """The peak RSS of a child process, from its /proc status (VmHWM) read every 0.1 s while it runs.
+    """The peak RSS of a child process, from its /proc status (VmHWM) read every 0.1 s while it runs,
+    plus the peaks of the processes it starts (this engine's restores in child processes): their
+    sum, an upper bound of what the command held at once.
 
     Not `os.wait4`'s ru_maxrss: Linux carries the high-water mark of the memory a child had before
     `exec` over into it, and that memory was a copy of this (possibly large) process. VmHWM belongs
@@ -246,10 +248,13 @@ class PeakRss(threading.Thread):
 
     def __init__(self, pid: int, command: list[str]) -> None:
         super().__init__(daemon=True)
+        self._pid = pid
         self._status = Path(f"/proc/{pid}/status")
         self._cmdline = Path(f"/proc/{pid}/cmdline")
         self._expected = "\0".join(command).encode()
         self._done = threading.Event()
+        self._own = 0
+        self._children: dict[int, int] = {}
         self.kib = 0
 
     @property
@@ -269,11 +274,25 @@ class PeakRss(threading.Thread):
         try:
             if not self._cmdline.read_bytes().startswith(self._expected):
                 return
-            for line in self._status.read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    self.kib = max(self.kib, int(line.split()[1]))
+            self._own = max(self._own, _high_water_kib(self._status))
+            children = Path(f"/proc/{self._pid}/task/{self._pid}/children").read_text().split()
         except (OSError, ValueError):
             return
+        for child in map(int, children):
+            try:
+                peak = _high_water_kib(Path(f"/proc/{child}/status"))
+            except (OSError, ValueError):
+                continue  # ended meanwhile
+            self._children[child] = max(self._children.get(child, 0), peak)
+        self.kib = self._own + sum(self._children.values())
+
+
+def _high_water_kib(status: Path) -> int:
+    """A process's VmHWM from its /proc status, in KiB (0 before it has one)."""
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
 
 
 def app_command(
