@@ -24,7 +24,11 @@ from typing import Any
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreReport
-from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
+from dagster_stateful.core.recovery.changelog import (
+    FULL_RESTORE_CHUNK_RECORDS,
+    RESTORE_REPORT_FIELD,
+    ChangelogRestore,
+)
 from dagster_stateful.core.recovery.child_processes import balanced_groups
 from dagster_stateful.core.recovery.parallel_replay import (
     ReplayChild,
@@ -100,7 +104,18 @@ class ChildReplay:
             report.records_uncommitted_applied,
             report.records_skipped,
             report.seconds,
+            extra={RESTORE_REPORT_FIELD: report},
         )
+        if report.records_uncommitted_applied:
+            log.warning(
+                "Store %r partition %d: applied %d changelog records of uncommitted messages whose committed record "
+                "compaction may have removed (in %s); the messages they came from will be processed again, so "
+                "those keys may count them twice (at-least-once)",
+                store,
+                partition,
+                report.records_uncommitted_applied,
+                self.store.changelog_topic,
+            )
         return report
 
     def suspend(self) -> RestoreReport:
@@ -112,6 +127,13 @@ class ChildReplay:
         self.report.completed = False
         self.report.seconds = time.monotonic() - self._launched
         self._listeners.restore_suspended(self.store.partition, self.store.store, 0)
+        log.info(
+            "Stopped the restore of store %r partition %d in a child process; the store stays empty and its next "
+            "owner restores it fully",
+            self.store.store,
+            self.store.partition,
+            extra={RESTORE_REPORT_FIELD: self.report},
+        )
         return self.report
 
     def hand_back(self) -> None:

@@ -20,6 +20,7 @@ from kafka_helpers import produce, wait_for
 from dagster_stateful.core import App, RestoreListener
 from dagster_stateful.core.monitoring.report import StopReason
 from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.recovery.changelog import RESTORE_REPORT_FIELD
 
 PARTITIONS = 4
 CUSTOMERS = 40_000
@@ -81,10 +82,14 @@ def test_a_worker_without_local_state_restores_on_two_cores_and_ends_exact(
     more = make_orders(5_000, CUSTOMERS, start=CUSTOMERS)
     produce(kafka_bootstrap, app.config.source, more)
 
-    with caplog.at_level(logging.INFO, logger=LOGGER):
+    with caplog.at_level(logging.INFO):
         restored = app.bind().run_worker(max_seconds=120)
 
     assert any("in a child process" in message for message in caplog.messages), "some partitions replayed in a child"
+    logged = [
+        getattr(record, RESTORE_REPORT_FIELD) for record in caplog.records if hasattr(record, RESTORE_REPORT_FIELD)
+    ]
+    assert sorted(report.partition for report in logged) == list(range(PARTITIONS)), "each restore's end is logged"
     assert sorted(r.partition for r in restored.restores) == list(range(PARTITIONS))
     assert all(r.completed and r.kind == "full" for r in restored.restores)
     assert sum(r.records_applied for r in restored.restores) >= CUSTOMERS
