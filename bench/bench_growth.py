@@ -84,7 +84,7 @@ def processing_curve(systems: Systems, bootstrap: str, args: argparse.Namespace)
     points = []
     for keys in args.keys:
         load = workload(bootstrap, keys, max(args.messages, keys), args.partitions)
-        for figure in processing(systems, args.systems, load, f"{keys:,} keys", args.runs):
+        for figure in processing(systems, args.systems, load, f"{keys}-keys", args.runs):
             points.append(point(figure, "processing", load))
     return points
 
@@ -94,7 +94,7 @@ def restore_curve(systems: Systems, bootstrap: str, args: argparse.Namespace) ->
     points = []
     for keys in args.restore_keys:
         load = workload(bootstrap, keys, keys, args.partitions)
-        built = processing(systems, restoring, load, f"{keys:,} keys (building the store)", 1)
+        built = processing(systems, restoring, load, f"{keys}-keys-store", 1)
         groups = {figure.system: figure.last_group for figure in built}
         for figure in restores(systems, bootstrap, groups, load, args.runs, APPENDED):
             points.append(point(figure, "restore", load))
