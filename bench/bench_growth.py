@@ -19,7 +19,7 @@ Output: a table on stdout (machine and settings first), and `growth.json` and `g
 and peak RSS against keys; restore seconds against store size; log scales) in --out. Run from the
 repository root:
 
-    .venv/bin/python bench/bench_growth.py                        # about 15 minutes
+    .venv/bin/python bench/bench_growth.py                        # about 20 minutes here
     .venv/bin/python bench/bench_growth.py --keys 10000 100000 --restore-keys 100000 --messages 200000
 """
 
