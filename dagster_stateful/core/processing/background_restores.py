@@ -28,6 +28,7 @@ from dagster_stateful.core.recovery.changelog import (
     FULL_RESTORE_CHUNK_RECORDS,
     RESTORE_REPORT_FIELD,
     ChangelogRestore,
+    log_restored,
 )
 from dagster_stateful.core.recovery.child_processes import balanced_groups
 from dagster_stateful.core.recovery.parallel_replay import (
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 
 class ChildReplay:
     """A full restore that a child process runs, in place of `in_process` (never started)."""
-
-    in_child = True
 
     def __init__(self, in_process: ChangelogRestore, store: StorePartition, job: ReplayJob, listeners: Listeners):
         self.in_process = in_process
@@ -92,30 +91,7 @@ class ChildReplay:
         partition, store = self.store.partition, self.store.store
         self._listeners.batch_restored(partition, store, self.replayed.position, report.records_applied)
         self._listeners.restore_end(partition, store, report.records_applied)
-        log.info(
-            "Restored store %r partition %d (full, in a child process) from %s offsets %d..%d: %d records applied "
-            "(%d of uncommitted messages), %d skipped, %.2f s",
-            store,
-            partition,
-            self.store.changelog_topic,
-            report.start_offset,
-            report.end_offset,
-            report.records_applied,
-            report.records_uncommitted_applied,
-            report.records_skipped,
-            report.seconds,
-            extra={RESTORE_REPORT_FIELD: report},
-        )
-        if report.records_uncommitted_applied:
-            log.warning(
-                "Store %r partition %d: applied %d changelog records of uncommitted messages whose committed record "
-                "compaction may have removed (in %s); the messages they came from will be processed again, so "
-                "those keys may count them twice (at-least-once)",
-                store,
-                partition,
-                report.records_uncommitted_applied,
-                self.store.changelog_topic,
-            )
+        log_restored(report, self.store.changelog_topic, f"{report.kind}, in a child process")
         return report
 
     def suspend(self) -> RestoreReport:

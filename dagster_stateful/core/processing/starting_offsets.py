@@ -150,5 +150,4 @@ class StartingOffsets:
                     store.source_offset,
                     start,
                 )
-                store.wipe()
-                store.open(lock_timeout=0)
+                store.start_fresh(lock_timeout=0)

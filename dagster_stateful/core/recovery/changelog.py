@@ -159,32 +159,7 @@ class ChangelogRestore:
         self._complete_report()
         self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
         self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
-        log.info(
-            "Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied (%d of uncommitted "
-            "messages), %d skipped, %.2f s",
-            self.store.store,
-            self.store.partition,
-            self.report.kind,
-            self.store.changelog_topic,
-            self.start,
-            self.end,
-            self.report.records_applied,
-            self.filter.applied_uncommitted,
-            self.report.records_skipped,
-            self.report.seconds,
-            extra={RESTORE_REPORT_FIELD: self.report},
-        )
-        if self.filter.applied_uncommitted:
-            log.warning(
-                "Store %r partition %d: applied %d changelog records of uncommitted messages whose committed record "
-                "compaction may have removed (from offset %d of %s on); the messages they came from will be processed "
-                "again, so those keys may count them twice (at-least-once)",
-                self.store.store,
-                self.store.partition,
-                self.filter.applied_uncommitted,
-                self.filter.gap_at,
-                self.store.changelog_topic,
-            )
+        log_restored(self.report, self.store.changelog_topic, str(self.report.kind), self.filter.gap_at)
         return self.report
 
     def suspend(self) -> RestoreReport:
@@ -326,6 +301,37 @@ class ChangelogRestore:
         )
 
 
+def log_restored(report: RestoreReport, changelog_topic: str, how: str, gap_at: int | None = None) -> None:
+    """Log a finished restore, with its report attached (`RESTORE_REPORT_FIELD`), and warn when it
+    applied records of uncommitted messages (`gap_at`: where compaction left the first gap, if known)."""
+    log.info(
+        "Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied (%d of uncommitted "
+        "messages), %d skipped, %.2f s",
+        report.store,
+        report.partition,
+        how,
+        changelog_topic,
+        report.start_offset,
+        report.end_offset,
+        report.records_applied,
+        report.records_uncommitted_applied,
+        report.records_skipped,
+        report.seconds,
+        extra={RESTORE_REPORT_FIELD: report},
+    )
+    if report.records_uncommitted_applied:
+        where = f"in {changelog_topic}" if gap_at is None else f"from offset {gap_at} of {changelog_topic} on"
+        log.warning(
+            "Store %r partition %d: applied %d changelog records of uncommitted messages whose committed record "
+            "compaction may have removed (%s); the messages they came from will be processed again, so those keys "
+            "may count them twice (at-least-once)",
+            report.store,
+            report.partition,
+            report.records_uncommitted_applied,
+            where,
+        )
+
+
 def _recreated_changelog_error(store: StorePartition, stored: int, high: int) -> RecoveryError:
     topic, partition = store.changelog_topic, store.partition
     return RecoveryError(
@@ -378,8 +384,7 @@ class Restorer:
                 stored,
                 low,
             )
-            store.wipe()
-            store.open()
+            store.start_fresh()
             stored = None
         start = stored if stored is not None else low
         if start >= high:

@@ -29,7 +29,6 @@ from dagster_stateful.core.recovery.snapshot_load import (
     ingest_snapshot_files,
     load_snapshot_partition,
     snapshot_end,
-    start_fresh,
     write_snapshot_files,
 )
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
@@ -77,7 +76,7 @@ def _load_in_parallel(
     ends = {partition: snapshot_end(store, manifest, changelog_highs[partition]) for partition, store in stores.items()}
     started = time.monotonic()
     for store in stores.values():
-        start_fresh(store)
+        store.start_fresh()
     jobs = [SnapshotFilesJob(partition, store.path / BULK_LOAD_DIRECTORY) for partition, store in stores.items()]
     try:
         written = write_snapshot_files_parallel(snapshots, manifest.snapshot_id, jobs, processes)

@@ -201,8 +201,7 @@ def ingest_replayed(
     store: StorePartition, replayed: ReplayedPartition, committed: int | None, started: float
 ) -> RestoreReport:
     """Replace the store partition's state with the replayed SST files, and record the position reached."""
-    store.wipe()  # emptied, then opened again for the files
-    store.open()
+    store.start_fresh()
     for chunk in replayed.chunks:
         store.db.ingest_files([file.path for file in chunk])
     store.finish_restore(replayed.position, committed)

@@ -131,8 +131,7 @@ def _restore_store(
                 )
                 continue
             if request.from_scratch:
-                part.wipe()
-                part.open()
+                part.start_fresh()
             opened[partition] = part
         plans = {
             p: _plan(p, part, marks[p], manifest, request.method, request.spark_cores) for p, part in opened.items()

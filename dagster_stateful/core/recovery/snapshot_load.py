@@ -36,7 +36,7 @@ def load_snapshot_partition(
     partition = store.partition
     end = snapshot_end(store, manifest, changelog_high)
     started = time.monotonic()
-    start_fresh(store)
+    store.start_fresh()
     scratch = store.path / BULK_LOAD_DIRECTORY
     try:
         if isinstance(store.db, PartitionDatabase):
@@ -96,15 +96,9 @@ def load_snapshot_if_faster(
 
 def ingest_sst_files(store: StorePartition, files: Iterable[str], changelog_offset: int) -> None:
     """Replace the (open) store partition's state with SST files written elsewhere (files are moved)."""
-    start_fresh(store)
+    store.start_fresh()
     store.db.ingest_files(list(files))
     store.finish_restore(changelog_offset, None)
-
-
-def start_fresh(store: StorePartition) -> None:
-    """Delete the (open) store partition's state and open it again, empty."""
-    store.wipe()
-    store.open()
 
 
 def snapshot_end(store: StorePartition, manifest: SnapshotManifest, changelog_high: int) -> int:

@@ -310,6 +310,11 @@ class StorePartition:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
 
+    def start_fresh(self, lock_timeout: float | None = None) -> None:
+        """Delete the (open) partition's state and open it again, empty (`lock_timeout` as `open`)."""
+        self.wipe()
+        self.open(lock_timeout)
+
 
 def _pending_compaction_bytes(database: PartitionDatabase) -> int:
     estimate = database.rocksdb_property(PENDING_COMPACTION_PROPERTY)
