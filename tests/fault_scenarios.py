@@ -260,6 +260,10 @@ WINDOW_SIZE_MS = 5_000
 WINDOW_GRACE_MS = 1_000
 
 
+COLUMNAR_WORKER_LOG = "a batch at a time, in columns"
+"""What a worker logs when it starts on the columnar path (`vectorized.choose_path`)."""
+
+
 def windowed_sigkill_storm(
     lab: Lab,
     orders: int = 4_000,
@@ -268,6 +272,7 @@ def windowed_sigkill_storm(
     kills: int = 10,
     wipe_share: float = 0.25,
     guarantee: str = EXACTLY_ONCE,
+    columnar: bool = False,
 ) -> FaultResult:
     """`sigkill_storm` for a windowed aggregation: the worker folds each order into its customer's
     tumbling window of event time (the message timestamp; windows of `WINDOW_SIZE_MS` with
@@ -281,9 +286,11 @@ def windowed_sigkill_storm(
     unexpired windows with their tallies; under at-least-once each appears at least once, and no
     tally falls short (redone work may count orders twice). Either way the store holds exactly the
     unexpired windows, and each partition's stream time. `lost` and `doubled` count windows here:
-    closed windows missing from the output, and extra appearances."""
+    closed windows missing from the output, and extra appearances. `columnar`: each window keeps the
+    columnar `Sum("amount")` (folded a consumed batch at a time in columns), judged by its total."""
     exactly_once = guarantee == EXACTLY_ONCE
-    result = FaultResult("1w SIGKILL at random points, windowed" + (" (exactly-once)" if exactly_once else ""))
+    name = "1w SIGKILL at random points, windowed" + (" in columns" if columnar else "")
+    result = FaultResult(name + (" (exactly-once)" if exactly_once else ""))
     timed = TimedOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3), max_lag_ms=3 * WINDOW_GRACE_MS)
     source = lab.unique("orders")
     create_topic(lab.bootstrap, source, partitions)
@@ -301,6 +308,7 @@ def windowed_sigkill_storm(
         output=output,
         on_error="dead-letter",
         windowed=True,
+        aggregate=columnar,
         window_size_ms=WINDOW_SIZE_MS,
         window_grace_ms=WINDOW_GRACE_MS,
     )
@@ -318,6 +326,9 @@ def windowed_sigkill_storm(
     result.messages = len(messages)
     check = check_windows(spec, replay_windows(messages, WINDOW_SIZE_MS, WINDOW_GRACE_MS))
     result.counters.update(check.counters())
+    result.counters["worker runs folding in columns"] = sum(
+        COLUMNAR_WORKER_LOG in log.read_text(errors="replace") for log in lab.work_dir.glob("*.log")
+    )
     # State, as for the other storms: windows missing or short are lost orders, windows too high are
     # doubled ones. Outputs sent again by redone work are counted apart ("windows emitted more than once").
     short = set(check.short) | set(check.store_short)

@@ -5,7 +5,8 @@ total in the store "totals"; when the spec says `aggregate`, the columnar aggreg
 `Mean("amount")` keeps them there as one aggregate, `TALLY` ([total, count], folded a consumed
 batch at a time in columns, its runs observed message by message before each fold); when it says
 `windowed`, a tumbling window aggregation keeps a `TALLY` per customer and window of event time
-there and sends each window's final tally to the output topic once it closes; `build_app` builds
+there and sends each window's final tally to the output topic once it closes (with `aggregate`
+too, the columnar `Sum("amount")` of each window, folded in columns); `build_app` builds
 it from a `WorkerSpec`) and this file's use as a script: `python fault_worker.py '<WorkerSpec as
 JSON>'` runs one bounded worker and prints one line `EVENT <kind> <JSON>` per observable step on
 stdout: `started`, `state` (each state transition), `restore_start` / `batch` / `restore_end` /
@@ -42,7 +43,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from dagster_stateful.core import Aggregate, App, Mean, RestoreListener, State
+from dagster_stateful.core import Aggregate, App, Mean, RestoreListener, State, Sum
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor
@@ -140,7 +141,8 @@ class WorkerSpec:
     """Static group membership ("": none); under exactly-once it also names the transactional id."""
     aggregate: bool = False
     """Keep the total and count with the columnar aggregation `Mean("amount")` instead of `count_order`
-    (no output topic then: an aggregation passes on its aggregate, not the order)."""
+    (no output topic then: an aggregation passes on its aggregate, not the order); with `windowed`,
+    each window's total with the columnar `Sum("amount")` instead of `tally_order`."""
     windowed: bool = False
     """Keep the count and total per customer and tumbling window of event time (the message
     timestamp), `tally_order` folded into `window_size_ms` windows with `window_grace_ms` of grace
@@ -185,14 +187,12 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
     )
     frame = app.dataframe()
     if spec.windowed:
-        if not spec.output or spec.aggregate:
-            raise ValueError(
-                "a windowed worker sends its closed windows to an output topic and aggregates nothing else"
-            )
-        if observe is not None:
+        if not spec.output:
+            raise ValueError("a windowed worker sends its closed windows to an output topic")
+        if observe is not None and not spec.aggregate:
             frame.update(observe)
         windows = frame.tumbling_window(spec.window_size_ms, grace=spec.window_grace_ms)
-        windows.aggregate(Aggregate(empty_tally, tally_order), name=TALLY).final()
+        windows.aggregate(Sum("amount") if spec.aggregate else Aggregate(empty_tally, tally_order), name=TALLY).final()
     elif spec.aggregate:
         if spec.output:
             raise ValueError("an aggregating worker passes on tallies, not orders: it cannot fill an output topic")

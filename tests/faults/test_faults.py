@@ -156,20 +156,26 @@ def test_exactly_once_sigkill_at_random_points_ten_times_is_exact_and_each_outpu
     assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
 
 
+@pytest.mark.parametrize("path", ["per-message", "columns"])
 @pytest.mark.parametrize("guarantee", [EXACTLY_ONCE, AT_LEAST_ONCE])
 def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_window_and_keeps_the_live_ones(
-    kafka_bootstrap, tmp_path, guarantee
+    kafka_bootstrap, tmp_path, guarantee, path
 ):
     """Under exactly-once each closed window appears once (read_committed) with exactly its recomputed
     tally, none other does, the store holds exactly the unexpired windows with their tallies, and
     each late order is dead-lettered once. Under at-least-once each closed window appears at least
-    once and no tally (emitted or stored) is short: orders may count twice, never zero times."""
+    once and no tally (emitted or stored) is short: orders may count twice, never zero times. The
+    "columns" workers keep each window's `Sum("amount")`, folded a consumed batch at a time."""
     lab = Lab(kafka_bootstrap, tmp_path, SEED)
     kills = WINDOWED_KILLS[guarantee]
-    result = windowed_sigkill_storm(lab, orders=4_000, customers=24, partitions=3, kills=kills, guarantee=guarantee)
+    result = windowed_sigkill_storm(
+        lab, orders=4_000, customers=24, partitions=3, kills=kills, guarantee=guarantee, columnar=path == "columns"
+    )
     counters = result.counters
 
     assert result.faults == kills, explain(result)
+    folding = counters["worker runs folding in columns"]
+    assert folding > kills if path == "columns" else folding == 0, explain(result)
     landed = " ".join(result.points)
     for point in KillPoint:
         assert point.value in landed, f"no kill aimed at {point.value}:\n{explain(result)}"

@@ -87,14 +87,30 @@ class Count(Aggregator):
         return aggregate + 1
 
 
+def _number_in(field: str, aggregator: str) -> Extract:
+    """The number in `field` of a value; a value whose field holds anything else (a bool, a string,
+    a list) is refused as the bad message it is, rather than kept in an aggregate that every later
+    message of its key would then fail on."""
+    get = itemgetter(field)
+
+    def number(value: Any) -> Any:
+        found = get(value)
+        if found.__class__ is not int and found.__class__ is not float:
+            raise TypeError(f"{aggregator}({field!r}) takes numbers; the value's {field!r} is {found!r}")
+        return found
+
+    return number
+
+
 class _OfValue(Aggregator):
     """An aggregator of a number taken from each value: `of(value)` (the value itself by default), or
-    the field `of` of a JSON object value when `of` is a str (`Sum("amount")`, which is columnar)."""
+    the field `of` of a JSON object value when `of` is a str (`Sum("amount")`, which is columnar, and
+    takes only numbers from the field)."""
 
     def __init__(self, of: Extract | str = _whole) -> None:
         if isinstance(of, str):
             self.field = of
-            self._of: Extract = itemgetter(of)
+            self._of: Extract = _number_in(of, type(self).__name__) if self.columnar else itemgetter(of)
         elif callable(of):
             self._of = of
         else:

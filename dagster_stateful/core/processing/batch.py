@@ -176,6 +176,10 @@ class BatchProcessor:
             stream_time = max((window.stream_time for window in txn.window_list), default=-1)
             self._bad_input.handle_late(message, stream_time)
             return
+        self.send_windows(emitted)
+
+    def send_windows(self, emitted: Emitted) -> None:
+        """Window results to the output topic (if the app has one), each keyed by its window's message key."""
         output, dumps = self._output, self._output_dumps
         if output is not None:
             for key, value in emitted:

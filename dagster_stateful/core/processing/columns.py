@@ -22,7 +22,15 @@ import pyarrow.json as pajson
 
 from dagster_stateful.core.processing.aggregations import Columnar
 
-__all__ = ["KeyPartials", "decode_field", "fold_by_key", "valid_utf8_keys", "warm_up"]
+__all__ = [
+    "ARROW_AGGREGATIONS",
+    "KeyPartials",
+    "decode_field",
+    "fold_by_key",
+    "partials_of",
+    "valid_utf8_keys",
+    "warm_up",
+]
 
 EXACT_FLOAT_LIMIT = 2**53
 """Integers a float64 column holds exactly; a float batch with a larger magnitude is left to Python."""
@@ -96,7 +104,7 @@ def decode_field(values: list[bytes], field: str) -> pa.Array | None:
     return None
 
 
-_ARROW_AGGREGATIONS: dict[Columnar, list[tuple[str, str]]] = {
+ARROW_AGGREGATIONS: dict[Columnar, list[tuple[str, str]]] = {
     "count": [("offset", "count")],
     "sum": [("value", "sum")],
     "min": [("value", "min")],
@@ -112,22 +120,23 @@ def fold_by_key(kind: Columnar, keys: list[bytes], offsets: list[int], column: p
     if column is not None:
         table["value"] = column
     grouped = (
-        pa.table(table).group_by("key", use_threads=False).aggregate([("offset", "max"), *_ARROW_AGGREGATIONS[kind]])
+        pa.table(table).group_by("key", use_threads=False).aggregate([("offset", "max"), *ARROW_AGGREGATIONS[kind]])
     )
-    distinct = grouped.column("key").to_pylist()
-    last_offsets = grouped.column("offset_max").to_pylist()
+    return grouped.column("key").to_pylist(), partials_of(kind, grouped), grouped.column("offset_max").to_pylist()
+
+
+def partials_of(kind: Columnar, grouped: pa.Table) -> list[Any]:
+    """Each group's partial of `kind`, from the columns of Arrow's `ARROW_AGGREGATIONS[kind]`."""
     if kind == "count":
-        partials: list[Any] = grouped.column("offset_count").to_pylist()
-    elif kind == "mean":
-        partials = [
+        return grouped.column("offset_count").to_pylist()
+    if kind == "mean":
+        return [
             list(pair)
             for pair in zip(
                 grouped.column("value_sum").to_pylist(), grouped.column("value_count").to_pylist(), strict=True
             )
         ]
-    else:
-        partials = grouped.column(f"value_{kind}").to_pylist()
-    return distinct, partials, last_offsets
+    return grouped.column(f"value_{kind}").to_pylist()
 
 
 def warm_up() -> None:

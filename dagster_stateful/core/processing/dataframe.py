@@ -28,6 +28,7 @@ from dagster_stateful.core.processing.steps import (
     DROPPED,
     REPLACING,
     AggregateEmit,
+    ColumnarAggregation,
     CommitEmission,
     Step,
     StepCall,
@@ -91,20 +92,24 @@ class StreamingDataFrame:
         return None
 
     @property
-    def vectorized(self) -> tuple[str, bytes, Aggregator] | None:
-        """(store, state key, aggregator) when a worker may fold whole batches in columns: the first
-        step is a columnar aggregation (`Aggregator.vectorizable`) emitting per commit, and no other
-        step is stateful."""
+    def vectorized(self) -> ColumnarAggregation | None:
+        """The first step when a worker may fold whole batches of it in columns: a columnar
+        aggregation (`Aggregator.vectorizable`) emitting per commit, or windowed over the messages'
+        timestamps and emitting `final()`, with no other stateful step."""
         if not self.steps:
             return None
         first = self.steps[0]
         aggregator = first.function
-        if not (first.per_commit and isinstance(aggregator, Aggregator) and aggregator.vectorizable):
+        if not (isinstance(aggregator, Aggregator) and aggregator.vectorizable):
+            return None
+        windows = first.windows
+        if not (first.per_commit or (windows is not None and first.emit == "final" and windows.timestamp is None)):
             return None
         if any(step.store is not None for step in self.steps[1:]):
             return None
         assert first.store is not None
-        return first.store, first.name.encode(), aggregator
+        state_key = b"" if windows is not None else first.name.encode()
+        return ColumnarAggregation(first.store, state_key, aggregator, windows, first.name, self._chain[1:])
 
     @property
     def is_windowed(self) -> bool:

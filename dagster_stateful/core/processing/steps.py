@@ -183,6 +183,42 @@ class CommitEmission:
         return value
 
 
+@dataclass(frozen=True)
+class ColumnarAggregation:
+    """A frame's first step when a worker may fold it a batch at a time in columns (`vectorized`):
+    an aggregation emitting per commit, or a windowed one emitting `final()` windows of the
+    messages' timestamps."""
+
+    store: str
+    state_key: bytes
+    """What follows the message key in each store key: the aggregation's name; for windows, nothing
+    (a window's key is its start and the message key, `windows.window_key`)."""
+    aggregator: Aggregator
+    windows: Windows | None
+    name: str
+    """The step's name, for the error policy's messages."""
+    after: tuple[tuple[str, StepCall], ...]
+    """The (stateless) steps after it, which each closed window's result goes through."""
+
+    def closed_results(self, closed: list[tuple[bytes, int, Any]]) -> Emitted:
+        """What closed windows (message key, start, aggregate) pass on, as the per-message path's
+        window step and the steps after it would; raises `StepFailed` for what a step raises."""
+        windows, aggregator = self.windows, self.aggregator
+        assert windows is not None
+        try:
+            emitted = Emitted(
+                [
+                    window_result(
+                        key, start, windows.size, aggregator.result(aggregate) if aggregator.has_result else aggregate
+                    )
+                    for key, start, aggregate in closed
+                ]
+            )
+        except Exception as error:
+            raise StepFailed(self.name, error) from error
+        return through(emitted, self.after, {})
+
+
 def through(emitted: Emitted, chain: tuple[tuple[str, StepCall], ...], states: Views) -> Emitted:
     """Window results, each through the (stateless) steps of `chain`."""
     if emitted.late or not chain:

@@ -1,23 +1,27 @@
 """The worker's columnar path: a columnar aggregation folded a consumed batch at a time.
 
 Owns `VectorizedBatchProcessor`, which takes the place of `batch.BatchProcessor` when the app's
-first step is a columnar aggregation emitting per commit and no other step is stateful
-(`StreamingDataFrame.vectorized`), and its values are JSON. Like Flink's mini-batch aggregation,
-each run of one partition's messages in a consumed batch is decoded in columns and folded per
-message key in native code (`columns`), then each distinct key's partial is merged into its
-aggregate once (`LiveState.merge_partials`: the keys the record cache misses are read with one
-RocksDB multi-get), tagged with the offset of the key's last message, as the per-message path
-tags it. Results are sent at the commit (`emission.CommitEmitter`).
+first step is a columnar aggregation, plain and emitting per commit or windowed and emitting
+`final()`, and no other step is stateful (`StreamingDataFrame.vectorized`), and its values are
+JSON. Like Flink's mini-batch aggregation, each run of one partition's messages in a consumed
+batch is decoded in columns and folded per message key (`columns`), or per message key and window
+(`window_columns`), in native code; then each distinct key's (or window's) partial is merged into
+its aggregate once (`LiveState.merge_partials`: the keys the record cache misses are read with one
+RocksDB multi-get), tagged with the offset of its last message, as the per-message path tags it.
+A plain aggregation's results are sent at the commit (`emission.CommitEmitter`); a windowed one
+moves stream time as its messages would, one at a time, and sends the windows that closed, through
+the steps after it, at the end of the run.
 
 A run the columns cannot take exactly (a message without a key or a value, a key the key serde
 refuses, a value that is not a JSON object with a number in the field, a stored aggregate the
-merge refuses) is halved, and the halves taken in turn, down to `SPLIT_DOWN_TO` messages, which
-go through the per-message path: it gives each bad message to the error policy (raise, skip or
-dead-letter, with topic, partition and offset) and processes every good one once. A run is kept
-whole or not at all, so a bad message costs the fast path to a few messages around it, never a
-good message. A batch holding a Kafka error or a partition end goes message by message. Runs of
-partitions that are not (or not yet) the worker's are left alone, as the per-message path leaves
-them.
+merge refuses; for windows also a message without a timestamp, a late message, and a closed
+window's result that a step after the windows refuses) is halved, and the halves taken in turn,
+down to `SPLIT_DOWN_TO` messages, which go through the per-message path: it gives each bad message
+to the error policy (raise, skip or dead-letter, with topic, partition and offset) and processes
+every good one once. A run is kept whole or not at all, so a bad message costs the fast path to
+a few messages around it, never a good message. A batch holding a Kafka error or a partition end
+goes message by message. Runs of partitions that are not (or not yet) the worker's are left alone,
+as the per-message path leaves them.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import orjson
 from confluent_kafka import Message
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.processing.aggregations import Aggregator
 from dagster_stateful.core.processing.batch import BatchProcessor
 from dagster_stateful.core.processing.columns import decode_field, fold_by_key, valid_utf8_keys, warm_up
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.steps import ColumnarAggregation, StepFailed
+from dagster_stateful.core.processing.window_columns import fold_by_window
 from dagster_stateful.core.state.keys import scoped_keys
 from dagster_stateful.core.state.live import PartialsRefused
 from dagster_stateful.core.state.serialization import BytesSerde, JsonSerde, StrSerde
@@ -73,7 +78,12 @@ def choose_path(
     aggregation = dataframe.vectorized
     if aggregation is None or not can_vectorize(config):
         return per_message, consume_batch
-    log.info("Worker of %r folds its %s aggregation a batch at a time, in columns", config.name, aggregation[2].name)
+    log.info(
+        "Worker of %r folds its %s%s aggregation a batch at a time, in columns",
+        config.name,
+        "" if aggregation.windows is None else f"{aggregation.windows.kind} window ",
+        aggregation.aggregator.name,
+    )
     warm_up()
     return VectorizedBatchProcessor(config, aggregation, per_message), VECTORIZED_CONSUME_BATCH
 
@@ -91,13 +101,19 @@ class VectorizedBatchProcessor:
     def __init__(
         self,
         config: AppConfig,
-        aggregation: tuple[str, bytes, Aggregator],
+        aggregation: ColumnarAggregation,
         per_message: BatchProcessor,
     ) -> None:
-        """aggregation: (store, state key, aggregator), as `StreamingDataFrame.vectorized` gives it;
-        per_message: the worker's per-message processor, whose transactions, restorations, counts
-        and damage recovery this one shares."""
-        self._store, self._state_key, self._aggregator = aggregation
+        """aggregation: as `StreamingDataFrame.vectorized` gives it; per_message: the worker's
+        per-message processor, whose transactions, restorations, counts, damage recovery and
+        output this one shares."""
+        self._aggregation = aggregation
+        self._store, self._state_key, self._aggregator = (
+            aggregation.store,
+            aggregation.state_key,
+            aggregation.aggregator,
+        )
+        self._windows = aggregation.windows
         self._kind = self._aggregator.columnar
         assert self._kind is not None
         self._field = self._aggregator.field
@@ -135,7 +151,7 @@ class VectorizedBatchProcessor:
             if restoring is not None:
                 restoring.note_arrival(run[0].offset())  # type: ignore[arg-type]  # processed once restored
             return 0
-        if txn.expiring or txn.window_list:
+        if txn.expiring or (txn.window_list and self._windows is None):
             return self._message_by_message(run)
         try:
             return self._take(partition, txn, run)
@@ -188,13 +204,49 @@ class VectorizedBatchProcessor:
             column = decode_field(values, self._field)  # type: ignore[arg-type]
             if column is None:
                 return False
-        offsets = [message.offset() for message in run]
+        offsets: list[int] = [message.offset() for message in run]  # type: ignore[misc]
+        if self._windows is not None:
+            return self._fold_windows(txn, run, keys, offsets, column)  # type: ignore[arg-type]
         distinct, partials, last_offsets = fold_by_key(self._kind, keys, offsets, column)  # type: ignore[arg-type]
         store_keys = self._store_keys_of(distinct)
         try:
             txn.live[self._store].merge_partials(store_keys, partials, last_offsets, self._merge, len(run))
         except PartialsRefused:
             return False
+        return True
+
+    def _fold_windows(
+        self, txn: PartitionTransaction, run: list[Message], keys: list[bytes], offsets: list[int], column: Any
+    ) -> bool:
+        """`_fold` of a windowed aggregation: the run's windows merged, stream time moved, and the
+        windows that closed sent; False, having changed nothing, when it cannot be."""
+        windows = txn.windows[self._store]
+        timestamps = [message.timestamp()[1] for message in run]
+        assert self._windows is not None and self._kind is not None
+        folded = fold_by_window(self._kind, keys, offsets, timestamps, column, self._windows, windows.stream_time)
+        if folded is None:
+            return False
+        prefixes = self._store_keys_of(folded.keys)
+        try:
+            closed = windows.merge_batch(
+                prefixes,
+                folded.starts,
+                folded.partials,
+                folded.last_offsets,
+                self._merge,
+                len(run),
+                folded.stream_time,
+                folded.advanced_by,
+            )
+        except PartialsRefused:
+            return False
+        try:
+            results = self._aggregation.closed_results(closed)
+        except StepFailed:
+            txn.discard_message()  # the message that closed the window goes alone, to the error policy
+            return False
+        txn.accept_message(offsets[-1])
+        self._per_message.send_windows(results)
         return True
 
     def _store_keys_of(self, message_keys: list[bytes]) -> list[bytes]:

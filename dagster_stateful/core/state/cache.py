@@ -93,10 +93,18 @@ class StoreCache:
         values[key] = value
         dirty[key] = offset
 
-    def put_live_batch(self, keys: list[bytes], values: list[Any], offsets: list[int], were_absent: int) -> None:
+    def put_live_batch(
+        self, keys: list[bytes], values: list[Any], offsets: list[int], were_absent: int, journaled: bool = False
+    ) -> None:
         """Writes of a whole batch to a live cache, each key once, with the offset of the last message
         that changed it; every key is cached already (as None for the `were_absent` of them that
-        had no aggregate). Not journaled: a batch is kept whole or not processed."""
+        had no aggregate). Journaled only when asked (`undo` then takes the batch back whole, as one
+        message's writes): a batch is otherwise kept whole or not processed."""
+        if journaled:
+            dirty = self.dirty
+            self.journal.extend(
+                zip(keys, map(self.values.__getitem__, keys), [dirty.get(key, -1) for key in keys], strict=True)
+            )
         self.values.update(zip(keys, values, strict=True))
         self.dirty.update(zip(keys, offsets, strict=True))
         self.bytes += were_absent * LIVE_VALUE_BYTES

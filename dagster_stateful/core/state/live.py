@@ -71,11 +71,18 @@ class LiveState(KeyView):
         return aggregate
 
     def merge_partials(
-        self, keys: list[bytes], partials: list[Any], offsets: list[int], merge: Callable[[Any, Any], Any], folded: int
+        self,
+        keys: list[bytes],
+        partials: list[Any],
+        offsets: list[int],
+        merge: Callable[[Any, Any], Any],
+        folded: int,
+        journaled: bool = False,
     ) -> None:
         """Fold each store key's partial of a batch (its aggregate when the key has none) into its
         aggregate, tagged with the offset of the key's last message; `folded` messages made them.
-        All or nothing: raises `PartialsRefused` before keeping anything (the read values stay cached)."""
+        All or nothing: raises `PartialsRefused` before keeping anything (the read values stay cached).
+        `journaled`: the writes are journaled as one message's, to be accepted or undone."""
         current = list(map(self._values.get, keys, repeat(_MISSING)))
         missing = []
         if _MISSING in current:
@@ -103,7 +110,7 @@ class LiveState(KeyView):
                 self._checked = True
         except Exception as error:
             raise PartialsRefused(f"{type(error).__name__}: {error}") from error
-        self._cache.put_live_batch(keys, merged, offsets, new_keys)
+        self._cache.put_live_batch(keys, merged, offsets, new_keys, journaled)
 
     def _remember_loaded(self, keys: list[bytes], found: list[bytes | None]) -> dict[bytes, Any]:
         """The stored aggregates of `keys` (None where absent), decoded and cached as clean."""

@@ -173,6 +173,39 @@ class WindowState(LiveState, CommittedStreamTime):
         self._cache.put_live(STREAM_TIME_KEY, timestamp, self._offset)
         return updated, self._close(timestamp)
 
+    def merge_batch(
+        self,
+        prefixes: list[bytes],
+        starts: list[int],
+        partials: list[Any],
+        offsets: list[int],
+        merge: Callable[[Any, Any], Any],
+        folded: int,
+        stream_time: int,
+        advanced_by: int | None,
+    ) -> list[Window]:
+        """A batch's partials, one per (message key prefix, window start), merged into their windows
+        (`merge_partials`; `PartialsRefused` keeps nothing), and stream time moved to the batch's by
+        the message at `advanced_by` (None: not moved). The writes stay journaled until the partition
+        transaction accepts or discards them, as one message's. Returns the windows that closed,
+        oldest first."""
+        index = self._ensure_index()
+        keys = list(map(window_key, starts, prefixes))
+        self.merge_partials(keys, partials, offsets, merge, folded, journaled=True)
+        closing, expiring = self._closing, self._expiring
+        for start, prefix in zip(starts, prefixes, strict=True):
+            members = index.get(start)
+            if members is None:
+                members = index[start] = set()
+                heapq.heappush(closing, start)
+                heapq.heappush(expiring, start)
+            members.add(prefix)
+        if advanced_by is None:
+            return []
+        self._stream_time = stream_time
+        self._cache.put_live(STREAM_TIME_KEY, stream_time, advanced_by)
+        return self._close(stream_time)
+
     def _close(self, stream_time: int) -> list[Window]:
         closing, index, bounds = self._closing, self._index, self._bounds
         assert index is not None

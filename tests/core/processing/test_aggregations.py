@@ -141,7 +141,14 @@ def test_a_columnar_aggregator_emits_per_commit_by_default_and_keeps_what_its_ca
     emission = frame.commit_emission
     written = commit(txn, store)
 
-    assert aggregator.vectorizable and frame.vectorized == ("aggregates", b"kept", aggregator)
+    columnar = frame.vectorized
+    assert aggregator.vectorizable and columnar is not None
+    assert (columnar.store, columnar.state_key, columnar.aggregator, columnar.windows) == (
+        "aggregates",
+        b"kept",
+        aggregator,
+        None,
+    )
     assert all(output is DROPPED for output in outputs), "nothing flows per message"
     assert emission is not None and emission.store == "aggregates" and emission.state_key == b"kept"
     _, final = recomputed(ORDERS, fold)
@@ -158,6 +165,35 @@ def test_an_aggregation_emitting_per_commit_takes_only_stateless_steps_after_it(
         frame.aggregate(Count(), store="other")
     assert StreamingDataFrame(["aggregates"]).aggregate(Sum(amount)).vectorized is None, "a callable goes per message"
     assert StreamingDataFrame(["a"]).filter(bool).aggregate(Count()).vectorized is None, "a step before it too"
+
+
+def test_windows_of_message_timestamps_emitting_final_are_folded_in_columns_and_other_windows_are_not():
+    def windowed(emit: str, timestamp: Any = None) -> StreamingDataFrame:
+        frame = StreamingDataFrame(["windows"])
+        windows = frame.tumbling_window(1000, timestamp=timestamp).aggregate(Sum("amount"))
+        windows.final() if emit == "final" else windows.current()
+        return frame.apply(lambda window: window["value"])
+
+    columnar = windowed("final").vectorized
+    assert columnar is not None and columnar.windows is not None and columnar.windows.size == 1000
+    assert columnar.state_key == b"" and len(columnar.after) == 1, "window keys hold no state key; the apply follows"
+    assert windowed("current").vectorized is None, "every update passes on: message by message"
+    assert windowed("final", timestamp=lambda value: value["at"]).vectorized is None, "event time from a function"
+
+
+@pytest.mark.parametrize("aggregator", [Sum("amount"), Mean("amount"), Min("amount"), Max("amount")])
+def test_an_aggregator_of_a_named_field_refuses_a_value_that_is_no_number_and_its_key_goes_on(store, aggregator):
+    frame = StreamingDataFrame(["aggregates"]).aggregate(aggregator, emit="per-message")
+    txn = transaction(store)
+
+    for offset, bad in enumerate([[1], "7", True, {"x": 1}]):
+        txn.begin_message(b"a", offset)
+        with pytest.raises(StepFailed, match=r"takes numbers; the value's 'amount' is"):
+            frame.run({"amount": bad}, txn.views)
+        txn.discard_message()
+    outputs = feed(frame, txn, [("a", 4), ("a", 2)], start=4)
+
+    assert outputs[-1] == {"sum": 6, "mean": 3.0, "min": 2, "max": 4}[aggregator.name], "no bad value poisoned it"
 
 
 def test_aggregates_continue_from_what_the_store_holds_after_a_commit(store):

@@ -1,11 +1,14 @@
 """The columnar path against the per-message path, on real RocksDB (no Kafka).
 
 Random consumed batches of good and bad messages go through both processors, under each error
-policy and each columnar aggregator: both must keep the same aggregates tagged with the same
-offsets, reach the same offset on every partition, and skip, dead-letter or stop at the same
-messages. A failure names its seed; `FAULT_SEED=<seed>` replays it. Also: the columnar path folds
-whole runs where it can, merges into aggregates a previous commit left in RocksDB, and leaves the
-messages of partitions it does not hold alone.
+policy and each columnar aggregator, plain and in tumbling and hopping windows (`final()`) with
+out-of-order and late messages: both must keep the same aggregates (and windows and stream times)
+tagged with the same offsets, reach the same offset on every partition, send the same closed
+windows, and skip, dead-letter or stop at the same messages. A failure names its seed;
+`FAULT_SEED=<seed>` replays it. Also: the columnar path folds whole runs where it can, merges into
+aggregates a previous commit left in RocksDB, leaves the messages of partitions it does not hold
+alone, and a closed window that a later step refuses goes to the error policy as it would message
+by message.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ SEED = int(os.environ.get("FAULT_SEED") or random.randrange(2**32))
 SOURCE = "orders"
 HELD = (0, 1)
 """The partitions the processors hold; messages of partition 2 are someone else's."""
+WINDOWINGS: dict[str, tuple[int, int, int] | None] = {
+    "plain": None,
+    "tumbling": (1000, 1000, 200),
+    "hopping": (1000, 250, 200),
+}
+"""(size, step, grace) in ms of the windowed aggregations; None: a plain one."""
 
 AGGREGATORS = {
     "count": Count,
@@ -84,8 +93,11 @@ def good_value(rng: random.Random, floats: bool) -> bytes:
     return orjson.dumps({"customer": "c", "amount": amount, "note": "x" * rng.randint(0, 20)})
 
 
-def random_batch(rng: random.Random, start_offsets: dict[int, int], bad_share: float) -> list[Message]:
-    """Runs of messages per partition (as librdkafka hands them over), some of them bad."""
+def random_batch(
+    rng: random.Random, start_offsets: dict[int, int], bad_share: float, clocks: dict[int, int]
+) -> list[Message]:
+    """Runs of messages per partition (as librdkafka hands them over), some of them bad; event
+    times move on 0-40 ms a message per partition (`clocks`), some lag behind, up to late ones."""
     messages = []
     floats = rng.random() < 0.3
     for run in range(rng.randint(1, 6)):
@@ -102,7 +114,17 @@ def random_batch(rng: random.Random, start_offsets: dict[int, int], bad_share: f
                 key = rng.choice([None, b"\xff\xfe", b"\xed\xa0\x80"])
             offset = start_offsets[partition]
             start_offsets[partition] += 1
-            messages.append(Message(topic=SOURCE, partition=partition, offset=offset, key=key, value=value))
+            clocks[partition] += rng.randint(0, 40)
+            timestamp = clocks[partition]
+            if rng.random() < bad_share * 3:
+                timestamp -= rng.randint(0, 1600)  # behind stream time: in grace, or late
+            elif rng.random() < bad_share / 4:
+                timestamp = -1  # none: a window has no event time for it
+            messages.append(
+                Message(
+                    topic=SOURCE, partition=partition, offset=offset, key=key, value=value, timestamp=(1, timestamp)
+                )
+            )
     return messages
 
 
@@ -113,7 +135,8 @@ class Processing:
     transactions: dict[int, PartitionTransaction]
     processor: BatchProcessor | VectorizedBatchProcessor
     counts: dict[int, int]
-    dead_letters: list[tuple[bytes | None, bytes | None]] = field(default_factory=list)
+    sent: list[tuple[str, bytes | None, bytes | None]] = field(default_factory=list)
+    """What went to the dead-letter and output topics, in order: (topic, key, value)."""
     stopped_at: tuple[int, int] | None = None
 
     def feed(self, messages: list[Message], rng: random.Random) -> None:
@@ -137,6 +160,7 @@ class Processing:
     def commit(self) -> None:
         for txn in self.transactions.values():
             if txn.has_progress:
+                txn.prepare_commit()
                 changes = txn.changes("aggregates")
                 txn.stores["aggregates"].commit(((k, v) for k, v, _ in changes), None, txn.offset_to_commit)
                 txn.committed()
@@ -148,18 +172,36 @@ def processing(
     aggregator: Aggregator,
     vectorized: bool,
     committed: int | None = None,
+    windowing: tuple[int, int, int] | None = None,
+    after_windows: Any = None,
 ) -> Processing:
-    config = AppConfig(name="app", source=SOURCE, stores=("aggregates",), on_error=policy)  # type: ignore[arg-type]
-    frame = StreamingDataFrame(["aggregates"]).aggregate(aggregator, name="agg")
+    """windowing: (size, step, grace) of a windowed aggregation emitting final(), whose results go
+    through `after_windows` (an apply) when given."""
+    config = AppConfig(
+        name="app",
+        source=SOURCE,
+        stores=("aggregates",),
+        on_error=policy,  # type: ignore[arg-type]
+        output="windows",
+        emits_output=True,
+    )
+    frame = StreamingDataFrame(["aggregates"])
+    if windowing is None:
+        frame.aggregate(aggregator, name="agg")
+    else:
+        size, step, grace = windowing
+        frame.hopping_window(size, step, grace=grace).aggregate(aggregator, name="agg").final()
+        if after_windows is not None:
+            frame.apply(after_windows)
     transactions = {
-        partition: PartitionTransaction(partition, {"aggregates": part}, JsonSerde(), committed, {"aggregates": None})
+        partition: PartitionTransaction(partition, {"aggregates": part}, JsonSerde(), committed, frame.live_stores)
         for partition, part in parts.items()
     }
     counts: dict[int, int] = {}
-    dead: list[tuple[bytes | None, bytes | None]] = []
+    sent: list[tuple[str, bytes | None, bytes | None]] = []
 
     def produce(topic: str, key: bytes | None, value: bytes | None, headers: Any = None) -> None:
-        dead.append((key, value))
+        sent.append((topic, key, value))
 
     def on_damage(partition: int, error: Exception) -> None:
         raise AssertionError(f"no store is damaged here: {error}")
@@ -172,7 +214,13 @@ def processing(
     if vectorized:
         assert frame.vectorized is not None
         processor = VectorizedBatchProcessor(config, frame.vectorized, per_message)
-    return Processing(transactions, processor, counts, dead)
+    return Processing(transactions, processor, counts, sent)
+
+
+def decoded(sent: list[tuple[str, bytes | None, bytes | None]]) -> list[tuple[str, bytes | None, Any]]:
+    """What was sent, window results decoded: a number is equal whether an int or a float (a float
+    column of the batch makes a max of 8 the float 8.0, which the store holds as such either way)."""
+    return [(topic, key, orjson.loads(value) if topic == "windows" and value else value) for topic, key, value in sent]
 
 
 @pytest.fixture
@@ -191,16 +239,19 @@ def stores(tmp_path: Path) -> Iterator[tuple[dict[int, StorePartition], dict[int
         part.close()
 
 
+@pytest.mark.parametrize("windowing", sorted(WINDOWINGS))
 @pytest.mark.parametrize("policy", ["skip", "dead-letter", "raise"])
 @pytest.mark.parametrize("kind", sorted(AGGREGATORS))
-def test_the_columns_keep_what_the_per_message_path_keeps_for_any_batch(stores, kind: str, policy: str):
-    rng = random.Random(f"{SEED}-{kind}-{policy}")
-    plain = processing(stores[0], policy, AGGREGATORS[kind](), vectorized=False)
-    columns = processing(stores[1], policy, AGGREGATORS[kind](), vectorized=True)
+def test_the_columns_keep_what_the_per_message_path_keeps_for_any_batch(stores, kind: str, policy: str, windowing):
+    rng = random.Random(f"{SEED}-{kind}-{policy}-{windowing}")
+    windows = WINDOWINGS[windowing]
+    plain = processing(stores[0], policy, AGGREGATORS[kind](), vectorized=False, windowing=windows)
+    columns = processing(stores[1], policy, AGGREGATORS[kind](), vectorized=True, windowing=windows)
     offsets = dict.fromkeys((*HELD, 2), 0)
+    clocks = dict.fromkeys((*HELD, 2), 1_800_000_000_000)
     for round_ in range(12):
         bad_share = 0.0 if round_ == 0 else rng.choice([0.0, 0.0, 0.002, 0.05])
-        batch = random_batch(rng, offsets, bad_share)
+        batch = random_batch(rng, offsets, bad_share, clocks)
         replay = f"FAULT_SEED={SEED}, round {round_}"
         budget_seed = rng.random()
         plain.feed(batch, random.Random(budget_seed))
@@ -208,7 +259,7 @@ def test_the_columns_keep_what_the_per_message_path_keeps_for_any_batch(stores, 
 
         assert columns.stopped_at == plain.stopped_at, f"{replay}: both stop at the same bad message"
         assert columns.state() == plain.state(), f"{replay}: the same aggregates, offsets and positions"
-        assert columns.dead_letters == plain.dead_letters, replay
+        assert decoded(columns.sent) == decoded(plain.sent), f"{replay}: the same windows closed and dead letters"
         assert columns.counts == plain.counts, replay
         if plain.stopped_at is not None:
             break
@@ -217,6 +268,44 @@ def test_the_columns_keep_what_the_per_message_path_keeps_for_any_batch(stores, 
             columns.commit()
     assert isinstance(columns.processor, VectorizedBatchProcessor)
     assert columns.processor.runs_in_columns > 0, f"FAULT_SEED={SEED}: the clean first batch is folded in columns"
+    if windows is not None:
+        assert any(topic == "windows" for topic, _, _ in plain.sent), f"FAULT_SEED={SEED}: windows closed"
+
+
+@pytest.mark.parametrize("policy", ["skip", "dead-letter", "raise"])
+def test_a_closed_window_that_a_later_step_refuses_goes_to_the_error_policy_as_message_by_message(stores, policy):
+    def refuse_twelve(window: dict[str, Any]) -> dict[str, Any]:
+        if window["value"] == 12:
+            raise ValueError("twelve is refused")
+        return window
+
+    plain, columns = (
+        processing(side, policy, Count(), vectorized, windowing=(1000, 1000, 0), after_windows=refuse_twelve)
+        for side, vectorized in zip(stores, (False, True), strict=True)
+    )
+    batch = [
+        Message(topic=SOURCE, partition=0, offset=i, key=f"c{i % 3}".encode(), value=b"{}", timestamp=(1, 100 * i))
+        for i in range(200)
+    ]  # three customers, ten orders a window: c0 and c1 count 3 and 4 orders a window, c2 3 or 4; none 12
+    batch += [
+        Message(topic=SOURCE, partition=0, offset=200 + i, key=b"big", value=b"{}", timestamp=(1, 20_000 + i))
+        for i in range(12)
+    ]  # twelve in window 20000, refused when a message closes it
+    batch += [
+        Message(topic=SOURCE, partition=0, offset=212 + i, key=b"c0", value=b"{}", timestamp=(1, 21_000 + 100 * i))
+        for i in range(40)
+    ]
+
+    for side in (plain, columns):
+        side.feed(batch, random.Random(0))
+
+    assert columns.stopped_at == plain.stopped_at
+    assert columns.state() == plain.state()
+    assert decoded(columns.sent) == decoded(plain.sent)
+    assert (plain.stopped_at is None) == (policy != "raise")
+    refused = [entry for entry in plain.sent if entry[0] == "dead"]
+    assert (len(refused) > 0) == (policy == "dead-letter"), "the message closing window 20000 is refused"
+    assert isinstance(columns.processor, VectorizedBatchProcessor) and columns.processor.runs_in_columns > 0
 
 
 def test_a_clean_batch_is_folded_in_columns_onto_what_rocksdb_holds(stores):
