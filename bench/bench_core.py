@@ -171,8 +171,9 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         time.sleep(0.2)
 
 
-def produce_orders(bootstrap: str, topic: str, count: int, key_of) -> float:
-    """Produce `count` orders (message i: customer and key key_of(i), amount amount(i)); returns seconds."""
+def produce_orders(bootstrap: str, topic: str, count: int, key_of, timestamp_of=None) -> float:
+    """Produce `count` orders (message i: customer and key key_of(i), amount amount(i), timestamp
+    timestamp_of(i) in ms, or the time of producing without one); returns seconds."""
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS})
     errors: list[str] = []
 
@@ -187,7 +188,13 @@ def produce_orders(bootstrap: str, topic: str, count: int, key_of) -> float:
         value = dumps({"customer": customer, "amount": amount(i), "order": i})
         while True:
             try:
-                producer.produce(topic, key=customer.encode(), value=value, on_delivery=on_delivery)
+                producer.produce(
+                    topic,
+                    key=customer.encode(),
+                    value=value,
+                    on_delivery=on_delivery,
+                    timestamp=0 if timestamp_of is None else timestamp_of(i),
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
