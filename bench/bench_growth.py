@@ -13,13 +13,22 @@ against the source):
   processes; Kafka Streams: one stream thread). Records/s, seconds restoring, seconds until
   processing resumed, and peak RSS (this engine's children included).
 
-The local-snapshot and Spark restore paths at each size are bench_restore.py's (`--keys N`).
+- restore from a snapshot (unless --no-snapshot-paths), for each of --restore-keys N: bench_restore.py's
+  paths on a changelog of N keys (one Spark session for the whole run): the local snapshot (pyarrow
+  and SST ingest in a process per core, then the changelog's tail) and the Spark bulk restore (Spark
+  tasks write the SST files, then the tail), each checked by digest against a replay. Keys/s and
+  seconds until processing could resume; their peak RSS is not measured (children and JVMs).
+
+--keep-processing-from FILE keeps the processing points of an earlier growth.json (with --keys left
+empty, only the restore curve is measured).
 
 Output: a table on stdout (machine and settings first), and `growth.json` and `growth.png` (msg/s
 and peak RSS against keys; restore seconds against store size; log scales) in --out. Run from the
 repository root:
 
-    .venv/bin/python bench/bench_growth.py                        # about 20 minutes here
+    .venv/bin/python bench/bench_growth.py                        # about 30 minutes here
+    .venv/bin/python bench/bench_growth.py --keys --restore-keys 1000000 5000000 20000000 \
+        --keep-processing-from bench/results/growth.json --out bench/results
     .venv/bin/python bench/bench_growth.py --keys 10000 100000 --restore-keys 100000 --messages 200000
 """
 
@@ -28,13 +37,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import uuid
+from argparse import Namespace
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
 from bench_compare import Figure, Systems, Workload, machine, processing, restores
 from bench_core import create_topic, produce_orders
-from bench_restore import bench_broker
+from bench_restore import bench_broker, start_spark
+from bench_restore import run as restore_paths
 
 PROCESSING_SYSTEMS = ("engine-aggregate", "engine", "kafka-streams")
 RESTORING_SYSTEMS = ("engine", "kafka-streams")
@@ -51,7 +62,8 @@ class Point:
     messages: int
     rate: float
     """Messages/s (processing) or records restored per second (restore), median of runs."""
-    peak_rss_mib: float
+    peak_rss_mib: float | None
+    """None where not measured (the snapshot paths)."""
     seconds: float
     """Seconds processing (processing) or restoring (restore), median of runs."""
     seconds_until_processing: float | None = None
@@ -101,6 +113,30 @@ def restore_curve(systems: Systems, bootstrap: str, args: argparse.Namespace) ->
     return points
 
 
+def snapshot_curve(bootstrap: str, work: Path, args: argparse.Namespace) -> list[Point]:
+    """The local-snapshot and Spark restore paths (bench_restore.py) at each store size."""
+    spark = start_spark("local[*]")
+    points = []
+    try:
+        for keys in args.restore_keys:
+            settings = Namespace(keys=keys, partitions=args.partitions, tail=APPENDED, load_processes=0)
+            figures = restore_paths(settings, bootstrap, work, spark)
+            for path, system in (("local snapshot", "engine-snapshot"), ("spark", "engine-spark")):
+                figure = figures[path]
+                rate = figure.records / figure.seconds
+                points.append(Point(system, "restore", keys, keys, rate, None, figure.seconds, figure.seconds))
+    finally:
+        spark.stop()
+    return points
+
+
+def kept_processing(path: Path | None) -> list[Point]:
+    if path is None:
+        return []
+    document = orjson.loads(path.read_bytes())
+    return [Point(**point) for point in document["points"] if point["curve"] == "processing"]
+
+
 def print_table(points: list[Point]) -> None:
     print("\n== results (medians)")
     for curve in ("processing", "restore"):
@@ -113,13 +149,18 @@ def print_table(points: list[Point]) -> None:
             extra = ""
             if curve == "restore":
                 extra = f"  {p.seconds:6.1f} s  until processing {p.seconds_until_processing or 0:6.1f} s"
-            print(f"{p.keys:>12,} keys  {p.system:<16} {p.rate:>12,.0f}  {p.peak_rss_mib:>7,.0f} MiB{extra}")
+            rss = "    n/a" if p.peak_rss_mib is None else f"{p.peak_rss_mib:>7,.0f}"
+            print(f"{p.keys:>12,} keys  {p.system:<16} {p.rate:>12,.0f}  {rss} MiB{extra}")
         for keys in sorted({p.keys for p in rows}):
             ours = {p.system: p for p in rows if p.keys == keys}
             peer = ours.get("kafka-streams")
             for system, p in ours.items():
                 if peer is not None and system != "kafka-streams":
-                    print(f"{keys:>12,} keys  {system} / kafka-streams: {p.rate / peer.rate:.2f}x")
+                    print(f"{keys:>12,} keys  {system} / kafka-streams: {p.rate / peer.rate:.2f}x", end="")
+                    if curve == "restore" and p.seconds_until_processing and peer.seconds_until_processing:
+                        faster = peer.seconds_until_processing / p.seconds_until_processing
+                        print(f"; processing resumes {faster:.2f}x as fast", end="")
+                    print()
 
 
 def plot(path: Path, points: list[Point]) -> None:
@@ -131,12 +172,12 @@ def plot(path: Path, points: list[Point]) -> None:
     panels = [
         ("processing", "rate", "messages / s"),
         ("processing", "peak_rss_mib", "peak RSS (MiB)"),
-        ("restore", "seconds", "seconds restoring"),
+        ("restore", "seconds_until_processing", "seconds until processing resumes"),
         ("restore", "peak_rss_mib", "peak RSS while restoring (MiB)"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     for axis, (curve, field, label) in zip(axes[0], panels, strict=True):
-        rows = [p for p in points if p.curve == curve]
+        rows = [p for p in points if p.curve == curve and getattr(p, field) is not None]
         for system in sorted({p.system for p in rows}):
             mine = sorted((p for p in rows if p.system == system), key=lambda p: p.keys)
             axis.plot([p.keys for p in mine], [getattr(p, field) for p in mine], marker="o", label=system)
@@ -156,7 +197,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--keys", type=int, nargs="+", default=[10_000, 100_000, 1_000_000, 10_000_000])
+    parser.add_argument("--keys", type=int, nargs="*", default=[10_000, 100_000, 1_000_000, 10_000_000])
     parser.add_argument("--messages", type=int, default=1_000_000, help="orders per processing point, at least")
     parser.add_argument("--restore-keys", type=int, nargs="*", default=[1_000_000, 5_000_000])
     parser.add_argument("--systems", nargs="+", choices=PROCESSING_SYSTEMS, default=list(PROCESSING_SYSTEMS))
@@ -164,6 +205,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds, for every system")
     parser.add_argument("--runs", type=int, default=1, help="runs per point (the median is reported)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where the JSON and PNG go")
+    parser.add_argument("--no-snapshot-paths", action="store_true", help="leave out the snapshot restore paths")
+    parser.add_argument("--keep-processing-from", type=Path, help="an earlier growth.json whose processing points stay")
     return parser.parse_args()
 
 
@@ -180,7 +223,10 @@ def main() -> None:
     with bench_broker("bench-growth-") as (bootstrap, work):
         systems = Systems(bootstrap, work, args)
         systems.prepare(args.systems)
-        points = processing_curve(systems, bootstrap, args) + restore_curve(systems, bootstrap, args)
+        points = kept_processing(args.keep_processing_from)
+        points += processing_curve(systems, bootstrap, args) + restore_curve(systems, bootstrap, args)
+        if args.restore_keys and not args.no_snapshot_paths:
+            points += snapshot_curve(bootstrap, work, args)
     print_table(points)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}

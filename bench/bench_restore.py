@@ -30,9 +30,12 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 from confluent_kafka import Producer
@@ -100,17 +103,29 @@ def print_machine() -> None:
     )
 
 
-def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
+@dataclass(frozen=True)
+class PathFigure:
+    """One restore path's figures: keys (or records) restored, and seconds until processing could resume."""
+
+    records: int
+    seconds: float
+
+
+def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = None) -> dict[str, PathFigure]:
+    """Measure the three paths (see the module's docstring), in a Spark session of its own unless
+    given one; returns each path's figures, by name: "replay", "local snapshot", "spark"."""
     kafka = KafkaClients({"bootstrap.servers": bootstrap})
-    topic = f"{APP}-{STORE}-changelog"
+    topic = f"{APP}-{STORE}-changelog-{uuid.uuid4().hex[:6]}"
     kafka.create_topic(topic, arguments.partitions, 1, {"cleanup.policy": "compact"})
     started = time.monotonic()
     produce_changelog(bootstrap, topic, arguments.keys, arguments.partitions)
     print(f"changelog: {arguments.keys:,} records produced in {time.monotonic() - started:.1f} s (not measured)")
     snapshot_ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
 
-    spark = start_spark(arguments.spark_master)
-    snapshots = SnapshotStore(str(work / "snapshots"), APP, STORE)
+    own_spark = spark is None
+    if spark is None:
+        spark = start_spark(arguments.spark_master)
+    snapshots = SnapshotStore(str(work / f"snapshots-{topic}"), APP, STORE)
     from dagster_stateful.spark.snapshots import build_snapshot
 
     started = time.monotonic()
@@ -125,13 +140,21 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path) -> None:
     print(f"tail: {arguments.tail:,} records written after the snapshot (updates of existing keys)")
     ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
 
-    replayed = restore_by_replay(kafka, topic, work / "replay", arguments.partitions)
-    local = restore_from_snapshot(kafka, topic, work / "local", snapshots, manifest, ends, arguments.load_processes)
-    bulk = restore_with_spark(spark, kafka, topic, work / "spark", snapshots, manifest, ends)
+    places = {name: work / f"{name}-{topic}" for name in ("replay", "local", "spark")}
+    replayed, replay = restore_by_replay(kafka, topic, places["replay"], arguments.partitions)
+    local, snapshot = restore_from_snapshot(
+        kafka, topic, places["local"], snapshots, manifest, ends, arguments.load_processes
+    )
+    bulk, spark_bulk = restore_with_spark(spark, kafka, topic, places["spark"], snapshots, manifest, ends)
     for name, digests in (("local snapshot", local), ("spark bulk", bulk)):
         assert digests == replayed, f"{name} restore differs from the changelog replay"
     print("check: every path gives the same digests as the changelog replay")
-    spark.stop()
+    for place in places.values():
+        shutil.rmtree(place, ignore_errors=True)
+    kafka.admin().delete_topics([topic])[topic].result(timeout=60)
+    if own_spark:
+        spark.stop()
+    return {"replay": replay, "local snapshot": snapshot, "spark": spark_bulk}
 
 
 def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int, update: int = 0) -> None:
@@ -172,7 +195,9 @@ def open_partition(state_dir: Path, topic: str, partition: int) -> StorePartitio
     return store
 
 
-def restore_by_replay(kafka: KafkaClients, topic: str, state_dir: Path, partitions: int) -> dict[int, str]:
+def restore_by_replay(
+    kafka: KafkaClients, topic: str, state_dir: Path, partitions: int
+) -> tuple[dict[int, str], PathFigure]:
     consumer = kafka.consumer({"group.id": "bench-replay", **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(kafka, consumer, Listeners())
     started, records = time.monotonic(), 0
@@ -187,10 +212,12 @@ def restore_by_replay(kafka: KafkaClients, topic: str, state_dir: Path, partitio
         f"1. changelog replay: {records:,} records in {seconds:.1f} s = {records / seconds:,.0f} records/s; "
         f"processing resumes after {seconds:.1f} s"
     )
-    return digests_of(state_dir, topic, partitions)
+    return digests_of(state_dir, topic, partitions), PathFigure(records, seconds)
 
 
-def restore_from_snapshot(kafka, topic, state_dir, snapshots, manifest, ends, processes) -> dict[int, str]:
+def restore_from_snapshot(
+    kafka, topic, state_dir, snapshots, manifest, ends, processes
+) -> tuple[dict[int, str], PathFigure]:
     consumer = kafka.consumer({"group.id": "bench-snapshot", **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(kafka, consumer, Listeners())
     started = time.monotonic()
@@ -210,10 +237,10 @@ def restore_from_snapshot(kafka, topic, state_dir, snapshots, manifest, ends, pr
         f"records in {seconds:.1f} s = {keys / seconds:,.0f} keys/s (snapshot load {loaded_at - started:.1f} s, "
         f"tail replay {seconds - (loaded_at - started):.1f} s); processing resumes after {seconds:.1f} s"
     )
-    return digests_of(state_dir, topic, len(ends))
+    return digests_of(state_dir, topic, len(ends)), PathFigure(keys, seconds)
 
 
-def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends) -> dict[int, str]:
+def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends) -> tuple[dict[int, str], PathFigure]:
     from dagster_stateful.spark.bulk_restore import write_sst_files
 
     started = time.monotonic()
@@ -237,7 +264,7 @@ def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends
         f"{seconds:.1f} s = {keys / seconds:,.0f} keys/s (SST writing {written_at - started:.1f} s, ingest "
         f"and tail {seconds - (written_at - started):.1f} s); processing resumes after {seconds:.1f} s"
     )
-    return digests_of(state_dir, topic, len(ends))
+    return digests_of(state_dir, topic, len(ends)), PathFigure(keys, seconds)
 
 
 def digests_of(state_dir: Path, topic: str, partitions: int) -> dict[int, str]:

@@ -66,10 +66,11 @@ def read_output(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, 
     deadline = time.monotonic() + 120
     while any(positions[p] < ends[p] for p in ends) and time.monotonic() < deadline:
         for message in consumer.consume(10_000, timeout=1):
-            if message.error() is None:
-                window = orjson.loads(message.value())
+            partition, offset, value = message.partition(), message.offset(), message.value()
+            if message.error() is None and partition is not None and offset is not None and value is not None:
+                window = orjson.loads(value)
                 sent.append(((message.key() or b"").decode(), window["start"], window["value"]))
-                positions[message.partition()] = message.offset() + 1  # type: ignore[operator]
+                positions[partition] = offset + 1
     consumer.close()
     return sent
 

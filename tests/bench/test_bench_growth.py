@@ -1,6 +1,8 @@
 """A smoke run of bench/bench_growth.py on tiny data, so that the cost-growth harness cannot rot:
 this engine and Kafka Streams (built with Maven, one thread) on a processing point and a restore
-point, against the session's broker; the harness checks each run's totals against the source.
+point, and the engine's local-snapshot and Spark restore paths on the restore point, against the
+session's broker; the harness checks each run's totals against the source, and each snapshot
+path's store by digest against a changelog replay.
 What a user looks at is checked here: the exit status, a point per system, curve and size in
 growth.json, and a PNG chart."""
 
@@ -31,8 +33,11 @@ def test_each_system_gets_a_checked_point_on_each_curve(kafka_bootstrap, tmp_pat
     assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
     points = orjson.loads((out / "growth.json").read_bytes())["points"]
     by = {(p["system"], p["curve"], p["keys"]): p for p in points}
-    assert set(by) == {(s, "processing", 40) for s in SYSTEMS} | {(s, "restore", 600) for s in SYSTEMS}
-    assert all(p["rate"] > 0 and p["peak_rss_mib"] > 0 for p in points), points
+    snapshot_paths = {("engine-snapshot", "restore", 600), ("engine-spark", "restore", 600)}
+    assert set(by) == {(s, "processing", 40) for s in SYSTEMS} | {(s, "restore", 600) for s in SYSTEMS} | snapshot_paths
+    assert all(p["rate"] > 0 and (p["peak_rss_mib"] or 0) > 0 for p in points if p["system"] in SYSTEMS), points
+    assert all(by[path]["rate"] > 0 and by[path]["seconds_until_processing"] > 0 for path in snapshot_paths)
+    assert "check: every path gives the same digests as the changelog replay" in finished.stdout
     assert by[("engine", "processing", 40)]["messages"] == 1500
     assert all(by[(s, "restore", 600)]["seconds_until_processing"] is not None for s in SYSTEMS)
     assert (out / "growth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
