@@ -498,6 +498,14 @@ class ReplayedWindows:
     stream_times: dict[int, int] = field(default_factory=dict)
     """Per partition, the largest event time seen."""
 
+    def totals_only(self) -> ReplayedWindows:
+        """The same windows with their totals alone, as a columnar `Sum("amount")` keeps them."""
+        return dataclasses.replace(
+            self,
+            final={window: {"total": tally["total"]} for window, tally in self.final.items()},
+            kept={window: {"total": tally["total"]} for window, tally in self.kept.items()},
+        )
+
 
 def replay_windows(messages: Iterable[Message], size: int, grace: int, retention: int | None = None) -> ReplayedWindows:
     """Tumbling windows of `size` ms with `grace`, kept for `retention` (default size + grace), over
