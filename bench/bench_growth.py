@@ -224,16 +224,24 @@ def main() -> None:
         systems = Systems(bootstrap, work, args)
         systems.prepare(args.systems)
         points = kept_processing(args.keep_processing_from)
-        points += processing_curve(systems, bootstrap, args) + restore_curve(systems, bootstrap, args)
+        points += processing_curve(systems, bootstrap, args)
+        save(args, points)
+        points += restore_curve(systems, bootstrap, args)
+        save(args, points)
         if args.restore_keys and not args.no_snapshot_paths:
             points += snapshot_curve(bootstrap, work, args)
     print_table(points)
+    save(args, points)
+    plot(args.out / "growth.png", points)
+    print(f"\nwrote {args.out / 'growth.json'} and {args.out / 'growth.png'}")
+
+
+def save(args: argparse.Namespace, points: list[Point]) -> None:
+    """growth.json with the points so far (a run that fails later keeps what it measured)."""
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     document = {"machine": machine(), "settings": settings, "points": [asdict(p) for p in points]}
     (args.out / "growth.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
-    plot(args.out / "growth.png", points)
-    print(f"\nwrote {args.out / 'growth.json'} and {args.out / 'growth.png'}")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = 
     """Measure the three paths (see the module's docstring), in a Spark session of its own unless
     given one; returns each path's figures, by name: "replay", "local snapshot", "spark"."""
     kafka = KafkaClients({"bootstrap.servers": bootstrap})
-    topic = f"{APP}-{STORE}-changelog-{uuid.uuid4().hex[:6]}"
+    app = f"{APP}-{uuid.uuid4().hex[:6]}"  # a changelog of its own for each run on one broker
+    topic = changelog_of(app)
     kafka.create_topic(topic, arguments.partitions, 1, {"cleanup.policy": "compact"})
     started = time.monotonic()
     produce_changelog(bootstrap, topic, arguments.keys, arguments.partitions)
@@ -125,7 +126,7 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = 
     own_spark = spark is None
     if spark is None:
         spark = start_spark(arguments.spark_master)
-    snapshots = SnapshotStore(str(work / f"snapshots-{topic}"), APP, STORE)
+    snapshots = SnapshotStore(str(work / f"snapshots-{app}"), app, STORE)
     from dagster_stateful.spark.snapshots import build_snapshot
 
     started = time.monotonic()
@@ -188,8 +189,13 @@ def produce_changelog(bootstrap: str, topic: str, keys: int, partitions: int, up
     producer.flush()
 
 
+def changelog_of(app: str) -> str:
+    return f"{app}-{STORE}-changelog"
+
+
 def open_partition(state_dir: Path, topic: str, partition: int) -> StorePartition:
-    config = AppConfig(name=APP, source="bench-source", stores=(STORE,))
+    """Partition `partition` of the store whose changelog is `topic` (`changelog_of` its app)."""
+    config = AppConfig(name=topic.removesuffix(f"-{STORE}-changelog"), source="bench-source", stores=(STORE,))
     store = StateDirectory(state_dir, config).partition(STORE, partition)
     store.open()
     return store
