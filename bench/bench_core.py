@@ -68,6 +68,7 @@ PRODUCER_SETTINGS = {
     "queue.buffering.max.kbytes": 1_048_576,
     "compression.type": "lz4",
     "acks": "all",
+    "enable.idempotence": True,  # retries keep each partition's order (event times stay in order)
 }
 
 

@@ -15,12 +15,14 @@ those of the windows still open in the store equal the amounts produced, key by 
 closed window was sent once.
 
     .venv/bin/python bench/bench_windows.py                        # 1M orders, 10k keys, 1 s windows
+    .venv/bin/python bench/bench_windows.py --keys 1000 --window-ms 10000
     .venv/bin/python bench/bench_windows.py --messages 200000 --keys 1000
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 import uuid
 from collections import Counter
@@ -36,7 +38,9 @@ from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 from dagster_stateful.core.state.windows import split_window_key
 
 STORE = "windows"
-BASE_MS = 1_700_000_000_000
+BASE_MS = (time.time_ns() // 1_000_000_000 - 3600) * 1000
+"""Event time of the first order: an hour ago, within the topic's retention (the broker deletes
+segments whose records are older than it, event time included)."""
 PATHS = ("per-message", "columns")
 
 
@@ -63,8 +67,10 @@ def read_output(bootstrap: str, topic: str, partitions: int) -> list[tuple[str, 
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     sent: list[tuple[str, int, int]] = []
     positions = dict.fromkeys(range(partitions), 0)
-    deadline = time.monotonic() + 120
-    while any(positions[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 900
+    while any(positions[p] < ends[p] for p in ends):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"CHECK FAILED: {topic} not read to its end within 900 s: at {positions}, ends {ends}")
         for message in consumer.consume(10_000, timeout=1):
             partition, offset, value = message.partition(), message.offset(), message.value()
             if message.error() is None and partition is not None and offset is not None and value is not None:
@@ -104,8 +110,12 @@ def check(sent: list[tuple[str, int, int]], still_open: dict[tuple[str, int], in
         counted[customer] += total
     repeated = sum(seen - 1 for seen in Counter((c, s) for c, s, _ in sent).values())
     if counted != expected or repeated:
-        wrong = sum(1 for customer in expected if counted[customer] != expected[customer])
-        raise SystemExit(f"CHECK FAILED: {wrong} keys with wrong totals, {repeated} windows sent more than once")
+        wrong = [customer for customer in expected if counted[customer] != expected[customer]]
+        examples = ", ".join(f"{c}: {counted[c]} counted, {expected[c]} expected" for c in wrong[:3])
+        raise SystemExit(
+            f"CHECK FAILED: {len(wrong)} keys with wrong totals ({examples}; {len(sent):,} windows sent, "
+            f"{len(still_open):,} open), {repeated} windows sent more than once"
+        )
     return f"ok ({len(expected):,} keys' totals, {len(sent):,} closed windows sent once each)"
 
 
@@ -123,6 +133,7 @@ def main() -> None:
     parser.add_argument("--commit-interval", type=float, default=5.0)
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated: per-message, columns")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print_machine()
     span_s = args.messages * args.spacing_ms / 1000
     print(
@@ -148,6 +159,7 @@ def main() -> None:
             began = time.monotonic()
             report = app.run_worker(until_caught_up=True)
             wall = time.monotonic() - began
+            print(f"{path}: stopped ({report.stop_reason}) after {report.total_processed:,} messages", flush=True)
             verdict = check(
                 read_output(bootstrap, output, args.partitions),
                 open_windows(app, args.partitions, args.window_ms),
