@@ -116,18 +116,24 @@ def _call_windowed(step: Step, aggregator: Aggregator, windows: Windows) -> Step
             else:
                 key = state.message_key
                 windows_out = [(key, start, aggregate) for start, aggregate in updated]
-            return Emitted(
-                [
-                    window_result(key, start, size, aggregate if result is None else result(aggregate))
-                    for key, start, aggregate in windows_out
-                ]
-            )
+            return window_results(windows_out, size, result)
         except StateStoreError:
             raise
         except Exception as error:
             raise StepFailed(name, error) from error
 
     return windowed
+
+
+def window_results(windows: list[tuple[bytes, int, Any]], size: int, result: Callable[[Any], Any] | None) -> Emitted:
+    """What windows (message key, start, aggregate) pass on: each one's `window_result`, of its
+    aggregate's `result` (None: the aggregate itself)."""
+    return Emitted(
+        [
+            window_result(key, start, size, aggregate if result is None else result(aggregate))
+            for key, start, aggregate in windows
+        ]
+    )
 
 
 def _event_time(timestamp: Any) -> int:
@@ -206,14 +212,7 @@ class ColumnarAggregation:
         windows, aggregator = self.windows, self.aggregator
         assert windows is not None
         try:
-            emitted = Emitted(
-                [
-                    window_result(
-                        key, start, windows.size, aggregator.result(aggregate) if aggregator.has_result else aggregate
-                    )
-                    for key, start, aggregate in closed
-                ]
-            )
+            emitted = window_results(closed, windows.size, aggregator.result if aggregator.has_result else None)
         except Exception as error:
             raise StepFailed(self.name, error) from error
         return through(emitted, self.after, {})
