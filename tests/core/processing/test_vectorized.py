@@ -268,7 +268,7 @@ def test_the_columns_keep_what_the_per_message_path_keeps_for_any_batch(stores, 
             columns.commit()
     assert isinstance(columns.processor, VectorizedBatchProcessor)
     assert columns.processor.runs_in_columns > 0, f"FAULT_SEED={SEED}: the clean first batch is folded in columns"
-    if windows is not None:
+    if windows is not None and plain.stopped_at is None:  # a raise may stop both before any window closes
         assert any(topic == "windows" for topic, _, _ in plain.sent), f"FAULT_SEED={SEED}: windows closed"
 
 
