@@ -34,9 +34,11 @@ from dagster_stateful.checks import freshness_check_spec, freshness_result
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole, TopicStatus
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.state_table import write_snapshot_table
 from dagster_stateful.metadata import (
     partitions_metadata,
     snapshot_metadata,
+    state_table_metadata,
     store_run_metadata,
     topic_metadata,
     worker_metadata,
@@ -53,6 +55,7 @@ from dagster_stateful.naming import (
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
+from dagster_stateful.state_table_loader import APP_METADATA, STATE_TABLE_IO_MANAGER_KEY, STORE_METADATA
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 SHOWN_TOPIC_CONFIGS = (
@@ -252,8 +255,10 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
             group_name=group_name(app, translator),
             kinds={"spark", "parquet"},
             description=f"Compacted snapshot of store `{store}`'s changelog (Parquet per Kafka partition, "
-            "keys sorted), built by Spark; bulk restores load it and replay only the tail.",
-        )
+            "keys sorted), built by Spark; bulk restores load it and replay only the tail. Its decoded table "
+            "(one row per state value) is written beside it, and an asset taking this one as an input receives it.",
+            metadata={APP_METADATA: app.name, STORE_METADATA: store},
+        ).with_io_manager_key(STATE_TABLE_IO_MANAGER_KEY)
         for store in app.stores
     ]
 
@@ -275,6 +280,8 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
             snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
             manifest = spark.take_snapshot(context.op_execution_context, kafka, app, snapshot_store, config.keep, key)
             metadata = snapshot_metadata(manifest, snapshot_store.snapshot_location(manifest.snapshot_id))
+            table = write_snapshot_table(app.row_decoder(store), snapshot_store, manifest)
+            metadata |= state_table_metadata(table, snapshot_store.table_location(manifest.snapshot_id))
             if metadata["partitions_cut_short"]:
                 context.log.info(
                     "Snapshot of %s stops short of the changelog's end in %d partition(s) (records of uncommitted "

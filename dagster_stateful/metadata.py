@@ -2,7 +2,8 @@
 
 Owns the metadata of worker runs (messages, committed offsets, restores, lag, rebalances, bad
 messages, commit latency, store metrics), of store partitions (keys, bytes on disk, offsets, how far
-behind the changelog) and of topics (partitions, config, low/high offsets). Plain numbers where the
+behind the changelog), of topics (partitions, config, low/high offsets) and of a snapshot's decoded
+table (its columns, rows and a sample, which the UI shows as a table). Plain numbers where the
 UI can plot them, JSON or Markdown tables where a breakdown helps.
 
 A run's store metrics (see `core.monitoring.store_metrics`) are plain numbers under a prefix:
@@ -17,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from dagster import MetadataValue
+import orjson
+import pyarrow as pa
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from dagster_stateful.core.monitoring.describe import PartitionDescription
 from dagster_stateful.core.monitoring.latency import Latency
@@ -193,3 +196,29 @@ def snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, An
         "previous_snapshot": manifest.previous or "none",
         "seconds": manifest.extra.get("seconds", 0.0),
     }
+
+
+STATE_TABLE_SAMPLE_ROWS = 10
+
+
+def state_table_metadata(table: pa.Table, location: str) -> dict[str, Any]:
+    """A snapshot's decoded table: where it is, its columns and row count (Dagster's own keys, which
+    the UI shows on the asset), and its first rows as a table."""
+    schema = TableSchema(columns=[TableColumn(field.name, str(field.type)) for field in table.schema])
+    sample = [
+        TableRecord({name: _cell(value) for name, value in row.items()})
+        for row in table.slice(0, STATE_TABLE_SAMPLE_ROWS).to_pylist()
+    ]
+    return {
+        "state_table": MetadataValue.path(location),
+        "dagster/column_schema": schema,
+        "dagster/row_count": table.num_rows,
+        "state_table_sample": MetadataValue.table(sample, schema),
+    }
+
+
+def _cell(value: Any) -> str | int | float | bool | None:
+    """A table cell the UI shows: a scalar as it is, anything else as its JSON text."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return orjson.dumps(value, default=repr).decode()

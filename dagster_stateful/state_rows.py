@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.state.query import StateEntry, WindowEntry
+from dagster_stateful.core.state.decoding import StateEntry, WindowEntry
 
 STATE_SAMPLE_ROWS = 5
 """Rows of state a store asset's materialization shows, per store."""

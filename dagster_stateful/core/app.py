@@ -44,11 +44,16 @@ from dagster_stateful.core.processing.worker import RunLimits, Worker
 from dagster_stateful.core.recovery.planner import RestoreMethod
 from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequest, SstWriter, restore_partitions
 from dagster_stateful.core.recovery.verification import Digest, replay_digest
-from dagster_stateful.core.state.backend import BackendFactory
+from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.query import StoreReader, StoreShape
+from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
-from dagster_stateful.core.state.stores import Store, StoreDeclaration, store_specs
+from dagster_stateful.core.state.stores import (
+    StoreDeclaration,
+    backends_of,
+    store_specs,
+    warn_of_stores_in_memory,
+)
 from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -116,7 +121,7 @@ class App:
             source=source,
             stores=tuple(spec.name for spec in specs),
             store_ttls={spec.name: spec.ttl_ms for spec in specs if spec.ttl_ms is not None},
-            store_backends=_backends(specs),
+            store_backends=backends_of(specs),
             output=output,
             key_serde=resolve_serde(key_serde),
             value_serde=resolve_serde(value_serde),
@@ -138,7 +143,7 @@ class App:
             processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
             missing_offsets=choice(MissingOffsets, missing_offsets, "missing_offsets"),
         )
-        _warn_in_memory(specs, use_changelog_topics)
+        warn_of_stores_in_memory(specs, use_changelog_topics)
         if not use_changelog_topics:
             log.warning(
                 "App %r runs without changelog topics: its local state cannot be recovered if the disk "
@@ -387,21 +392,29 @@ class App:
         """A reader of `store`'s local partitions (all, or `partitions`) that takes no lock, so it reads
         a running worker's state as well as a stopped one's: `get(message_key, state_key)`,
         `items(...)`, or a window store's `windows(...)`. Close it when done (it is a context manager)."""
-        if store not in self.config.stores:
-            raise ConfigurationError(f"unknown store {store!r}; app {self.name!r} declares {self.stores}")
+        shape = self.store_shape(store)
         if store in self.config.store_backends:
             raise ConfigurationError(
                 f"store {store!r} is not kept in RocksDB (an in-memory store lives only inside its worker), so it "
                 "cannot be read from outside: read its changelog topic, or keep it in RocksDB to query it"
             )
+        return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)
+
+    def store_shape(self, store: str) -> StoreShape:
+        """What decoding `store`'s rows needs beyond the serializers: its TTL or its windows."""
+        if store not in self.config.stores:
+            raise ConfigurationError(f"unknown store {store!r}; app {self.name!r} declares {self.stores}")
         bounds = self._dataframe.live_stores.get(store)
-        shape = StoreShape(
+        return StoreShape(
             store,
             self.config.store_ttls.get(store),
             None if bounds is None else bounds.size,
             None if bounds is None else bounds.retention,
         )
-        return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)
+
+    def row_decoder(self, store: str) -> RowDecoder:
+        """Decodes `store`'s stored rows (from RocksDB or a snapshot) with this app's serializers."""
+        return RowDecoder(self.store_shape(store), self.config.key_serde, self.config.state_serde)
 
     def clear_state(self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None) -> list[Path]:
         """Delete local state (all, or some stores / partitions). Refused while a worker of the app runs here."""
@@ -422,25 +435,3 @@ def _kafka_clients(kafka: KafkaConnection | None) -> KafkaClients:
     if not bootstrap:
         raise ConfigurationError(f"no Kafka connection: pass kafka= to App or set {BOOTSTRAP_ENV}")
     return KafkaClients({"bootstrap.servers": bootstrap})
-
-
-def _backends(specs: Iterable[Store]) -> dict[str, BackendFactory]:
-    backends = {}
-    for spec in specs:
-        factory = spec.backend_factory()
-        if factory is not None:
-            backends[spec.name] = factory
-    return backends
-
-
-def _warn_in_memory(specs: Iterable[Store], use_changelog_topics: bool) -> None:
-    for spec in specs:
-        if spec.kind in ("memory", "lru"):
-            log.warning(
-                "Store %r is held in memory: every assignment of one of its partitions (each worker run, each "
-                "rebalance) restores it in full from its changelog%s",
-                spec.name,
-                ""
-                if use_changelog_topics
-                else ", and without changelog topics its state is lost whenever a worker stops",
-            )

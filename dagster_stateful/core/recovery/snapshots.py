@@ -5,7 +5,8 @@ Owns the snapshot layout and its manifest, readable without Spark (pyarrow):
 every live key of Kafka partition p, sorted by the raw key bytes, with columns `key`, `value`,
 `offset` (the changelog offset of that value); `_manifest.json`, written last, records the
 changelog end offset each partition covers, key counts and the creation time, so a snapshot
-without a manifest is an unfinished one and is ignored. `root` is a local path or a URI pyarrow
+without a manifest is an unfinished one and is ignored. `_table/` beside them holds the decoded
+table (`state_table`). `root` is a local path or a URI pyarrow
 reads (file://, s3://, gs://, hdfs://; Spark's s3a:// is read as s3://).
 """
 
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 
 MANIFEST = "_manifest.json"
 SNAPSHOT_PREFIX = "snapshot-"
+TABLE_DIR = "_table"
 FORMAT_VERSION = 1
 
 
@@ -79,6 +81,15 @@ class SnapshotStore:
     def snapshot_location(self, snapshot_id: str) -> str:
         return f"{self.location}/{snapshot_id}"
 
+    def table_location(self, snapshot_id: str) -> str:
+        """Where the snapshot's decoded table lives (`state_table`): Parquet files any engine reads,
+        in a directory Spark's readers of the raw snapshot skip (a leading `_`)."""
+        return f"{self.snapshot_location(snapshot_id)}/{TABLE_DIR}"
+
+    def filesystem_path(self, snapshot_id: str, *parts: str) -> tuple[pafs.FileSystem, str]:
+        """The filesystem of the snapshots and the path in it of `parts` inside the snapshot."""
+        return self._fs, "/".join([self._base, snapshot_id, *parts])
+
     def staging_location(self, snapshot_id: str, run: str) -> str:
         """Where one bulk restore from `snapshot_id` stages its SST files: inside the snapshot, in a
         directory Spark's readers skip (a leading `_`), pruned with the snapshot."""
@@ -123,6 +134,14 @@ class SnapshotStore:
             parquet = pq.ParquetFile(self._fs.open_input_file(path))
             for batch in parquet.iter_batches(batch_size=batch_rows, columns=["key", "value"]):
                 yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
+
+    def read_value(self, snapshot_id: str, partition: int, key: bytes) -> bytes | None:
+        """One key's value in one partition, or None (row groups whose key statistics exclude it are not read)."""
+        for path in self._parquet_files(snapshot_id, partition):
+            found = pq.read_table(path, filesystem=self._fs, columns=["value"], filters=[("key", "==", key)])
+            if found.num_rows:
+                return found.column(0)[0].as_py()
+        return None
 
     def prune(self, keep: int) -> list[str]:
         """Delete all but the newest `keep` finished snapshots (and unfinished older ones)."""

@@ -16,59 +16,20 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagster_stateful.core.state.decoding import RowDecoder, StateEntry, StoreShape, WindowEntry
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key, message_prefix, split_store_key
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key, message_prefix
 from dagster_stateful.core.state.rocksdb import SecondaryDatabase
 from dagster_stateful.core.state.rocksdb_files import holds_database
 from dagster_stateful.core.state.serialization import Serde
-from dagster_stateful.core.state.ttl import decode_stream_time, split_expiry
-from dagster_stateful.core.state.windows import split_window_key
 from dagster_stateful.errors import ConfigurationError
 
-__all__ = ["StateEntry", "StoreReader", "WindowEntry"]
+__all__ = ["StateEntry", "StoreReader", "StoreShape", "WindowEntry"]
 
 _START_BYTES = 8
-
-
-@dataclass(frozen=True)
-class StateEntry:
-    """One state value of a key-value (or aggregation) store."""
-
-    partition: int
-    message_key: Any
-    """The message key, decoded with the app's key serializer."""
-    state_key: str
-    """The state key (`state.set(state_key, ...)`; an aggregation's name), as text (bytes keys as their repr)."""
-    value: Any
-    expires_at: int | None = None
-    """An expiring store's: the stream time (ms) at which the entry expires."""
-
-
-@dataclass(frozen=True)
-class WindowEntry:
-    """One window of a window store."""
-
-    partition: int
-    message_key: Any
-    start: int
-    end: int
-    value: Any
-
-
-@dataclass(frozen=True)
-class StoreShape:
-    """What a reader must know of a store to decode it."""
-
-    name: str
-    ttl: int | None = None
-    window_size: int | None = None
-    """A window store's window size (ms); None for a key-value or aggregation store."""
-    window_retention: int | None = None
-    """How long (ms of stream time) a window store keeps a window after its start."""
 
 
 class StoreReader:
@@ -85,8 +46,7 @@ class StoreReader:
         """partitions: which local partitions to read (default: every one on disk)."""
         self.store = shape.name
         self._shape = shape
-        self._key_serde = key_serde
-        self._state_serde = state_serde
+        self._decoder = RowDecoder(shape, key_serde, state_serde)
         local = [
             partition
             for partition in directory.local_partitions(shape.name)
@@ -133,9 +93,7 @@ class StoreReader:
         """A window or expiring store's stream time in `partition` (-1: none yet)."""
         known = self._stream_times.get(partition)
         if known is None:
-            data = self._database(partition).get(STREAM_TIME_KEY)
-            window_store = self._shape.window_size is not None
-            known = self._decode(data) if data is not None and window_store else decode_stream_time(data)
+            known = self._decoder.stream_time(self._database(partition).get(STREAM_TIME_KEY))
             self._stream_times[partition] = known
         return known
 
@@ -143,11 +101,11 @@ class StoreReader:
         """The value of `state_key` for `message_key` (as the app's key serializer takes it, or bytes),
         from whichever local partition holds it; `default` when none does (or it has expired)."""
         self._refuse_windows("get")
-        store_key = message_prefix(self._key_bytes(message_key)) + encode_state_key(state_key)
+        store_key = message_prefix(self._decoder.key_bytes(message_key)) + encode_state_key(state_key)
         for partition, database in self._databases.items():
             data = database.get(store_key)
             if data is not None:
-                entry = self._entry(partition, store_key, data)
+                entry = self._decoder.entry(partition, store_key, data, self.stream_time(partition))
                 return default if entry is None else entry.value
         return default
 
@@ -166,16 +124,16 @@ class StoreReader:
         first: bytes | None
         last: bytes | None
         if message_key is not None:
-            first = last = message_prefix(self._key_bytes(message_key))
+            first = last = message_prefix(self._decoder.key_bytes(message_key))
         else:
-            first = None if from_key is None else message_prefix(self._key_bytes(from_key))
-            last = None if to_key is None else message_prefix(self._key_bytes(to_key))
+            first = None if from_key is None else message_prefix(self._decoder.key_bytes(from_key))
+            last = None if to_key is None else message_prefix(self._decoder.key_bytes(to_key))
         for partition in self._chosen(partitions):
             for store_key, data in self._database(partition).items(first):
                 if last is not None and store_key[: len(last)] > last:
                     break
                 if store_key != STREAM_TIME_KEY:
-                    entry = self._entry(partition, store_key, data)
+                    entry = self._decoder.entry(partition, store_key, data, self.stream_time(partition))
                     if entry is not None:
                         yield entry
 
@@ -189,52 +147,20 @@ class StoreReader:
         """The windows of a window store, oldest first within each partition: those starting in
         [start_from, start_to] (ms; either bound optional), only `message_key`'s when given. A window
         whose retention the partition's stream time has reached is left out (the next commit deletes it)."""
-        size = self._shape.window_size
-        if size is None:
+        if not self._shape.is_window_store:
             raise ConfigurationError(f"store {self.store!r} is not a window store; read it with get() or items()")
-        wanted = None if message_key is None else self._key_bytes(message_key)
+        wanted = None if message_key is None else self._decoder.key_bytes(message_key)
         first = None if start_from is None else max(start_from, 0).to_bytes(_START_BYTES, "big")
-        retention = self._shape.window_retention
         for partition in self._chosen(partitions):
-            expired_before = -1 if retention is None else self.stream_time(partition) - retention
+            expired_before = self._decoder.expired_windows_before(self.stream_time(partition))
             for store_key, data in self._database(partition).items(first):
                 if store_key == STREAM_TIME_KEY:
                     continue
-                start, key = split_window_key(store_key)
+                start = int.from_bytes(store_key[:_START_BYTES], "big")
                 if start_to is not None and start > start_to:
                     break
-                if start <= expired_before:
-                    continue
-                if wanted is None or key == wanted:
-                    yield WindowEntry(partition, self._decode_key(key), start, start + size, self._decode(data))
-
-    def _entry(self, partition: int, store_key: bytes, data: bytes) -> StateEntry | None:
-        expiry, payload = split_expiry(data) if self._shape.ttl is not None else (None, data)
-        if expiry is not None and expiry <= self.stream_time(partition):
-            return None
-        key, state_key = split_store_key(store_key)
-        return StateEntry(partition, self._decode_key(key), _text(state_key), self._decode(payload), expiry)
-
-    def _decode(self, data: bytes) -> Any:
-        return self._state_serde.loads(data)
-
-    def _decode_key(self, key: bytes) -> Any:
-        try:
-            return self._key_serde.loads(key)
-        except Exception:  # noqa: BLE001 - a key the serializer cannot read is shown as its bytes
-            return key
-
-    def _key_bytes(self, message_key: Any) -> bytes:
-        """A message key as stored: bytes as they are, else the key serializer's bytes (text it cannot
-        take as it is, such as "42" for the int serializer, is read the way the serializer reads text)."""
-        if isinstance(message_key, bytes):
-            return message_key
-        try:
-            return self._key_serde.dumps(message_key)
-        except (TypeError, ValueError):
-            if not isinstance(message_key, str):
-                raise
-            return self._key_serde.dumps(self._key_serde.loads(message_key.encode()))
+                if start > expired_before and (wanted is None or store_key[_START_BYTES + 4 :] == wanted):
+                    yield self._decoder.window(partition, store_key, data)
 
     def _chosen(self, partitions: Iterable[int] | None) -> list[int]:
         return self.partitions if partitions is None else sorted(set(partitions))
@@ -262,10 +188,3 @@ class StoreReader:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-def _text(state_key: bytes) -> str:
-    try:
-        return state_key.decode()
-    except UnicodeDecodeError:
-        return repr(state_key)

@@ -10,6 +10,7 @@ turns that list into one `Store` per name.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,7 +19,18 @@ from dagster_stateful.core.state.backend import BackendFactory
 from dagster_stateful.core.state.memory import lru_backend, memory_backend
 from dagster_stateful.errors import ConfigurationError
 
-__all__ = ["STORE_KINDS", "Duration", "Store", "StoreDeclaration", "as_ms", "store_specs"]
+__all__ = [
+    "STORE_KINDS",
+    "Duration",
+    "Store",
+    "StoreDeclaration",
+    "as_ms",
+    "backends_of",
+    "store_specs",
+    "warn_of_stores_in_memory",
+]
+
+log = logging.getLogger(__name__)
 
 STORE_KINDS = ("rocksdb", "memory", "lru")
 
@@ -110,3 +122,26 @@ def store_specs(declared: Iterable[StoreDeclaration]) -> tuple[Store, ...]:
         else:
             raise ConfigurationError(f"a store is declared by its name or as a Store(...), got {store!r}")
     return tuple(specs)
+
+
+def backends_of(specs: Iterable[Store]) -> dict[str, BackendFactory]:
+    """The backend of each store not kept in RocksDB, by name."""
+    backends = {}
+    for spec in specs:
+        factory = spec.backend_factory()
+        if factory is not None:
+            backends[spec.name] = factory
+    return backends
+
+
+def warn_of_stores_in_memory(specs: Iterable[Store], use_changelog_topics: bool) -> None:
+    for spec in specs:
+        if spec.kind in ("memory", "lru"):
+            log.warning(
+                "Store %r is held in memory: every assignment of one of its partitions (each worker run, each "
+                "rebalance) restores it in full from its changelog%s",
+                spec.name,
+                ""
+                if use_changelog_topics
+                else ", and without changelog topics its state is lost whenever a worker stops",
+            )

@@ -1,0 +1,89 @@
+"""A store's snapshot read as a table, in the engine a user asks for: Arrow, pandas or Spark.
+
+Owns `read_state_table`, Flink's State Processor API "read" for Kafka state: the rows of a
+snapshot (the latest by default), decoded with the app's serializers as
+`core.recovery.state_table` lays them out. Arrow and pandas read the decoded Parquet written
+beside the snapshot (or decode the raw snapshot when none was written); Spark reads that Parquet
+itself, writing it first when a snapshot has none.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+
+from dagster_stateful.core.app import App
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.state_table import read_snapshot_table, table_written, write_snapshot_table
+from dagster_stateful.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["ENGINES", "Engine", "read_state_table", "snapshot_of"]
+
+Engine = Literal["arrow", "pandas", "spark"]
+ENGINES: tuple[Engine, ...] = ("arrow", "pandas", "spark")
+
+
+def read_state_table(
+    app: App,
+    store: str,
+    snapshot: str | None = None,
+    engine: Engine = "arrow",
+    snapshot_root: str | None = None,
+    spark: SparkSession | None = None,
+) -> Any:
+    """The state of `store` in a snapshot (`snapshot`: its id; the latest by default) as a
+    `pyarrow.Table`, a pandas DataFrame or a Spark DataFrame (`engine`), one row per state value:
+    partition, message key, state key (a window store's: window start and end; an expiring
+    store's: also its expiry), and the value, one column per field of a JSON object.
+
+    snapshot_root: where the app's snapshots live (default: the app's `snapshot_root`).
+    spark: the session for `engine="spark"` (default: the active one, else a local one).
+    """
+    if engine not in ENGINES:
+        raise ConfigurationError(f"unknown engine {engine!r} for read_state_table; use one of {list(ENGINES)}")
+    snapshots, manifest = snapshot_of(app, store, snapshot, snapshot_root)
+    decoder = app.row_decoder(store)
+    if engine == "spark":
+        if not table_written(snapshots, manifest.snapshot_id):
+            write_snapshot_table(decoder, snapshots, manifest)
+        return _spark(spark).read.parquet(snapshots.table_location(manifest.snapshot_id))
+    table: pa.Table = read_snapshot_table(decoder, snapshots, manifest)
+    return table.to_pandas() if engine == "pandas" else table
+
+
+def snapshot_of(
+    app: App, store: str, snapshot: str | None = None, snapshot_root: str | None = None
+) -> tuple[SnapshotStore, SnapshotManifest]:
+    """The snapshots of `store` and the finished snapshot `snapshot` (the latest by default)."""
+    app.store_shape(store)  # an unknown store is refused here, before any file is read
+    root = snapshot_root or app.snapshot_root
+    if not root:
+        raise ConfigurationError(
+            f"no snapshot location for app {app.name!r}: pass snapshot_root= (the `state_store` resource's "
+            "snapshot_root) or give the App one"
+        )
+    snapshots = SnapshotStore(root, app.name, store)
+    finished = snapshots.manifests()
+    if snapshot is None and finished:
+        return snapshots, finished[-1]
+    for manifest in finished:
+        if manifest.snapshot_id == snapshot:
+            return snapshots, manifest
+    wanted = "finished snapshot" if snapshot is None else f"finished snapshot {snapshot!r}"
+    raise ConfigurationError(
+        f"store {store!r} of app {app.name!r} has no {wanted} under "
+        f"{snapshots.location} (finished: {[m.snapshot_id for m in finished] or 'none'}); materialize the store's "
+        "snapshot asset (or run the compaction job) first"
+    )
+
+
+def _spark(spark: SparkSession | None) -> SparkSession:
+    if spark is not None:
+        return spark
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() or SparkSession.builder.master("local[*]").getOrCreate()
