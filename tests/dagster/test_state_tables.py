@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from dagster import materialize
+from dagster import TableMetadataValue, TableSchemaMetadataValue, materialize
 from fault_worker import COMPACT_FAST
 from kafka_helpers import create_topic, produce, read_messages
 
@@ -100,11 +100,13 @@ def test_the_snapshot_asset_writes_the_decoded_table_and_every_engine_reads_the_
     metadata = result.asset_materializations_for_node(job_name(app, "snapshots"))[0].metadata
     replay = f"FAULT_SEED={SEED}"
     assert metadata["dagster/row_count"].value == 2 * len(expected), replay
-    columns = [column.name for column in metadata["dagster/column_schema"].schema.columns]
-    assert columns == ["partition", "key", "state_key", "value"], replay
-    sample = metadata["state_table_sample"].value.records
-    assert len(sample) == 10 and all(record.data["key"] in expected for record in sample), replay
-    files = pq.read_table(Path(metadata["state_table"].value)).to_pylist()  # plain Parquet: no package needed
+    schema, sample, location = (
+        metadata[name] for name in ("dagster/column_schema", "state_table_sample", "state_table")
+    )
+    assert isinstance(schema, TableSchemaMetadataValue) and isinstance(sample, TableMetadataValue)
+    assert [column.name for column in schema.schema.columns] == ["partition", "key", "state_key", "value"], replay
+    assert len(sample.records) == 10 and all(record.data["key"] in expected for record in sample.records), replay
+    files = pq.read_table(Path(str(location.value))).to_pylist()  # plain Parquet: no package needed
     assert as_state(files) == expected, f"{replay}: the Parquet beside the snapshot holds the recomputed totals"
     for engine in ("arrow", "pandas"):
         table = read_state_table(app, "totals", engine=engine)
