@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import uuid
 from pathlib import Path
 
 import orjson
@@ -53,13 +54,16 @@ def recomputed(bootstrap: str, source: str) -> dict[str, tuple[int, float, int]]
     return totals
 
 
-@pytest.fixture
-def deployment(spark, kafka_bootstrap, unique_name, tmp_path):
-    source = unique_name("orders")
+@pytest.fixture(scope="module")
+def deployment(spark, kafka_bootstrap, tmp_path_factory):
+    """The totals app after one worker run over the orders (shared by the module's tests, which only read)."""
+    tmp_path = tmp_path_factory.mktemp("state-tables")
+    suffix = uuid.uuid4().hex[:8]
+    source = f"orders-state-tables-{suffix}"
     create_topic(kafka_bootstrap, source, partitions=PARTITIONS)
     produce(kafka_bootstrap, source, orders(SEED))
     app = App(
-        name=unique_name("totals"),
+        name=f"totals-state-tables-{suffix}",
         source=source,
         stores=["totals"],
         kafka=kafka_bootstrap,
