@@ -184,6 +184,11 @@ class StateSerializationError(StatefulError):
     """
 
 
+class StateTableError(StatefulError):
+    """A table given as a store's state (a bootstrap or a migration) does not fit the store, or the
+    store cannot take it now; names the row, key or topic and what to do. Nothing was written."""
+
+
 class RecoveryError(StatefulError):
     """Local state, changelog and source offsets disagree in a way that needs an operator's choice."""
 

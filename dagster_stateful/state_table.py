@@ -1,6 +1,7 @@
-"""A store's snapshot read as a table, in the engine a user asks for: Arrow, pandas or Spark.
+"""A store's state as a table, in the engine a user works in: Arrow, pandas or Spark.
 
-Owns `read_state_table`, Flink's State Processor API "read" for Kafka state: the rows of a
+Owns `bootstrap_store` (a batch table made a store's state, see `core.recovery.bootstrap`) and
+`read_state_table`, Flink's State Processor API "read" for Kafka state: the rows of a
 snapshot (the latest by default), decoded with the app's serializers as
 `core.recovery.state_table` lays them out. Arrow and pandas read the decoded Parquet written
 beside the snapshot (or decode the raw snapshot when none was written); Spark reads that Parquet
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka.partitioner import Partitioner
+from dagster_stateful.core.recovery.bootstrap import BootstrapReport, SourcePositions, bootstrap_arrow
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.state_table import read_snapshot_table, table_written, write_snapshot_table
 from dagster_stateful.errors import ConfigurationError
@@ -21,7 +24,7 @@ from dagster_stateful.errors import ConfigurationError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["ENGINES", "Engine", "read_state_table", "snapshot_of"]
+__all__ = ["ENGINES", "Engine", "as_arrow", "bootstrap_store", "read_state_table", "snapshot_of"]
 
 Engine = Literal["arrow", "pandas", "spark"]
 ENGINES: tuple[Engine, ...] = ("arrow", "pandas", "spark")
@@ -53,6 +56,43 @@ def read_state_table(
         return _spark(spark).read.parquet(snapshots.table_location(manifest.snapshot_id))
     table: pa.Table = read_snapshot_table(decoder, snapshots, manifest)
     return table.to_pandas() if engine == "pandas" else table
+
+
+def bootstrap_store(
+    app: App,
+    store: str,
+    dataframe: Any,
+    source_positions: SourcePositions,
+    replace: bool = False,
+    partitioner: Partitioner = "murmur2",
+    snapshot_root: str | None = None,
+) -> BootstrapReport:
+    """Make a batch table the state of `store`, and start the app's processing at `source_positions`.
+
+    dataframe: a `pyarrow.Table`, pandas or Spark DataFrame with columns `key` (message key),
+        `state_key` and `value`, and optionally `partition` (checked against the partitioner).
+    source_positions: an offset per source partition, or a moment (datetime, or epoch ms) whose
+        offsets the broker finds: the first worker processes the messages from there on.
+    replace: take a store that has state (its changelog's other keys are tombstoned).
+    partitioner: what the source's producers partition keys with: "murmur2" (Kafka's default, and
+        librdkafka's `murmur2_random`) or "consistent" (librdkafka's default, CRC-32).
+    Everything is checked before anything is written; see `core.recovery.bootstrap`.
+    """
+    return bootstrap_arrow(app, store, as_arrow(dataframe), source_positions, replace, partitioner, snapshot_root)
+
+
+def as_arrow(dataframe: Any) -> pa.Table:
+    """A pyarrow Table of a pyarrow Table, a pandas DataFrame or a Spark DataFrame (collected to the driver)."""
+    if isinstance(dataframe, pa.Table):
+        return dataframe
+    module = type(dataframe).__module__
+    if module.startswith("pandas"):
+        return pa.Table.from_pandas(dataframe, preserve_index=False)
+    if module.startswith("pyspark"):
+        return dataframe.toArrow()
+    raise ConfigurationError(
+        f"a state table is a pyarrow Table, a pandas DataFrame or a Spark DataFrame, not {type(dataframe).__name__}"
+    )
 
 
 def snapshot_of(

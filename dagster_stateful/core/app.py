@@ -339,7 +339,8 @@ class App:
         """Bring chosen store partitions up to date outside a worker, by the planner's path (or `method`).
 
         from_scratch: delete local state first. skip_locked: report partitions a running worker holds
-        as skipped instead of failing. sst_writer: Spark's SST writer, for the "spark" path.
+        as skipped instead of failing. snapshot_root: where the snapshots are (default: the app's).
+        sst_writer: Spark's SST writer, for the "spark" path.
         load_processes: processes loading partitions at once, from a local snapshot or by replaying
         the whole changelog of partitions with no local state (None: one per core).
         """
@@ -348,7 +349,7 @@ class App:
             stores=None if stores is None else tuple(stores),
             from_scratch=from_scratch,
             skip_locked=skip_locked,
-            snapshot_root=snapshot_root,
+            snapshot_root=snapshot_root or self.snapshot_root,
             method=choice(RestoreMethod, method, "method"),
             spark_cores=spark_cores,
             sst_writer=sst_writer,

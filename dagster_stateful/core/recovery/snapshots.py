@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -115,6 +116,21 @@ class SnapshotStore:
         """Publish a snapshot: its files are complete once this exists."""
         with self._fs.open_output_stream(f"{self._base}/{manifest.snapshot_id}/{MANIFEST}") as stream:
             stream.write(manifest.to_json().encode())
+
+    def write_partition(
+        self, snapshot_id: str, partition: int, rows: list[tuple[bytes, bytes]], offsets: list[int]
+    ) -> None:
+        """One partition's rows (sorted by key) and each one's changelog offset, as Spark writes a snapshot's."""
+        table = pa.table(
+            {
+                "key": pa.array([key for key, _ in rows], pa.binary()),
+                "value": pa.array([value for _, value in rows], pa.binary()),
+                "offset": pa.array(offsets, pa.int64()),
+            }
+        )
+        directory = f"{self._base}/{snapshot_id}/partition={partition}"
+        self._fs.create_dir(directory, recursive=True)
+        pq.write_table(table, f"{directory}/part-00000.parquet", filesystem=self._fs)
 
     def count_keys(self, snapshot_id: str, partitions: list[int]) -> dict[int, int]:
         """Rows per partition, from the Parquet footers (no data is read)."""

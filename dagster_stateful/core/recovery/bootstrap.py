@@ -1,0 +1,267 @@
+"""Bootstrapping a store: state computed in batch made the store's state, ready for the app's first worker.
+
+Owns `bootstrap_arrow` (Flink's State Processor API "bootstrap", for Kafka state). In order, each
+step only once the one before succeeded:
+1. the table is encoded in full (`state_encoding`): nothing is written unless every row fits;
+2. the store must hold no state (an empty changelog, no snapshot, no committed source offset) and
+   the group no member; `replace=True` takes a store with state: the changelog's live keys the
+   table lacks are tombstoned and this machine's copy of the store is cleared;
+3. every row goes to the changelog, without a processed-offset header (committed state), so that a
+   changelog replay gives the state the snapshot holds;
+4. a snapshot of the rows, ending at the changelog's end, is published (with its decoded table);
+5. the group's source offsets are committed at the positions given, last: a bootstrap cut short
+   commits nothing, and running it again with `replace=True` completes it.
+The first worker then restores the store (from the snapshot or the changelog: both hold the same)
+and processes only the messages after those positions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.group_offsets import commit_group_offsets, offsets_for_time
+from dagster_stateful.core.kafka.partitioner import Partitioner
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.state_encoding import EncodedState, encode_state_table
+from dagster_stateful.core.recovery.state_table import write_snapshot_table
+from dagster_stateful.errors import DeliveryError, StateTableError
+
+__all__ = ["BootstrapReport", "SourcePositions", "bootstrap_arrow", "live_changelog_keys", "write_changelog"]
+
+log = logging.getLogger(__name__)
+
+SourcePositions = Mapping[int, int] | datetime | int
+"""Where the app's processing starts: an offset per source partition, or a moment (a datetime, or
+milliseconds since the epoch) whose offsets the broker's offsets-for-times finds."""
+READ_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class BootstrapReport:
+    store: str
+    snapshot_id: str
+    rows_per_partition: dict[int, int]
+    tombstones: int
+    changelog_end_offsets: dict[int, int]
+    source_positions: dict[int, int]
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_per_partition.values())
+
+
+def bootstrap_arrow(
+    app: App,
+    store: str,
+    table: pa.Table,
+    source_positions: SourcePositions,
+    replace: bool = False,
+    partitioner: Partitioner = "murmur2",
+    snapshot_root: str | None = None,
+) -> BootstrapReport:
+    """Make `table` (key, state_key, value, maybe partition) the state of `store`, with processing
+    resuming at `source_positions`; see the module's docstring."""
+    decoder = app.row_decoder(store)
+    root = snapshot_root or app.snapshot_root
+    if not root:
+        raise StateTableError(f"bootstrapping store {store!r} needs a snapshot location: pass snapshot_root=")
+    kafka, source = app.kafka, app.source
+    partitions = kafka.partition_count(source)
+    if partitions is None:
+        raise StateTableError(f"source topic {source} of app {app.name!r} does not exist; create it first")
+    positions = _positions(kafka, source, partitions, source_positions)
+    encoded = encode_state_table(table, decoder, partitions, partitioner, f"the table bootstrapping store {store!r}")
+    app.provision()
+    changelog = app.changelog_topic(store)
+    snapshots = SnapshotStore(root, app.name, store)
+    _refuse_members(kafka, app)
+    found = _existing_state(kafka, app, changelog, snapshots, partitions)
+    if found and not replace:
+        raise StateTableError(
+            f"store {store!r} of app {app.name!r} already has state ({'; '.join(found)}); pass replace=True to "
+            "replace it with the table"
+        )
+    tombstones: dict[int, set[bytes]] = {}
+    if replace:
+        live = live_changelog_keys(kafka, changelog, range(partitions))
+        tombstones = {p: keys - encoded.keys(p) for p, keys in live.items()}
+        app.clear_state(stores=[store])
+    offsets = write_changelog(kafka, changelog, encoded, tombstones)
+    ends = {p: high for p, (_, high) in kafka.watermarks(changelog, range(partitions)).items()}
+    manifest = _publish(snapshots, changelog, encoded, offsets, ends, positions)
+    write_snapshot_table(decoder, snapshots, manifest)
+    commit_group_offsets(kafka, app.consumer_group, source, positions)
+    report = BootstrapReport(
+        store,
+        manifest.snapshot_id,
+        {p: len(rows) for p, rows in encoded.rows.items()},
+        sum(len(keys) for keys in tombstones.values()),
+        ends,
+        positions,
+    )
+    log.info("Bootstrapped store %s of %s: %s", store, app.name, report)
+    return report
+
+
+def _positions(kafka: KafkaClients, source: str, partitions: int, given: SourcePositions) -> dict[int, int]:
+    if isinstance(given, datetime | int):
+        moment = int(given.timestamp() * 1000) if isinstance(given, datetime) else given
+        return offsets_for_time(kafka, source, range(partitions), moment)
+    marks = kafka.watermarks(source, range(partitions))
+    if sorted(given) != list(range(partitions)):
+        raise StateTableError(
+            f"source_positions gives offsets for partitions {sorted(given)}; source topic {source} has partitions "
+            f"0-{partitions - 1}: give one offset for each"
+        )
+    for partition, offset in sorted(given.items()):
+        low, high = marks[partition]
+        if not low <= offset <= high:
+            raise StateTableError(
+                f"source_positions gives offset {offset} for partition {partition} of {source}, which holds offsets "
+                f"{low} to {high} (its end): give an offset in that range"
+            )
+    return dict(given)
+
+
+def _refuse_members(kafka: KafkaClients, app: App) -> None:
+    group = kafka.describe_group(app.consumer_group, app.source)
+    if group.members:
+        raise StateTableError(
+            f"consumer group {app.consumer_group!r} of app {app.name!r} has {len(group.members)} member(s) "
+            f"({', '.join(member.client_id for member in group.members)}): stop its workers before bootstrapping"
+        )
+
+
+def _existing_state(
+    kafka: KafkaClients, app: App, changelog: str, snapshots: SnapshotStore, partitions: int
+) -> list[str]:
+    found = []
+    records = sum(high for _, high in kafka.watermarks(changelog, range(partitions)).values())
+    if records:
+        found.append(f"changelog {changelog} has had {records} records")
+    latest = snapshots.latest()
+    if latest is not None:
+        found.append(f"snapshot {latest.snapshot_id} under {snapshots.location}")
+    committed = kafka.committed_offsets(app.consumer_group, app.source, range(partitions))
+    if any(offset is not None for offset in committed.values()):
+        found.append(f"group {app.consumer_group!r} has committed offsets on {app.source}")
+    return found
+
+
+def live_changelog_keys(kafka: KafkaClients, changelog: str, partitions: Iterable[int]) -> dict[int, set[bytes]]:
+    """Per partition, the keys whose latest changelog record is not a tombstone (read to the current end)."""
+    partitions = list(partitions)
+    ends = {p: high for p, (_, high) in kafka.watermarks(changelog, partitions, committed=True).items()}
+    live: dict[int, set[bytes]] = {p: set() for p in partitions}
+    pending = {p for p in partitions if ends[p] > 0}
+    reader = kafka.consumer(
+        {
+            "group.id": f"{changelog}-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,  # the end may be a transaction marker or a tombstone compaction removed
+            "isolation.level": "read_committed",
+        }
+    )
+    deadline = time.monotonic() + READ_TIMEOUT
+    try:
+        reader.assign([TopicPartition(changelog, p, 0) for p in pending])
+        while pending:
+            if time.monotonic() > deadline:
+                raise StateTableError(f"reading changelog {changelog} to its end took over {READ_TIMEOUT:.0f} s")
+            for message in reader.consume(10_000, timeout=1.0):
+                _note(message, live, ends, pending)
+    finally:
+        reader.close()
+    return live
+
+
+def _note(message: Message, live: dict[int, set[bytes]], ends: dict[int, int], pending: set[int]) -> None:
+    error = message.error()
+    if error is not None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            pending.discard(message.partition())
+            return
+        raise StateTableError(f"reading changelog {message.topic()}: {error.str()}")
+    partition, offset, key = message.partition() or 0, message.offset() or 0, message.key()
+    if key is not None:
+        (live[partition].discard if message.value() is None else live[partition].add)(key)
+    if offset + 1 >= ends[partition]:
+        pending.discard(partition)
+
+
+def write_changelog(
+    kafka: KafkaClients, changelog: str, encoded: EncodedState, tombstones: Mapping[int, set[bytes]]
+) -> dict[int, list[int]]:
+    """Write the tombstones, then every row; returns each partition's rows' offsets, in row order."""
+    producer = kafka.producer({"enable.idempotence": True, "acks": "all", "linger.ms": 20})
+    offsets: dict[int, list[int]] = {p: [0] * len(rows) for p, rows in encoded.rows.items()}
+    failures: list[str] = []
+
+    def delivered(partition: int, index: int | None):
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                failures.append(f"partition {partition}: {error.str()}")
+            elif index is not None:
+                offsets[partition][index] = message.offset() or 0
+
+        return report
+
+    for partition, keys in tombstones.items():
+        for key in sorted(keys):
+            producer.produce(
+                changelog, key=key, value=None, partition=partition, on_delivery=delivered(partition, None)
+            )
+            producer.poll(0)
+    for partition, rows in encoded.rows.items():
+        for index, (key, value) in enumerate(rows):
+            producer.produce(
+                changelog, key=key, value=value, partition=partition, on_delivery=delivered(partition, index)
+            )
+            producer.poll(0)
+    left = producer.flush(READ_TIMEOUT)
+    if left or failures:
+        raise DeliveryError(
+            f"writing the state to changelog {changelog}: {left} record(s) undelivered, failures {failures[:5]}; no "
+            "source offset was committed: run the bootstrap again with replace=True"
+        )
+    return offsets
+
+
+def _publish(
+    snapshots: SnapshotStore,
+    changelog: str,
+    encoded: EncodedState,
+    offsets: Mapping[int, list[int]],
+    ends: dict[int, int],
+    positions: dict[int, int],
+) -> SnapshotManifest:
+    previous = snapshots.latest()
+    snapshot_id = snapshots.new_snapshot_id()
+    for partition, rows in encoded.rows.items():
+        snapshots.write_partition(snapshot_id, partition, rows, offsets[partition])
+    manifest = SnapshotManifest(
+        app=snapshots.app,
+        store=snapshots.store,
+        changelog_topic=changelog,
+        snapshot_id=snapshot_id,
+        created_at=time.time(),
+        end_offsets=ends,
+        key_counts={p: len(rows) for p, rows in encoded.rows.items()},
+        previous=previous.snapshot_id if previous else None,
+        extra={
+            "written_by": "bootstrap",
+            "changelog_end_offsets": {str(p): end for p, end in sorted(ends.items())},
+            "committed_source_offsets": {str(p): offset for p, offset in sorted(positions.items())},
+        },
+    )
+    snapshots.write_manifest(manifest)
+    return manifest

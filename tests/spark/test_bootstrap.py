@@ -1,0 +1,124 @@
+"""Bootstrapping a store from state computed in batch, against the real broker and local Spark.
+
+Spark computes each customer's total for the first part of the orders topic from an archived copy
+(Parquet); `bootstrap_store` makes those totals the store's state at the position where the copy
+ends; workers process the rest. The final totals must equal a recompute over the whole topic
+(nothing lost, nothing doubled) under both guarantees, with the changelog compacted aggressively,
+and a restore from the snapshot and one from the changelog alone both give the bootstrapped state.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+from core_helpers import expected_totals, totals_app, totals_in_store
+from fault_worker import COMPACT_FAST
+from kafka_helpers import create_topic
+from pyspark.sql import functions as F
+
+from dagster_stateful.core.config import ProcessingGuarantee
+from dagster_stateful.core.recovery.bootstrap import BootstrapReport
+from dagster_stateful.errors import StateTableError
+from dagster_stateful.state_table import bootstrap_store
+
+pytestmark = pytest.mark.spark
+PARTITIONS, CUSTOMERS = 3, 30
+SEED = int(os.environ.get("FAULT_SEED") or random.randrange(2**32))
+"""The orders' seed: every failure message names it, and FAULT_SEED=<seed> replays it."""
+
+
+def orders(rng: random.Random, start: int, count: int) -> list[tuple[bytes, bytes]]:
+    made = []
+    for i in range(start, start + count):
+        customer = f"c{rng.randrange(CUSTOMERS)}"
+        made.append((customer.encode(), orjson.dumps({"id": i, "customer": customer, "amount": rng.randint(1, 50)})))
+    return made
+
+
+def produce_as_java_producers_do(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    """Keyed records partitioned by murmur2 (Kafka's default partitioner; librdkafka's `murmur2_random`)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "enable.idempotence": True})
+    for key, value in records:
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+
+def archived_totals(spark, bootstrap: str, source: str, ends: dict[int, int], archive: str):
+    """Archive the source up to `ends` as Parquet, then compute each customer's total from the archive."""
+    (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("assign", orjson.dumps({source: list(ends)}).decode())
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", orjson.dumps({source: {str(p): end for p, end in ends.items()}}).decode())
+        .load()
+        .select(
+            F.col("key").cast("string").alias("customer"), F.col("value").cast("string").alias("order"), "partition"
+        )
+        .write.parquet(archive)
+    )
+    amount = F.get_json_object("order", "$.amount").cast("long")
+    return (
+        spark.read.parquet(archive)
+        .groupBy("customer", "partition")
+        .agg(F.sum(amount).alias("value"))
+        .select(F.col("customer").alias("key"), F.lit("total").alias("state_key"), "value", "partition")
+    )
+
+
+@pytest.mark.parametrize("guarantee", [ProcessingGuarantee.AT_LEAST_ONCE, ProcessingGuarantee.EXACTLY_ONCE])
+def test_a_store_bootstrapped_from_spark_totals_then_processed_onward_holds_the_full_recompute(
+    spark, kafka_bootstrap, unique_name, tmp_path, guarantee
+):
+    rng = random.Random(SEED)
+    replay = f"FAULT_SEED={SEED}"
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, partitions=PARTITIONS)
+    first, rest = orders(rng, 0, 1200), orders(rng, 1200, 600)
+    produce_as_java_producers_do(kafka_bootstrap, source, first)
+    app = totals_app(
+        kafka_bootstrap,
+        source,
+        tmp_path / "state",
+        unique_name("totals"),
+        processing_guarantee=guarantee,
+        changelog_config=COMPACT_FAST,
+        snapshot_root=str(tmp_path / "snapshots"),
+    )
+    cut = {p: high for p, (_, high) in app.kafka.watermarks(source, range(PARTITIONS)).items()}
+    produce_as_java_producers_do(kafka_bootstrap, source, rest)
+    table = archived_totals(spark, kafka_bootstrap, source, cut, str(tmp_path / "archive"))
+
+    report = bootstrap_store(app, "totals", table, cut)
+
+    assert isinstance(report, BootstrapReport) and report.rows == len(expected_totals(first)), replay
+    for method in ("snapshot", "changelog"):
+        elsewhere = app.bind(state_dir=tmp_path / f"restored-{method}")
+        elsewhere.restore_partitions(range(PARTITIONS), from_scratch=True, method=method)
+        assert totals_in_store(elsewhere, PARTITIONS) == expected_totals(first), f"{replay}: restored by {method}"
+    worker = app.run_worker(max_seconds=120)
+    assert worker.total_processed == len(rest), f"{replay}: the worker processes only what came after the cut"
+    assert totals_in_store(app, PARTITIONS) == expected_totals(first + rest), f"{replay}: {guarantee.value}"
+
+
+def test_a_store_with_state_is_refused_unless_replaced_and_a_replacement_removes_the_keys_it_lacks(
+    spark, kafka_bootstrap, unique_name, tmp_path
+):
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, partitions=PARTITIONS)
+    app = totals_app(kafka_bootstrap, source, tmp_path / "state", unique_name("totals"), snapshot_root=str(tmp_path))
+    start = dict.fromkeys(range(PARTITIONS), 0)
+    both = spark.createDataFrame([("a", "total", 5), ("b", "total", 7)], "key string, state_key string, value long")
+    bootstrap_store(app, "totals", both, start)
+
+    with pytest.raises(StateTableError, match=r"already has state .*replace=True"):
+        bootstrap_store(app, "totals", both, start)
+    report = bootstrap_store(app, "totals", both.where("key = 'a'"), start, replace=True)
+
+    assert report.tombstones == 1
+    app.restore_partitions(range(PARTITIONS), from_scratch=True, method="changelog")
+    assert totals_in_store(app, PARTITIONS) == {"a": 5}, "the changelog no longer holds b"
