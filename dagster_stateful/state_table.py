@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import Partitioner
-from dagster_stateful.core.recovery.bootstrap import BootstrapReport, SourcePositions, bootstrap_arrow
+from dagster_stateful.core.recovery.bootstrap import BootstrapReport, SourcePositions, StoreTarget, bootstrap_arrow
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.state_table import read_snapshot_table, table_written, write_snapshot_table
 from dagster_stateful.errors import ConfigurationError
@@ -76,9 +76,16 @@ def bootstrap_store(
     replace: take a store that has state (its changelog's other keys are tombstoned).
     partitioner: what the source's producers partition keys with: "murmur2" (Kafka's default, and
         librdkafka's `murmur2_random`) or "consistent" (librdkafka's default, CRC-32).
-    Everything is checked before anything is written; see `core.recovery.bootstrap`.
+    The app's topics are provisioned first (as its first worker would), then every row is checked
+    before any state is written; see `core.recovery.bootstrap`.
     """
-    return bootstrap_arrow(app, store, as_arrow(dataframe), source_positions, replace, partitioner, snapshot_root)
+    root = snapshot_root or app.snapshot_root
+    if not root:
+        raise ConfigurationError(f"bootstrapping store {store!r} needs a snapshot location: pass snapshot_root=")
+    table = as_arrow(dataframe)
+    target = StoreTarget(app.config, app.kafka, app.state, app.row_decoder(store))
+    app.provision()
+    return bootstrap_arrow(target, table, source_positions, root, replace, partitioner)
 
 
 def as_arrow(dataframe: Any) -> pa.Table:

@@ -26,16 +26,25 @@ from datetime import datetime
 import pyarrow as pa
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from dagster_stateful.core.app import App
+from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.group_offsets import commit_group_offsets, offsets_for_time
 from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.state_encoding import EncodedState, encode_state_table
 from dagster_stateful.core.recovery.state_table import write_snapshot_table
+from dagster_stateful.core.state.decoding import RowDecoder
+from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.errors import DeliveryError, StateTableError
 
-__all__ = ["BootstrapReport", "SourcePositions", "bootstrap_arrow", "live_changelog_keys", "write_changelog"]
+__all__ = [
+    "BootstrapReport",
+    "SourcePositions",
+    "StoreTarget",
+    "bootstrap_arrow",
+    "live_changelog_keys",
+    "write_changelog",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,47 +68,59 @@ class BootstrapReport:
         return sum(self.rows_per_partition.values())
 
 
+@dataclass(frozen=True)
+class StoreTarget:
+    """The store a table becomes the state of: its app's settings and clients, and its decoder."""
+
+    config: AppConfig
+    kafka: KafkaClients
+    state: StateDirectory
+    decoder: RowDecoder
+
+    @property
+    def store(self) -> str:
+        return self.decoder.shape.name
+
+
 def bootstrap_arrow(
-    app: App,
-    store: str,
+    target: StoreTarget,
     table: pa.Table,
     source_positions: SourcePositions,
+    snapshot_root: str,
     replace: bool = False,
     partitioner: Partitioner = "murmur2",
-    snapshot_root: str | None = None,
 ) -> BootstrapReport:
-    """Make `table` (key, state_key, value, maybe partition) the state of `store`, with processing
-    resuming at `source_positions`; see the module's docstring."""
-    decoder = app.row_decoder(store)
-    root = snapshot_root or app.snapshot_root
-    if not root:
-        raise StateTableError(f"bootstrapping store {store!r} needs a snapshot location: pass snapshot_root=")
-    kafka, source = app.kafka, app.source
+    """Make `table` (key, state_key, value, maybe partition) the state of the target's store, with
+    processing resuming at `source_positions`; its changelog topic must exist (the app provisioned).
+    See the module's docstring."""
+    config, kafka, store = target.config, target.kafka, target.store
+    source = config.source
     partitions = kafka.partition_count(source)
     if partitions is None:
-        raise StateTableError(f"source topic {source} of app {app.name!r} does not exist; create it first")
+        raise StateTableError(f"source topic {source} of app {config.name!r} does not exist; create it first")
     positions = _positions(kafka, source, partitions, source_positions)
-    encoded = encode_state_table(table, decoder, partitions, partitioner, f"the table bootstrapping store {store!r}")
-    app.provision()
-    changelog = app.changelog_topic(store)
-    snapshots = SnapshotStore(root, app.name, store)
-    _refuse_members(kafka, app)
-    found = _existing_state(kafka, app, changelog, snapshots, partitions)
+    encoded = encode_state_table(
+        table, target.decoder, partitions, partitioner, f"the table bootstrapping store {store!r}"
+    )
+    changelog = config.changelog_topic(store)
+    snapshots = SnapshotStore(snapshot_root, config.name, store)
+    _refuse_members(kafka, config)
+    found = _existing_state(kafka, config, changelog, snapshots, partitions)
     if found and not replace:
         raise StateTableError(
-            f"store {store!r} of app {app.name!r} already has state ({'; '.join(found)}); pass replace=True to "
+            f"store {store!r} of app {config.name!r} already has state ({'; '.join(found)}); pass replace=True to "
             "replace it with the table"
         )
     tombstones: dict[int, set[bytes]] = {}
     if replace:
         live = live_changelog_keys(kafka, changelog, range(partitions))
         tombstones = {p: keys - encoded.keys(p) for p, keys in live.items()}
-        app.clear_state(stores=[store])
+        target.state.clear([store], None)
     offsets = write_changelog(kafka, changelog, encoded, tombstones)
     ends = {p: high for p, (_, high) in kafka.watermarks(changelog, range(partitions)).items()}
     manifest = _publish(snapshots, changelog, encoded, offsets, ends, positions)
-    write_snapshot_table(decoder, snapshots, manifest)
-    commit_group_offsets(kafka, app.consumer_group, source, positions)
+    write_snapshot_table(target.decoder, snapshots, manifest)
+    commit_group_offsets(kafka, config.consumer_group, source, positions)
     report = BootstrapReport(
         store,
         manifest.snapshot_id,
@@ -108,7 +129,7 @@ def bootstrap_arrow(
         ends,
         positions,
     )
-    log.info("Bootstrapped store %s of %s: %s", store, app.name, report)
+    log.info("Bootstrapped store %s of %s: %s", store, config.name, report)
     return report
 
 
@@ -132,17 +153,17 @@ def _positions(kafka: KafkaClients, source: str, partitions: int, given: SourceP
     return dict(given)
 
 
-def _refuse_members(kafka: KafkaClients, app: App) -> None:
-    group = kafka.describe_group(app.consumer_group, app.source)
+def _refuse_members(kafka: KafkaClients, config: AppConfig) -> None:
+    group = kafka.describe_group(config.consumer_group, config.source)
     if group.members:
         raise StateTableError(
-            f"consumer group {app.consumer_group!r} of app {app.name!r} has {len(group.members)} member(s) "
+            f"consumer group {config.consumer_group!r} of app {config.name!r} has {len(group.members)} member(s) "
             f"({', '.join(member.client_id for member in group.members)}): stop its workers before bootstrapping"
         )
 
 
 def _existing_state(
-    kafka: KafkaClients, app: App, changelog: str, snapshots: SnapshotStore, partitions: int
+    kafka: KafkaClients, config: AppConfig, changelog: str, snapshots: SnapshotStore, partitions: int
 ) -> list[str]:
     found = []
     records = sum(high for _, high in kafka.watermarks(changelog, range(partitions)).values())
@@ -151,9 +172,9 @@ def _existing_state(
     latest = snapshots.latest()
     if latest is not None:
         found.append(f"snapshot {latest.snapshot_id} under {snapshots.location}")
-    committed = kafka.committed_offsets(app.consumer_group, app.source, range(partitions))
+    committed = kafka.committed_offsets(config.consumer_group, config.source, range(partitions))
     if any(offset is not None for offset in committed.values()):
-        found.append(f"group {app.consumer_group!r} has committed offsets on {app.source}")
+        found.append(f"group {config.consumer_group!r} has committed offsets on {config.source}")
     return found
 
 
