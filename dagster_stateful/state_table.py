@@ -1,6 +1,7 @@
 """A store's state as a table, in the engine a user works in: Arrow, pandas or Spark.
 
-Owns `bootstrap_store` (a batch table made a store's state, see `core.recovery.bootstrap`) and
+Owns `bootstrap_store` (a batch table made a store's state, see `core.recovery.bootstrap`),
+`transform_state` (the state migrated to a new shape, see `core.recovery.migration`) and
 `read_state_table`, Flink's State Processor API "read" for Kafka state: the rows of a
 snapshot (the latest by default), decoded with the app's serializers as
 `core.recovery.state_table` lays them out. Arrow and pandas read the decoded Parquet written
@@ -10,6 +11,7 @@ itself, writing it first when a snapshot has none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -17,14 +19,20 @@ import pyarrow as pa
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.recovery.bootstrap import BootstrapReport, SourcePositions, StoreTarget, bootstrap_arrow
+from dagster_stateful.core.recovery.migration import MigrationReport, migrate_snapshot
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
-from dagster_stateful.core.recovery.state_table import read_snapshot_table, table_written, write_snapshot_table
+from dagster_stateful.core.recovery.state_table import (
+    read_snapshot_table,
+    table_layout,
+    table_written,
+    write_snapshot_table,
+)
 from dagster_stateful.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["ENGINES", "Engine", "as_arrow", "bootstrap_store", "read_state_table", "snapshot_of"]
+__all__ = ["ENGINES", "Engine", "as_arrow", "bootstrap_store", "read_state_table", "snapshot_of", "transform_state"]
 
 Engine = Literal["arrow", "pandas", "spark"]
 ENGINES: tuple[Engine, ...] = ("arrow", "pandas", "spark")
@@ -86,6 +94,34 @@ def bootstrap_store(
     target = StoreTarget(app.config, app.kafka, app.state, app.row_decoder(store))
     app.provision()
     return bootstrap_arrow(target, table, source_positions, root, replace, partitioner)
+
+
+def transform_state(
+    app: App,
+    store: str,
+    fn: Callable[[Any], Any],
+    engine: Engine = "spark",
+    snapshot_root: str | None = None,
+    spark: SparkSession | None = None,
+) -> MigrationReport:
+    """Migrate `store`'s state to a new shape: `fn` takes the latest snapshot's table (a Spark
+    DataFrame, or Arrow or pandas as `engine` says) and returns the new rows in the same layout
+    (`partition`, `key`, `state_key`, and a `value` column or one column per field of the values).
+
+    The changed keys are written to the changelog and a new snapshot at the same source offsets is
+    made the latest, so that restores from the snapshot and from the changelog both give the new
+    state. The app's workers must be stopped and the snapshot must reach the changelog's end (take
+    one first); see `core.recovery.migration`.
+    """
+    snapshots, manifest = snapshot_of(app, store, None, snapshot_root)
+    decoder = app.row_decoder(store)
+    if not table_written(snapshots, manifest.snapshot_id):
+        write_snapshot_table(decoder, snapshots, manifest)
+    old = read_state_table(app, store, manifest.snapshot_id, engine, snapshots.root, spark)
+    new = as_arrow(fn(old))
+    json_text = table_layout(snapshots, manifest.snapshot_id) == "json"
+    target = StoreTarget(app.config, app.kafka, app.state, decoder)
+    return migrate_snapshot(target, snapshots, manifest, new, json_text)
 
 
 def as_arrow(dataframe: Any) -> pa.Table:

@@ -18,33 +18,30 @@ and processes only the messages after those positions.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.group_offsets import commit_group_offsets, offsets_for_time
 from dagster_stateful.core.kafka.partitioner import Partitioner
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
-from dagster_stateful.core.recovery.state_encoding import EncodedState, encode_state_table
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.state_encoding import encode_state_table
 from dagster_stateful.core.recovery.state_table import write_snapshot_table
+from dagster_stateful.core.recovery.state_writes import (
+    live_changelog_keys,
+    publish_snapshot,
+    refuse_group_members,
+    write_changelog,
+)
 from dagster_stateful.core.state.decoding import RowDecoder
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.errors import DeliveryError, StateTableError
+from dagster_stateful.errors import StateTableError
 
-__all__ = [
-    "BootstrapReport",
-    "SourcePositions",
-    "StoreTarget",
-    "bootstrap_arrow",
-    "live_changelog_keys",
-    "write_changelog",
-]
+__all__ = ["BootstrapReport", "SourcePositions", "StoreTarget", "bootstrap_arrow"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +101,7 @@ def bootstrap_arrow(
     )
     changelog = config.changelog_topic(store)
     snapshots = SnapshotStore(snapshot_root, config.name, store)
-    _refuse_members(kafka, config)
+    refuse_group_members(kafka, config, "bootstrapping")
     found = _existing_state(kafka, config, changelog, snapshots, partitions)
     if found and not replace:
         raise StateTableError(
@@ -116,9 +113,9 @@ def bootstrap_arrow(
         live = live_changelog_keys(kafka, changelog, range(partitions))
         tombstones = {p: keys - encoded.keys(p) for p, keys in live.items()}
         target.state.clear([store], None)
-    offsets = write_changelog(kafka, changelog, encoded, tombstones)
+    offsets = write_changelog(kafka, changelog, encoded.rows, tombstones)
     ends = {p: high for p, (_, high) in kafka.watermarks(changelog, range(partitions)).items()}
-    manifest = _publish(snapshots, changelog, encoded, offsets, ends, positions)
+    manifest = publish_snapshot(snapshots, changelog, encoded.rows, offsets, ends, positions, "bootstrap")
     write_snapshot_table(target.decoder, snapshots, manifest)
     commit_group_offsets(kafka, config.consumer_group, source, positions)
     report = BootstrapReport(
@@ -153,15 +150,6 @@ def _positions(kafka: KafkaClients, source: str, partitions: int, given: SourceP
     return dict(given)
 
 
-def _refuse_members(kafka: KafkaClients, config: AppConfig) -> None:
-    group = kafka.describe_group(config.consumer_group, config.source)
-    if group.members:
-        raise StateTableError(
-            f"consumer group {config.consumer_group!r} of app {config.name!r} has {len(group.members)} member(s) "
-            f"({', '.join(member.client_id for member in group.members)}): stop its workers before bootstrapping"
-        )
-
-
 def _existing_state(
     kafka: KafkaClients, config: AppConfig, changelog: str, snapshots: SnapshotStore, partitions: int
 ) -> list[str]:
@@ -176,113 +164,3 @@ def _existing_state(
     if any(offset is not None for offset in committed.values()):
         found.append(f"group {config.consumer_group!r} has committed offsets on {config.source}")
     return found
-
-
-def live_changelog_keys(kafka: KafkaClients, changelog: str, partitions: Iterable[int]) -> dict[int, set[bytes]]:
-    """Per partition, the keys whose latest changelog record is not a tombstone (read to the current end)."""
-    partitions = list(partitions)
-    ends = {p: high for p, (_, high) in kafka.watermarks(changelog, partitions, committed=True).items()}
-    live: dict[int, set[bytes]] = {p: set() for p in partitions}
-    pending = {p for p in partitions if ends[p] > 0}
-    reader = kafka.consumer(
-        {
-            "group.id": f"{changelog}-reader",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,  # the end may be a transaction marker or a tombstone compaction removed
-            "isolation.level": "read_committed",
-        }
-    )
-    deadline = time.monotonic() + READ_TIMEOUT
-    try:
-        reader.assign([TopicPartition(changelog, p, 0) for p in pending])
-        while pending:
-            if time.monotonic() > deadline:
-                raise StateTableError(f"reading changelog {changelog} to its end took over {READ_TIMEOUT:.0f} s")
-            for message in reader.consume(10_000, timeout=1.0):
-                _note(message, live, ends, pending)
-    finally:
-        reader.close()
-    return live
-
-
-def _note(message: Message, live: dict[int, set[bytes]], ends: dict[int, int], pending: set[int]) -> None:
-    error = message.error()
-    if error is not None:
-        if error.code() == KafkaError._PARTITION_EOF:
-            pending.discard(message.partition())
-            return
-        raise StateTableError(f"reading changelog {message.topic()}: {error.str()}")
-    partition, offset, key = message.partition() or 0, message.offset() or 0, message.key()
-    if key is not None:
-        (live[partition].discard if message.value() is None else live[partition].add)(key)
-    if offset + 1 >= ends[partition]:
-        pending.discard(partition)
-
-
-def write_changelog(
-    kafka: KafkaClients, changelog: str, encoded: EncodedState, tombstones: Mapping[int, set[bytes]]
-) -> dict[int, list[int]]:
-    """Write the tombstones, then every row; returns each partition's rows' offsets, in row order."""
-    producer = kafka.producer({"enable.idempotence": True, "acks": "all", "linger.ms": 20})
-    offsets: dict[int, list[int]] = {p: [0] * len(rows) for p, rows in encoded.rows.items()}
-    failures: list[str] = []
-
-    def delivered(partition: int, index: int | None):
-        def report(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                failures.append(f"partition {partition}: {error.str()}")
-            elif index is not None:
-                offsets[partition][index] = message.offset() or 0
-
-        return report
-
-    for partition, keys in tombstones.items():
-        for key in sorted(keys):
-            producer.produce(
-                changelog, key=key, value=None, partition=partition, on_delivery=delivered(partition, None)
-            )
-            producer.poll(0)
-    for partition, rows in encoded.rows.items():
-        for index, (key, value) in enumerate(rows):
-            producer.produce(
-                changelog, key=key, value=value, partition=partition, on_delivery=delivered(partition, index)
-            )
-            producer.poll(0)
-    left = producer.flush(READ_TIMEOUT)
-    if left or failures:
-        raise DeliveryError(
-            f"writing the state to changelog {changelog}: {left} record(s) undelivered, failures {failures[:5]}; no "
-            "source offset was committed: run the bootstrap again with replace=True"
-        )
-    return offsets
-
-
-def _publish(
-    snapshots: SnapshotStore,
-    changelog: str,
-    encoded: EncodedState,
-    offsets: Mapping[int, list[int]],
-    ends: dict[int, int],
-    positions: dict[int, int],
-) -> SnapshotManifest:
-    previous = snapshots.latest()
-    snapshot_id = snapshots.new_snapshot_id()
-    for partition, rows in encoded.rows.items():
-        snapshots.write_partition(snapshot_id, partition, rows, offsets[partition])
-    manifest = SnapshotManifest(
-        app=snapshots.app,
-        store=snapshots.store,
-        changelog_topic=changelog,
-        snapshot_id=snapshot_id,
-        created_at=time.time(),
-        end_offsets=ends,
-        key_counts={p: len(rows) for p, rows in encoded.rows.items()},
-        previous=previous.snapshot_id if previous else None,
-        extra={
-            "written_by": "bootstrap",
-            "changelog_end_offsets": {str(p): end for p, end in sorted(ends.items())},
-            "committed_source_offsets": {str(p): offset for p, offset in sorted(positions.items())},
-        },
-    )
-    snapshots.write_manifest(manifest)
-    return manifest

@@ -151,6 +151,14 @@ class SnapshotStore:
             for batch in parquet.iter_batches(batch_size=batch_rows, columns=["key", "value"]):
                 yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
 
+    def read_offsets(self, snapshot_id: str, partition: int) -> dict[bytes, int]:
+        """Each key of one partition with the changelog offset of its value."""
+        offsets: dict[bytes, int] = {}
+        for path in self._parquet_files(snapshot_id, partition):
+            table = pq.read_table(path, filesystem=self._fs, columns=["key", "offset"])
+            offsets.update(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
+        return offsets
+
     def read_value(self, snapshot_id: str, partition: int, key: bytes) -> bytes | None:
         """One key's value in one partition, or None (row groups whose key statistics exclude it are not read)."""
         for path in self._parquet_files(snapshot_id, partition):

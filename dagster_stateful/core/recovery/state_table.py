@@ -31,7 +31,7 @@ from dagster_stateful.core.recovery.snapshots import TABLE_DIR, SnapshotManifest
 from dagster_stateful.core.state.decoding import RowDecoder, StateEntry, WindowEntry
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 
-__all__ = ["read_snapshot_table", "snapshot_table", "table_written", "write_snapshot_table"]
+__all__ = ["read_snapshot_table", "snapshot_table", "table_layout", "table_written", "write_snapshot_table"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,17 @@ def write_snapshot_table(decoder: RowDecoder, snapshots: SnapshotStore, manifest
 def table_written(snapshots: SnapshotStore, snapshot_id: str) -> bool:
     fs, marker = snapshots.filesystem_path(snapshot_id, TABLE_DIR, DONE_MARKER)
     return fs.get_file_info(marker).type == pafs.FileType.File
+
+
+def table_layout(snapshots: SnapshotStore, snapshot_id: str) -> str:
+    """How the written table of a snapshot lays values out: "fields", "value" or "json" ("" if unwritten)."""
+    fs, directory = snapshots.filesystem_path(snapshot_id, TABLE_DIR)
+    files = [info.path for info in fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))]
+    parquet = sorted(path for path in files if path.endswith(".parquet"))
+    if not parquet:
+        return ""
+    metadata = pq.read_schema(parquet[0], filesystem=fs).metadata or {}
+    return metadata.get(VALUE_LAYOUT, b"").decode()
 
 
 def read_snapshot_table(decoder: RowDecoder, snapshots: SnapshotStore, manifest: SnapshotManifest) -> pa.Table:
