@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.state_encoding import encode_state_table
 from dagster_stateful.core.recovery.state_table import (
     read_snapshot_table,
     snapshot_table,
@@ -170,3 +171,25 @@ def test_an_empty_snapshot_is_an_empty_table_with_the_stores_columns(tmp_path):
     table = snapshot_table(RowDecoder(StoreShape("s"), STR, JSON), *write_raw_snapshot(tmp_path, "s", {0: {}, 1: {}}))
 
     assert table.num_rows == 0 and table.column_names[:3] == ["partition", "key", "state_key"]
+
+
+@pytest.mark.parametrize("layout", ["fields", "json"])
+def test_a_decoded_table_encodes_back_to_the_very_rows_it_was_read_from(tmp_path, layout):
+    rows = {
+        0: {
+            scoped("alice", "total"): with_expiry(9_000, b'{"total":12.5,"orders":2,"key":"k"}'),
+            scoped("bob", "total"): with_expiry(8_000, b'{"total":3.0,"orders":1,"key":"j"}'),
+            STREAM_TIME_KEY: encode_stream_time(2_000),
+        },
+        1: {scoped("carol", "total"): with_expiry(7_000, b'{"total":7.0,"orders":4,"key":"i"}')},
+    }
+    if layout == "json":  # a field holding text in one row and a number in another: values kept as JSON text
+        rows[1][scoped("dave", "total")] = with_expiry(6_000, b'{"total":"seven","orders":0,"key":"h"}')
+    decoder = RowDecoder(StoreShape("totals", ttl=600), STR, JSON)
+    table = snapshot_table(decoder, *write_raw_snapshot(tmp_path, "totals", rows))
+
+    encoded = encode_state_table(table, decoder, 2, None, "the table", json_text=layout == "json")
+
+    assert (table.schema.metadata or {})[b"dagster_stateful.value_layout"] == layout.encode()
+    expected = {p: sorted((k, v) for k, v in stored.items() if k != STREAM_TIME_KEY) for p, stored in rows.items()}
+    assert dict(encoded.rows) == expected
