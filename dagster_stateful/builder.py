@@ -2,11 +2,12 @@
 
 Owns `build_stateful_definitions`: each app's assets (source topic, changelogs, state stores,
 snapshots), asset checks, jobs (provision, worker, restore, Spark restore, query state, clear
-state, compaction), the worker and daily compaction schedules, the lag and rebalance sensors and
-the sensor that evaluates the checks on a schedule, with the resources they need under the keys
-`kafka`, `state_store` and `spark` (how the Spark jobs run: in process or through Dagster Pipes), shared
-by the apps, and the IO manager that hands a snapshot asset to the assets that take it as an input
-(`state_table_loader`); apps reading one topic share its asset.
+state, compaction, bootstrap state, transform state), the worker and daily compaction schedules,
+the lag and rebalance sensors and the sensor that evaluates the checks on a schedule, with the
+resources they need under the keys `kafka`, `state_store` and `spark` (how the Spark jobs run: in
+process or through Dagster Pipes), shared by the apps, and the IO manager that hands a snapshot
+asset to the assets that take it as an input (`state_table_loader`); apps reading one topic share
+its asset.
 """
 
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ from dagster_stateful.jobs import (
 from dagster_stateful.naming import job_name, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor, snapshot_sensor
+from dagster_stateful.state_table_jobs import bootstrap_state_job, transform_state_job
 from dagster_stateful.state_table_loader import STATE_TABLE_IO_MANAGER_KEY, state_table_io_manager
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 from dagster_stateful.worker_target import WorkerTarget, worker_target
@@ -167,6 +169,7 @@ class _Parts:
         )
         self.assets += [changelog_assets(app, translator), snapshot_assets(app, translator)]
         self.jobs += [provision_job(app, translator), spark_restore_job(app, translator), compaction]
+        self.jobs += [bootstrap_state_job(app, translator), transform_state_job(app, translator)]
         self.schedules.append(
             ScheduleDefinition(
                 name=job_name(app, "daily_compaction"),
