@@ -55,7 +55,12 @@ from dagster_stateful.naming import (
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
-from dagster_stateful.state_table_loader import APP_METADATA, STATE_TABLE_IO_MANAGER_KEY, STORE_METADATA
+from dagster_stateful.state_table_loader import (
+    APP_METADATA,
+    STORE_METADATA,
+    state_table_io_manager,
+    state_table_io_manager_key,
+)
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 SHOWN_TOPIC_CONFIGS = (
@@ -258,18 +263,23 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
             "keys sorted), built by Spark; bulk restores load it and replay only the tail. Its decoded table "
             "(one row per state value) is written beside it, and an asset taking this one as an input receives it.",
             metadata={APP_METADATA: app.name, STORE_METADATA: store},
-        ).with_io_manager_key(STATE_TABLE_IO_MANAGER_KEY)
+        ).with_io_manager_key(state_table_io_manager_key(app))
         for store in app.stores
     ]
 
-    @multi_asset(name=job_name(app, "snapshots"), specs=specs, can_subset=False)
-    def snapshots(
-        context: AssetExecutionContext,
-        config: SnapshotConfig,
-        kafka: KafkaResource,
-        state_store: StateStoreResource,
-        spark: SparkRunner,
-    ) -> Iterator[MaterializeResult]:
+    # The assets carry the IO manager that hands them to downstream assets, so no caller supplies it;
+    # Dagster then takes the other resources by key only, not as arguments.
+    @multi_asset(
+        name=job_name(app, "snapshots"),
+        specs=specs,
+        can_subset=False,
+        required_resource_keys={"kafka", "state_store", "spark"},
+        resource_defs={state_table_io_manager_key(app): state_table_io_manager(app)},
+    )
+    def snapshots(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult]:
+        kafka: KafkaResource = context.resources.kafka
+        state_store: StateStoreResource = context.resources.state_store
+        spark: SparkRunner = context.resources.spark
         if not state_store.snapshot_root:
             raise Failure(
                 description="Snapshots need a location: set `snapshot_root` on the state_store resource "

@@ -5,9 +5,7 @@ snapshots), asset checks, jobs (provision, worker, restore, Spark restore, query
 state, compaction, bootstrap state, transform state), the worker and daily compaction schedules,
 the lag and rebalance sensors and the sensor that evaluates the checks on a schedule, with the
 resources they need under the keys `kafka`, `state_store` and `spark` (how the Spark jobs run: in
-process or through Dagster Pipes), shared by the apps, and the IO manager that hands a snapshot
-asset to the assets that take it as an input (`state_table_loader`); apps reading one topic share
-its asset.
+process or through Dagster Pipes), shared by the apps; apps reading one topic share its asset.
 """
 
 from collections.abc import Mapping, Sequence
@@ -43,7 +41,6 @@ from dagster_stateful.naming import job_name, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
 from dagster_stateful.sensors import lag_sensor, rebalance_sensor, snapshot_sensor
 from dagster_stateful.state_table_jobs import bootstrap_state_job, transform_state_job
-from dagster_stateful.state_table_loader import STATE_TABLE_IO_MANAGER_KEY, state_table_io_manager
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 from dagster_stateful.worker_target import WorkerTarget, worker_target
 
@@ -112,7 +109,6 @@ def build_stateful_definitions(
             "kafka": kafka,
             "state_store": state_store,
             "spark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"}),
-            STATE_TABLE_IO_MANAGER_KEY: state_table_io_manager(apps),
         },
     )
 

@@ -31,8 +31,9 @@ def test_each_key_lands_where_confluent_kafkas_producer_puts_it(kafka_bootstrap,
 
     assert len(placed) == len(KEYS)
     if ours == "consistent":  # librdkafka places an empty key at random: no partition is its own
+        placed.pop(b"")
         with pytest.raises(ValueError, match="empty key"):
-            partition_of(placed.pop(b""), 7, ours)
+            partition_of(b"", 7, ours)
     wrong = {
         key: (where, partition_of(key, 7, ours)) for key, where in placed.items() if partition_of(key, 7, ours) != where
     }
