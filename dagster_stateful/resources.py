@@ -143,10 +143,17 @@ class StatefulSparkResource(PySparkResource, SparkRunner):
         return config
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        config = self.effective_spark_config()
-        if "spark.pyspark.python" in config:
-            os.environ.setdefault("PYSPARK_PYTHON", config["spark.pyspark.python"])  # read by the driver side too
-        self._spark_session = spark_session_from_config(config)
+        """Nothing yet: Spark starts when a step first asks for the session, so a run whose steps
+        never do (a migration in pandas, a restore the planner keeps local) starts none."""
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            config = self.effective_spark_config()
+            if "spark.pyspark.python" in config:
+                os.environ.setdefault("PYSPARK_PYTHON", config["spark.pyspark.python"])  # read by the driver too
+            self._spark_session = spark_session_from_config(config)
+        return self._spark_session
 
     def take_snapshot(
         self,
