@@ -104,6 +104,13 @@ def read_snapshot_table(decoder: RowDecoder, snapshots: SnapshotStore, manifest:
 def _partition_table(
     decoder: RowDecoder, snapshots: SnapshotStore, manifest: SnapshotManifest, partition: int, as_json: bool
 ) -> pa.Table:
+    log.info(
+        "Decoding snapshot %s of %s: partition %d (%d keys)",
+        manifest.snapshot_id,
+        snapshots.store,
+        partition,
+        manifest.key_counts.get(partition, 0),
+    )
     stream_time = decoder.stream_time(snapshots.read_value(manifest.snapshot_id, partition, STREAM_TIME_KEY))
     batches = [
         _columns(decoder, _entries(decoder, partition, keys, values, stream_time), as_json)
