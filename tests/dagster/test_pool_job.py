@@ -23,6 +23,9 @@ from dagster_stateful.core import App
 from dagster_stateful.naming import job_name, worker_pool
 
 ORDERS = make_orders(3_000, customers=60)
+FIRST_RUN_SECONDS = 45
+"""How long the first run's members hold their pools: the second run, launched once they all
+started, must be seen waiting on each pool within it (a Dagster process starts in 5-20 s here)."""
 
 
 @pytest.fixture
@@ -52,20 +55,23 @@ def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
     environment = {**os.environ, "DAGSTER_HOME": str(home)}
     with DagsterInstance.from_config(str(home)) as instance:  # its storage exists before two processes open it
-        first = launch(member_config(pool, max_seconds=12, until_caught_up=False), environment)  # all members join
+        first = launch(member_config(pool, max_seconds=FIRST_RUN_SECONDS, until_caught_up=False), environment)
         first_run = wait_for(lambda: started_run(instance, pool_job.MEMBERS), timeout=120, what="the members start")
         second = launch(member_config(pool, max_seconds=60, until_caught_up=True), environment)
+        second_run = wait_for(lambda: other_run(instance, first_run), timeout=120, what="the second run")
+        wait_for(
+            lambda: len(blocked_steps(instance, second_run)) == pool_job.MEMBERS,
+            timeout=FIRST_RUN_SECONDS,
+            what="each member of the second run to wait for its identity's pool, held by the first run's",
+        )
         outputs = [process.communicate(timeout=300)[0] for process in (first, second)]
         assert [first.returncode, second.returncode] == [0, 0], outputs
-        second_run = next(run.run_id for run in instance.get_runs() if run.run_id != first_run)
         spans = {run_id: step_spans(instance, run_id) for run_id in (first_run, second_run)}
-        blocked = blocked_steps(instance, second_run)
         owners = partition_owners(instance, first_run)
 
     for member in range(pool_job.MEMBERS):
         step = job_name(pool, f"run_worker_member_{member}_op")
         assert spans[first_run][step][1] <= spans[second_run][step][0], f"{worker_pool(pool, member)} held twice"
-    assert len(blocked) == pool_job.MEMBERS, "each member of the second run waited for its identity's pool"
     assert set(owners) == {str(p) for p in range(pool_job.PARTITIONS)}
     assert len({step for steps in owners.values() for step in steps}) == pool_job.MEMBERS, "every member worked"
     bound = pool.bind(kafka=kafka_bootstrap, state_dir=tmp_path / "state")
@@ -75,6 +81,10 @@ def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member
 def launch(run_config: dict, environment: dict[str, str]) -> subprocess.Popen[str]:
     command = [sys.executable, "pool_job.py", json.dumps(run_config)]
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True)
+
+
+def other_run(instance: DagsterInstance, run_id: str) -> str | None:
+    return next((run.run_id for run in instance.get_runs() if run.run_id != run_id), None)
 
 
 def started_run(instance: DagsterInstance, members: int) -> str | None:
