@@ -1,12 +1,10 @@
-"""How an asset takes a store's snapshot as an input: the snapshot asset's IO manager.
+"""How an asset takes a store's snapshot as an input: the snapshot assets' IO manager.
 
-Owns `state_table_io_manager`, the IO manager of an app's snapshot assets (the assets carry it,
-under the app's own resource key `state_table_io_manager_key(app)`, so that no caller has to
-supply it), so that `@asset(ins={"totals": AssetIn(snapshot_key)})` receives the latest snapshot
-of that store as a table (`state_table.read_state_table`). The input's type
-annotation picks the engine: a pandas DataFrame, a Spark DataFrame, or (unannotated, or
-`pyarrow.Table`) an Arrow table. The snapshot asset writes its own files, so storing an output is
-nothing to this IO manager.
+Owns `state_table_io_manager`: with it, `@asset(ins={"totals": AssetIn(snapshot_key)})` receives
+the latest snapshot of that store as a table (`state_table.read_state_table`), in the engine the
+input's annotation names (a pandas or Spark DataFrame; Arrow otherwise). The snapshot assets carry
+it themselves, under the app's key `state_table_io_manager_key(app)`, so no caller supplies it.
+Storing an output is nothing to it: a snapshot asset writes its own files.
 """
 
 from __future__ import annotations
