@@ -1,6 +1,7 @@
 """The worker pool as Dagster runs it: one run of three member steps in parallel processes (the
 multiprocess executor), each a worker with its own static membership over one shared state
-directory: the group gives each member partitions of its own, and the totals are exact. Each
+directory: the group gives each member partitions of its own (the orders arrive once all three
+have joined, so each has work), and the totals are exact. Each
 member holds a Dagster concurrency pool of its own: with the pools limited to 1, a second pool run
 launched meanwhile runs each member only once the first run's has finished (without the pools,
 Kafka fences one of the two)."""
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pool_job
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_in_store
+from core_helpers import expected_totals, make_orders, totals_in_store
 from dagster import DagsterEventType, DagsterInstance
-from kafka_helpers import wait_for
+from kafka_helpers import create_topic, produce, wait_for
 
 from dagster_stateful.core import App
 from dagster_stateful.naming import job_name, worker_pool
@@ -30,8 +31,9 @@ started, must be seen waiting on each pool within it (a Dagster process starts i
 
 @pytest.fixture
 def pool(kafka_bootstrap, unique_name, tmp_path: Path, monkeypatch) -> App:
-    """The pool test app, its source filled with ORDERS; step processes find it through the environment."""
-    source = orders_topic(kafka_bootstrap, unique_name("orders"), pool_job.PARTITIONS, ORDERS)
+    """The pool test app, its source still empty; step processes find it through the environment."""
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, partitions=pool_job.PARTITIONS)
     for variable, value in {
         "POOL_TEST_APP": unique_name("pool"),
         "POOL_TEST_SOURCE": source,
@@ -58,6 +60,12 @@ def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member
         first = launch(member_config(pool, max_seconds=FIRST_RUN_SECONDS, until_caught_up=False), environment)
         first_run = wait_for(lambda: started_run(instance, pool_job.MEMBERS), timeout=120, what="the members start")
         second = launch(member_config(pool, max_seconds=60, until_caught_up=True), environment)
+        wait_for(
+            lambda: every_member_owns_partitions(pool, kafka_bootstrap),
+            timeout=FIRST_RUN_SECONDS,
+            what="each of the first run's members to own partitions",
+        )
+        produce(kafka_bootstrap, pool.source, ORDERS)
         second_run = wait_for(lambda: other_run(instance, first_run), timeout=120, what="the second run")
         wait_for(
             lambda: len(blocked_steps(instance, second_run)) == pool_job.MEMBERS,
@@ -81,6 +89,12 @@ def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member
 def launch(run_config: dict, environment: dict[str, str]) -> subprocess.Popen[str]:
     command = [sys.executable, "pool_job.py", json.dumps(run_config)]
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True)
+
+
+def every_member_owns_partitions(app: App, bootstrap: str) -> bool:
+    group = app.bind(kafka=bootstrap).kafka.describe_group(app.consumer_group, app.source)
+    owners = [member for member in group.members if member.partitions]
+    return group.state == "STABLE" and len(owners) == pool_job.MEMBERS
 
 
 def other_run(instance: DagsterInstance, run_id: str) -> str | None:
