@@ -45,6 +45,7 @@ WAITING_MODULES = {
 one after the other on one worker (`WAITS_GROUP`) while the other worker computes."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook, which tags each item with its group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         directories = set(item.path.relative_to(TESTS).parts[:-1])
@@ -52,6 +53,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if INTEGRATION_FIXTURES & fixtures or INTEGRATION_DIRS & directories:
             item.add_marker(pytest.mark.integration)
         item.add_marker(pytest.mark.xdist_group(_run_group(item, fixtures, directories)))
+
+
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under `--dist loadgroup`, refuse to run when pytest-xdist did not tag the tests with their
+    group: the groups would be spread over the workers, silently (fixtures set up twice, Spark
+    started on each worker, the waiting modules run side by side)."""
+    untagged = [nodeid for nodeid in ids if "@" not in nodeid]
+    if node.config.getoption("dist") == "loadgroup" and untagged:
+        pytest.exit(
+            f"pytest-xdist did not tag {len(untagged)} tests with their xdist_group (first: {untagged[0]}): "
+            "its loadgroup does not work with this pytest. Install the versions pyproject.toml pins.",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 def _run_group(item: pytest.Item, fixtures: set[str], directories: set[str]) -> str:
