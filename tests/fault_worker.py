@@ -139,6 +139,7 @@ class WorkerSpec:
     """The topic the counted orders go to ("": none)."""
     group_instance_id: str = ""
     """Static group membership ("": none); under exactly-once it also names the transactional id."""
+    num_standby_replicas: int = 0
     aggregate: bool = False
     """Keep the total and count with the columnar aggregation `Mean("amount")` instead of `count_order`
     (no output topic then: an aggregation passes on its aggregate, not the order); with `windowed`,
@@ -180,6 +181,7 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         processing_guarantee=spec.processing_guarantee,
         producer_config={"transaction.timeout.ms": spec.transaction_timeout_ms},
         group_instance_id=spec.group_instance_id or None,
+        num_standby_replicas=spec.num_standby_replicas,
         consumer_config={
             "session.timeout.ms": spec.session_timeout_ms,
             "heartbeat.interval.ms": max(100, spec.session_timeout_ms // 6),
@@ -358,6 +360,7 @@ def _worker_main(spec: WorkerSpec) -> int:
             "committed": {str(p): o for p, o in report.committed_offsets.items()},
             "lag": report.total_lag,
             "restores": [[r.partition, str(r.kind), r.records_applied, r.completed] for r in report.restores],
+            "standby_records": {str(p): records for p, records in report.standby_records.items()},
             "stores_recovered": report.stores_recovered,
             "partitions_lost": report.partitions_lost,
             "skipped": report.skipped,

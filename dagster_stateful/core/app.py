@@ -92,6 +92,7 @@ class App:
         processing_guarantee: ProcessingGuarantee | str = ProcessingGuarantee.AT_LEAST_ONCE,
         missing_offsets: MissingOffsets | str = MissingOffsets.RESUME_FROM_STATE,
         snapshot_root: str | None = None,
+        num_standby_replicas: int = 0,
     ) -> None:
         """
         stores: the state stores, by name, or as `Store(name, ...)` for a store whose entries expire
@@ -113,6 +114,9 @@ class App:
         missing_offsets: when the group has no committed offset for a partition with local state
             (expired or deleted group offsets): "resume-from-state" (from the source offset the local
             state was committed at) or "fail" (stop with the operator's options).
+        num_standby_replicas: warm copies of each partition that other workers of the group keep by
+            tailing its changelog (Kafka Streams' num.standby.replicas), so a partition that moves to
+            one restores a short tail only.
         """
         specs = store_specs(stores)
         self._store_specs = {spec.name: spec for spec in specs}
@@ -142,6 +146,7 @@ class App:
             restore_processes=restore_processes,
             processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
             missing_offsets=choice(MissingOffsets, missing_offsets, "missing_offsets"),
+            num_standby_replicas=num_standby_replicas,
         )
         warn_of_stores_in_memory(specs, use_changelog_topics)
         if not use_changelog_topics:

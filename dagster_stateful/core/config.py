@@ -100,6 +100,8 @@ class AppConfig:
     """Processes a worker's full restores use at once, its own included (None: one per core)."""
     processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE
     missing_offsets: MissingOffsets = MissingOffsets.RESUME_FROM_STATE
+    num_standby_replicas: int = 0
+    """Standby copies of each partition that the group's other members keep (`processing.standbys`)."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -126,11 +128,20 @@ class AppConfig:
             raise ConfigurationError(
                 f"restore_processes must be positive (or None: one per core), got {self.restore_processes}"
             )
+        self._check_standbys()
         self._set("changelog_config", {"cleanup.policy": "compact", **self.changelog_config})
         self._set("consumer_config", dict(self.consumer_config))
         self._set("producer_config", dict(self.producer_config))
         if self.exactly_once:
             self._check_transactions()
+
+    def _check_standbys(self) -> None:
+        if self.num_standby_replicas < 0:
+            raise ConfigurationError(f"num_standby_replicas is 0 or more, got {self.num_standby_replicas}")
+        if self.num_standby_replicas and not self.use_changelog_topics:
+            raise ConfigurationError(
+                f"app {self.name!r} keeps standby replicas, which read the changelogs: it needs use_changelog_topics"
+            )
 
     def _check_ttls(self, stores: tuple[str, ...]) -> None:
         ttls = dict(self.store_ttls)

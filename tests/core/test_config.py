@@ -41,6 +41,11 @@ def test_settings_are_resolved_and_frozen():
         ({"commit_interval": 0}, "commit_interval and commit_every must be positive"),
         ({"restore_batch_size": 0}, "restore_batch_size must be positive"),
         ({"cache_max_bytes": -1}, "cache_max_bytes must be 0 or more, got -1"),
+        ({"num_standby_replicas": -1}, "num_standby_replicas is 0 or more, got -1"),
+        (
+            {"num_standby_replicas": 1, "use_changelog_topics": False},
+            "keeps standby replicas, which read the changelogs: it needs use_changelog_topics",
+        ),
     ],
 )
 def test_bad_settings_raise_a_configuration_error_naming_them(settings, message):

@@ -25,6 +25,8 @@ class RestoreKind(StrEnum):
     """A snapshot was loaded locally through SST files."""
     SPARK = "spark"
     """Spark wrote SST files from a snapshot, which were ingested."""
+    STANDBY = "standby"
+    """The store was this worker's standby replica: only the tail since its position was replayed."""
 
 
 class StopReason(StrEnum):
@@ -93,6 +95,8 @@ class WorkerReport:
     """The same over every store (percentiles over all their timed calls)."""
     commit_latency: Latency = field(default_factory=Latency)
     """How long this run's commits took, each from its start to its stores' writes."""
+    standby_records: dict[int, int] = field(default_factory=dict)
+    """Partition -> changelog records this run's standby replicas of it applied (`num_standby_replicas`)."""
 
     @property
     def total_processed(self) -> int:

@@ -20,10 +20,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
-from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, WorkerReport
 from dagster_stateful.core.processing.background_restores import BackgroundRestores, ChildReplay
 from dagster_stateful.core.processing.commit_metadata import decode_stream_times
 from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition, suspend_started
+from dagster_stateful.core.processing.standbys import StandbyReplicas
 from dagster_stateful.core.processing.starting_offsets import StartingOffsets
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
@@ -53,14 +54,17 @@ class PartitionAssignments:
         drop_in_flight: Callable[[], None] | None = None,
         live_stores: Mapping[str, WindowBounds | None] | None = None,
         background: BackgroundRestores | None = None,
+        standbys: StandbyReplicas | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, with their windows' bounds (see
         `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
         restore loads the latest one when the planner says that is faster than replaying the
         changelog. drop_in_flight: called when partitions are lost, once they are closed
         (exactly-once: abort the open transaction, which holds their records, and rewind the
-        partitions kept). background: runs full restores on the machine's other cores."""
+        partitions kept). background: runs full restores on the machine's other cores. standbys:
+        the standby replicas this worker keeps; a partition assigned here takes over its store."""
         self._drop_in_flight = drop_in_flight
+        self._standbys = standbys
         self._background = background
         self._live_stores = live_stores
         self.config = config
@@ -108,7 +112,8 @@ class PartitionAssignments:
             committed = topic_partition.offset if topic_partition.offset >= 0 else None
             self._starts.check_source_offset(partition, committed)
             times = decode_stream_times(topic_partition.metadata, f"{self.config.source}[{partition}]")
-            self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times))
+            warm = self._standbys is not None and self._standbys.release(partition)
+            self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times, from_standby=warm))
             starts.append(TopicPartition(self.config.source, partition, topic_partition.offset))
         log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
         return starts
@@ -339,7 +344,7 @@ class PartitionAssignments:
         try:
             restoring.committed = self._starts.starting_offset(partition, restoring.committed, restoring.stores)
             self._starts.wipe_ahead(partition, restoring.committed, restoring.stores)
-            restoring.pending = self._replays(restoring.stores, restoring.committed)
+            restoring.pending = self._replays(restoring.stores, restoring.committed, restoring.from_standby)
         except BaseException:
             self.restorations.suspend(partition)
             for store in restoring.stores.values():
@@ -354,17 +359,30 @@ class PartitionAssignments:
                 restoring.records_left,
             )
 
-    def _replays(self, stores: dict[str, StorePartition], start: int | None) -> list[ChangelogRestore | ChildReplay]:
+    def _replays(
+        self, stores: dict[str, StorePartition], start: int | None, from_standby: bool = False
+    ) -> list[ChangelogRestore | ChildReplay]:
         if self._restorer is None:
             return []
         replays: list[ChangelogRestore | ChildReplay] = []
         for store in stores.values():
-            if self._snapshots is not None:
+            if self._snapshots is not None and not from_standby:
                 self._load_snapshot_if_faster(store)
             replay = self._restorer.begin(store, start)
+            if from_standby:
+                self._note_standby_restore(store, replay)
             if replay is not None:
                 replays.append(replay)
         return replays
+
+    def _note_standby_restore(self, store: StorePartition, replay: ChangelogRestore | None) -> None:
+        """Report a store that was a standby here as such: its tail, or nothing left to apply."""
+        if replay is None:
+            at = store.changelog_offset or 0
+            self.restorations.reports.append(RestoreReport(store.store, store.partition, RestoreKind.STANDBY, at, at))
+            log.info("Store %r partition %d: its standby was up to date", store.store, store.partition)
+        elif replay.report.kind is RestoreKind.PARTIAL:
+            replay.report.kind = RestoreKind.STANDBY
 
     def _load_snapshot_if_faster(self, store: StorePartition) -> None:
         assert self._snapshots is not None

@@ -34,6 +34,8 @@ class RestoringPartition:
     """The restores its stores still need, in this process or in children (`background_restores`)."""
     rewind_to: int | None = None
     """The first offset of this partition that arrived while it was restoring (not processed)."""
+    from_standby: bool = False
+    """Its stores were this worker's standby replicas until the assignment."""
 
     def note_arrival(self, offset: int) -> None:
         if self.rewind_to is None or offset < self.rewind_to:

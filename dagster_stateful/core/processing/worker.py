@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 
 from confluent_kafka import KafkaException, TopicPartition
 
@@ -44,6 +45,7 @@ from dagster_stateful.core.processing.emission import commit_emitter
 from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, Deadline, RunLimits, StopSignal
 from dagster_stateful.core.processing.progress import group_lag, held_lag, pass_markers
 from dagster_stateful.core.processing.rebalance import PartitionAssignments
+from dagster_stateful.core.processing.standbys import standbys_for
 from dagster_stateful.core.processing.transactions import (
     TransactionAborted,
     exactly_once_transactions,
@@ -179,6 +181,7 @@ class Worker:
             report.late = self._bad_input.late
             report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
+            report.standby_records = dict(self._standbys.records_applied) if self._standbys else {}
             if isinstance(self._batches, VectorizedBatchProcessor):
                 report.messages_in_columns = self._batches.messages_in_columns
             try:
@@ -214,6 +217,7 @@ class Worker:
             kafka, self._restore_consumer, self.listeners, config.restore_batch_size, group=config.restore_group
         )
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
+        self._standbys = standbys_for(config, kafka, self.state, self._consumer, self._offset_reader, self.partitions)
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
         self._assignments = PartitionAssignments(
             config,
@@ -225,9 +229,10 @@ class Worker:
             self._commit,
             self._offset_reader,
             cooperative="cooperative" in strategy,
-            snapshots=self._snapshot_store if self.snapshot_root else None,
+            snapshots=partial(SnapshotStore, self.snapshot_root, config.name) if self.snapshot_root else None,
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
             live_stores=self._dataframe.live_stores,
+            standbys=self._standbys,
             background=BackgroundRestores(
                 kafka,
                 config.restore_group,
@@ -249,10 +254,6 @@ class Worker:
         )
         self._batches, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
         self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
-
-    def _snapshot_store(self, store: str) -> SnapshotStore:
-        assert self.snapshot_root is not None
-        return SnapshotStore(self.snapshot_root, self.config.name, store)
 
     def _assign_manually(self, source_partitions: int) -> None:
         unknown = sorted(set(self.partitions or ()) - set(range(source_partitions)))
@@ -290,8 +291,10 @@ class Worker:
             restoring = bool(self._assignments.restorations)
             if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
                 self._assignments.advance(self._consumer)
-            replaying = restoring and self._assignments.restorations.replaying_here
-            messages = self._consumer.consume(self._consume_batch, timeout=0.0 if replaying else 0.2)
+            busy = (restoring and self._assignments.restorations.replaying_here) or bool(
+                self._standbys and self._standbys.tailing
+            )
+            messages = self._consumer.consume(self._consume_batch, timeout=0.0 if busy else 0.2)
             self.kafka.check_security(consuming)
             self._assignments.raise_failure()
             index = 0
@@ -313,6 +316,8 @@ class Worker:
                 self._pass_markers()
                 self._commit()
                 since_commit, last_commit = 0, time.monotonic()
+            if self._standbys is not None:
+                self._standbys.advance(self._assignments.held)
             if limits.until_caught_up and not messages and not restoring and time.monotonic() >= next_check:
                 if self._caught_up():
                     self._pass_markers()
@@ -420,6 +425,8 @@ class Worker:
         if assignments is not None:
             assignments.shutting_down = True
             self._commit_before_closing(assignments)
+            if self._standbys is not None:
+                self._standbys.close(self._close_time())
             try:
                 assignments.close_all()
             except StateStoreError as error:

@@ -106,6 +106,8 @@ class ChangelogRestore:
         self.filter = UncommittedFilter(committed_source_offset, restored, 0 if self._bulk else start, at_committed)
         self._started: float | None = None
         self._last_progress = self._last_log = time.monotonic()
+        # A standby replica's tails log their end at debug and never wait for a batch (processing comes first).
+        self.log_level, self.batch_wait = logging.INFO, BATCH_WAIT
 
     @property
     def done(self) -> bool:
@@ -159,7 +161,7 @@ class ChangelogRestore:
         self._complete_report()
         self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
         self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
-        log_restored(self.report, self.store.changelog_topic, str(self.report.kind), self.filter.gap_at)
+        log_restored(self.report, self.store.changelog_topic, str(self.report.kind), self.filter.gap_at, self.log_level)
         return self.report
 
     def suspend(self) -> RestoreReport:
@@ -259,14 +261,14 @@ class ChangelogRestore:
             raise KafkaException(error)
 
     def _read_batch(self) -> list[Message]:
-        """The next batch of records, waiting at most `BATCH_WAIT` for them. consume() waits for a full
+        """The next batch of records, waiting at most `batch_wait` for them. consume() waits for a full
         batch, so it asks for no more than the offsets left, and in short slices: offsets no record
         sits on (a transaction's marker, compacted records) would keep it waiting for records that
         never come; between slices the consumer's position shows the range read to its end."""
         wanted = min(self._batch_size, self.end - self.position)
-        deadline = time.monotonic() + BATCH_WAIT
+        deadline = time.monotonic() + self.batch_wait
         while True:
-            messages = self._consumer.consume(wanted, timeout=BATCH_WAIT_SLICE)
+            messages = self._consumer.consume(wanted, timeout=min(BATCH_WAIT_SLICE, self.batch_wait))
             if messages or time.monotonic() >= deadline:
                 return messages
             if self._consumer.position([self._topic_partition])[0].offset >= self.end:
@@ -301,10 +303,13 @@ class ChangelogRestore:
         )
 
 
-def log_restored(report: RestoreReport, changelog_topic: str, how: str, gap_at: int | None = None) -> None:
-    """Log a finished restore, with its report attached (`RESTORE_REPORT_FIELD`), and warn when it
-    applied records of uncommitted messages (`gap_at`: where compaction left the first gap, if known)."""
-    log.info(
+def log_restored(
+    report: RestoreReport, changelog_topic: str, how: str, gap_at: int | None = None, level: int = logging.INFO
+) -> None:
+    """Log a finished restore at `level`, with its report attached (`RESTORE_REPORT_FIELD`), and warn
+    when it applied records of uncommitted messages (`gap_at`: where compaction left the first gap, if known)."""
+    log.log(
+        level,
         "Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied (%d of uncommitted "
         "messages), %d skipped, %.2f s",
         report.store,

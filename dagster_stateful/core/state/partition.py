@@ -1,7 +1,8 @@
 """Store partitions: one database per (app, store, Kafka partition), with its lock and offsets.
 
 Owns one partition directory's content (the backend's files, RocksDB's by default, `.lock`,
-`.checkpoint`), opening it safely (exclusive lock, waited for within a bound; a corrupted database
+`.checkpoint`, `.handover`), opening it safely (exclusive lock, waited for within a bound, with a
+`.handover` request that makes a standby replica holding it let go; a corrupted database
 is handed to the state directory's quarantine and the partition starts empty, to be fully
 restored, while any other failure to open raises and moves nothing), the partition's two offsets
 kept inside the database, committing data and offsets in one atomic write before publishing the
@@ -27,12 +28,14 @@ from dagster_stateful.core.state.backend import BackendFactory, StoreBackend
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
-from dagster_stateful.errors import ConfigurationError, StateStoreError, StoreCorruptedError
+from dagster_stateful.errors import ConfigurationError, StateLockedError, StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
 CHANGELOG_OFFSET_KEY = b"changelog_offset"
 SOURCE_OFFSET_KEY = b"source_offset"
+HANDOVER_FILE = ".handover"
+"""Present while an opener (not a standby replica) waits for the partition's lock."""
 
 
 def encode_offset(offset: int) -> bytes:
@@ -99,11 +102,22 @@ class StorePartition:
         """False for a new or wiped partition: it needs a full restore."""
         return self.changelog_offset is not None
 
-    def open(self, lock_timeout: float | None = None) -> None:
+    def open(self, lock_timeout: float | None = None, *, as_standby: bool = False) -> None:
         """Take the lock (waiting up to `lock_timeout` seconds, the partition's default when None; 0
         fails at once) and open the database. Raises `StateLockedError` when another holder keeps
-        the lock, `StateStoreError` when RocksDB cannot open (nothing is moved unless it is corrupted)."""
-        self._lock.acquire(self.lock_timeout if lock_timeout is None else _checked_timeout(lock_timeout))
+        the lock, `StateStoreError` when RocksDB cannot open (nothing is moved unless it is corrupted).
+        Unless `as_standby`, an opener that finds the lock held asks a standby replica holding it to
+        let go (`handover_requested`)."""
+        timeout = self.lock_timeout if lock_timeout is None else _checked_timeout(lock_timeout)
+        try:
+            self._lock.acquire(0.0)
+        except StateLockedError:
+            if as_standby:
+                raise
+            self._request_handover()
+            self._lock.acquire(timeout)
+        if not as_standby:
+            (self.path / HANDOVER_FILE).unlink(missing_ok=True)
         try:
             self._db = self._open_database()
         except BaseException:
@@ -112,6 +126,17 @@ class StorePartition:
         if not self._db.persistent:
             remove_checkpoint(self.path)  # a crashed worker's: its state went with it
         self._load_offsets()
+
+    @property
+    def handover_requested(self) -> bool:
+        """Whether an opener that is not a standby replica waits for this partition's lock."""
+        return (self.path / HANDOVER_FILE).exists()
+
+    def _request_handover(self) -> None:
+        try:
+            (self.path / HANDOVER_FILE).touch()
+        except OSError as error:  # the opener then waits for the holder as it always did
+            log.debug("Could not ask the holder of %s to hand it over: %s", self.path, error)
 
     def _open_database(self) -> StoreBackend:
         try:

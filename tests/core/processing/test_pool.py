@@ -1,13 +1,16 @@
 """A pool of workers of one app on one machine, against a real broker: three members over six
 partitions split them two each, a member that stops hands its partitions to the others, which
 restore only the changelog tail written since they last held them (the members share the state
-directory) or nothing at all, and the totals are exact under exactly-once."""
+directory) or nothing at all, and the totals are exact under exactly-once. With standby replicas on
+the shared directory, a standby never keeps a store from its active owner (it hands it over when
+asked)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from kafka_helpers import produce, wait_for
 
@@ -36,13 +39,20 @@ def start(worker: Worker, results: dict[int, WorkerReport | BaseException], inde
     return thread
 
 
+@pytest.mark.parametrize("standbys", [0, 1])
 def test_a_pool_splits_the_partitions_and_a_member_that_stops_hands_them_over_with_the_tail(
-    kafka_bootstrap, unique_name, tmp_path
+    kafka_bootstrap, unique_name, tmp_path, standbys
 ):
     first = make_orders(3_000, customers=60)
     source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, first)
     app = totals_app(
-        kafka_bootstrap, source, tmp_path, unique_name("pool"), step=slow_total, processing_guarantee="exactly-once"
+        kafka_bootstrap,
+        source,
+        tmp_path,
+        unique_name("pool"),
+        step=slow_total,
+        processing_guarantee="exactly-once",
+        num_standby_replicas=standbys,
     )
     members = [app.pool_member(index, pool="test") for index in range(MEMBERS)]
     assert len({member.config.group_instance_id for member in members}) == MEMBERS

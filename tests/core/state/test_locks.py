@@ -169,3 +169,23 @@ def test_clear_state_is_refused_while_a_worker_runs_and_works_after(kafka_bootst
     assert report.stop_reason == "caught_up" and report.total_processed == 0
     assert {restore.kind for restore in report.restores} == {"full"}
     assert totals_in_store(again, 2) == expected_totals(orders)
+
+
+def test_an_opener_that_finds_a_standby_holding_the_lock_asks_it_to_hand_over(tmp_path):
+    standby = partition_at(tmp_path)
+    standby.open(as_standby=True)
+    try:
+        active = partition_at(tmp_path)
+        with pytest.raises(StateLockedError):
+            active.open(lock_timeout=0)
+        assert standby.handover_requested, "the refused opener asked the holder to hand over"
+        with pytest.raises(StateLockedError):
+            partition_at(tmp_path).open(lock_timeout=0, as_standby=True)
+    finally:
+        standby.close()
+
+    active.open(lock_timeout=0)
+    try:
+        assert not active.handover_requested, "taken over: the request is gone"
+    finally:
+        active.close()

@@ -1,0 +1,46 @@
+"""Standby placement from the group's assignment: each partition's standbys are the members that
+would own it next under cooperative-sticky (checked against the real assignor by
+tests/faults/test_standbys.py), never its owner, as many as asked while members remain."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagster_stateful.core.processing.standby_placement import standby_placement, standbys_of, successors
+
+THREE = {"m0-a": [0, 3], "m1-b": [1, 4], "m2-c": [2, 5]}
+
+
+def test_a_departed_members_partitions_go_highest_first_to_the_least_loaded_then_lowest_id():
+    # Observed on a broker: m0 leaves; 3 goes to m1 (both others hold 2, m1 sorts first), then 0 to m2.
+    assert successors(THREE, "m0-a") == {3: "m1-b", 0: "m2-c"}
+    assert successors({"m0": [5, 6], "m1": [1, 4], "m2": [0, 3], "m3": [2]}, "m2") == {3: "m3", 0: "m0"}
+
+
+def test_each_partition_gets_one_standby_on_a_member_that_does_not_own_it():
+    placement = standby_placement(THREE, replicas=1)
+
+    assert set(placement) == set(range(6))
+    owner = {p: m for m, ps in THREE.items() for p in ps}
+    assert all(len(holders) == 1 and owner[p] not in holders for p, holders in placement.items())
+    assert sorted(len(standbys_of(m, THREE, 1)) for m in THREE) == [2, 2, 2], "spread evenly"
+
+
+def test_a_second_standby_is_where_the_partition_goes_if_the_first_one_also_leaves():
+    placement = standby_placement(THREE, replicas=2)
+
+    for partition, holders in placement.items():
+        owner = next(m for m, ps in THREE.items() if partition in ps)
+        assert len(holders) == 2 and len(set(holders)) == 2 and owner not in holders
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 5])
+def test_there_are_never_more_standbys_than_other_members(replicas):
+    pair = {"m0": [0, 1], "m1": [2]}
+
+    assert all(len(holders) == min(replicas, 1) for holders in standby_placement(pair, replicas).values())
+    assert standby_placement({"alone": [0, 1]}, replicas) == {0: [], 1: []}
+
+
+def test_an_idle_member_takes_the_departed_members_partitions_first():
+    assert successors({"m0": [0, 1], "m1": [2, 3], "m2": []}, "m0") == {1: "m2", 0: "m2"}

@@ -1,0 +1,140 @@
+"""Standby replicas against a real broker, with changelogs compacted as aggressively as the broker
+allows: three members of one app, each with a state directory of its own (as pods with their own
+volumes), one standby each, while orders keep coming. A member is SIGKILLed: each partition it
+owned moves to the member holding its standby, whose restore applies at most one commit's records
+(a full restore would apply the partition's every key). The killed member comes back and keeps
+standbys again. A final worker's totals equal a recompute from the source: nothing lost under
+at-least-once, exact under exactly-once."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from dataclasses import replace
+
+import pytest
+from fault_harness import FaultResult, OrderFeeder, WorkerProcess, summarize
+from fault_scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
+from fault_worker import STORE, WorkerSpec, build_app
+from kafka_helpers import wait_for
+
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.state.checkpoint import read_checkpoint
+
+pytestmark = pytest.mark.integration
+
+SEED = int(os.environ.get("FAULT_SEED") or random.SystemRandom().randrange(2**32))
+PARTITIONS = 6
+MEMBERS = 3
+CUSTOMERS = 3_000
+"""About 500 keys per partition: what a full restore of one would apply."""
+COMMIT_EVERY = 100
+"""The most changelog records one commit writes for a partition (one per message at most)."""
+KEPT = re.compile(r"Keeps a standby of partition (\d+)")
+GONE = re.compile(r"(?:No longer keeps a standby of|Let go of the standby of|Dropped the standby of) partition (\d+)")
+
+
+def kept_standbys(worker: WorkerProcess) -> set[int]:
+    """The partitions the member keeps standbys of, as its log says."""
+    kept: set[int] = set()
+    for line in worker.log_path.read_text(errors="replace").splitlines():
+        if found := KEPT.search(line):
+            kept.add(int(found.group(1)))
+        elif found := GONE.search(line):
+            kept.discard(int(found.group(1)))
+    return kept
+
+
+def changelog_position(spec: WorkerSpec, partition: int) -> int:
+    """Where the member's copy of the partition stands in its changelog, by its checkpoint (-1: none yet)."""
+    checkpoint = read_checkpoint(build_app(spec).state.partition_path(STORE, partition))
+    return -1 if checkpoint is None or checkpoint.changelog_offset is None else checkpoint.changelog_offset
+
+
+def standbys_within(specs: list[WorkerSpec], holders: dict[int, int], owned: dict[str, set[int]], records: int) -> bool:
+    """Whether every standby is at most `records` changelog offsets behind its partition's active copy."""
+    owner = {p: i for i, spec in enumerate(specs) for p in owned.get(spec.group_instance_id, ())}
+    return all(
+        changelog_position(specs[owner[p]], p) - changelog_position(specs[holder], p) <= records
+        and changelog_position(specs[holder], p) >= 0
+        for p, holder in holders.items()
+    )
+
+
+def owners(bootstrap: str, group: str, source: str) -> dict[str, set[int]] | None:
+    """static id -> partitions, once the group is stable with every partition owned."""
+    description = KafkaClients({"bootstrap.servers": bootstrap}).describe_group(group, source)
+    if description.state != "STABLE":
+        return None
+    owned = {m.group_instance_id or m.member_id: set(m.partitions) for m in description.members}
+    return owned if sum(len(p) for p in owned.values()) == PARTITIONS else None
+
+
+@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
+def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_tail(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    source = lab.orders_topic(PARTITIONS, 6_000, CUSTOMERS)
+    base = lab.spec(
+        source,
+        PARTITIONS,
+        until_caught_up=False,
+        max_seconds=240,
+        session_timeout_ms=3_000,
+        commit_every=COMMIT_EVERY,
+        num_standby_replicas=1,
+        processing_guarantee=guarantee,
+    )
+    specs = [
+        replace(base, state_dir=str(tmp_path / f"member-{i}"), group_instance_id=f"{base.name}-{i}")
+        for i in range(MEMBERS)
+    ]
+    result = FaultResult(f"standbys ({guarantee})")
+    feeder = OrderFeeder(kafka_bootstrap, source, CUSTOMERS, rate=300).start()
+    workers = [WorkerProcess(spec, lab.log(f"member-{i}")) for i, spec in enumerate(specs)]
+    try:
+        wait_for(
+            lambda: all(len(kept_standbys(w)) == PARTITIONS // MEMBERS for w in workers),
+            120,
+            "each member to keep the standbys of two partitions",
+        )
+        before = wait_for(lambda: owners(kafka_bootstrap, base.name, source), 60, "a stable group")
+        dead = before[specs[0].group_instance_id]
+        standby_holders = {p: i for i, w in enumerate(workers) for p in kept_standbys(w)}
+        wait_for(
+            lambda: standbys_within(specs, standby_holders, before, COMMIT_EVERY),
+            120,
+            "every standby within one commit of its active copy",
+        )
+        seen = [len(w.events) for w in workers]
+        workers[0].kill()
+        for i in (1, 2):
+            if any(standby_holders[p] == i for p in dead):
+                wait_for_takeover(workers[i], seen[i], f"member {i} to take over the killed member's partitions")
+        after = wait_for(lambda: owners(kafka_bootstrap, base.name, source), 60, "the group without member 0")
+        workers[0] = WorkerProcess(specs[0], lab.log("member-0-back"))
+        wait_for(lambda: kept_standbys(workers[0]), 120, "the member that came back to keep standbys again")
+    finally:
+        produced = feeder.stop()
+        for worker in workers:
+            worker.terminate()
+    reports = [summarize(f"member {i}", w.finish(120)) for i, w in enumerate(workers)]
+    result.runs.extend(reports)
+    result.counters["orders produced while running"] = produced
+
+    for partition in sorted(dead):
+        holder = standby_holders[partition]
+        assert partition in after[specs[holder].group_instance_id], f"partition {partition} moved to its standby"
+        restores = [r for r in (reports[holder].report or {})["restores"] if r[0] == partition]
+        assert restores and all(kind == "standby" for _, kind, _, _ in restores), restores
+        applied = sum(records for _, _, records, _ in restores)
+        assert applied <= COMMIT_EVERY, f"partition {partition}'s standby restore applied {applied} records"
+    assert (reports[0].report or {})["standby_records"], "the member that came back keeps standbys"
+
+    final = replace(base, until_caught_up=True, num_standby_replicas=0, state_dir=str(tmp_path / "final"))
+    finish_with(result, final, lab)
+    assert result.lost == 0 and not result.totals_short, f"FAULT_SEED={SEED}\n{result.describe()}"
+    if guarantee == EXACTLY_ONCE:
+        assert result.doubled == 0, f"FAULT_SEED={SEED}\n{result.describe()}"
