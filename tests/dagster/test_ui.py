@@ -7,7 +7,10 @@ with nothing to do records no materialization.
 
 Runs `dg dev` on the example against the test broker and drives Debian's Chromium with
 Playwright (its own browser download is never used). The order generator and the snapshot
-sensors (Spark) are switched off through the UI's API, so the only orders are the test's.
+sensors (Spark) are switched off through the UI's API, so the only orders are the test's. The
+tests share one deployment and run in this file's order; those that wait on the daemon (the
+schedule's tick, the checks the first worker run's materialization triggers) come last, so that
+its work overlaps the others (each still waits for what it checks, with a timeout).
 """
 
 from __future__ import annotations
@@ -196,20 +199,6 @@ def test_the_store_page_shows_its_check_passed_and_the_automation_that_runs_its_
         expect(page.get_by_text(measured, exact=True).first).to_be_visible()
 
 
-def test_the_changelog_is_materialized_and_its_checks_evaluated(ui: UI):
-    page = ui.open(CHANGELOG)
-    expect(page.get_by_text("Latest materialization").first).to_be_visible()
-    expect(page.get_by_text("Never materialized")).to_have_count(0)
-
-    def every_check_passed() -> bool:
-        page = ui.open(f"{CHANGELOG}?view=checks")
-        expect(page.get_by_text("Checks (5)")).to_be_visible(timeout=60_000)  # a loaded machine renders it late
-        page.wait_for_timeout(2_000)
-        return page.get_by_text("Succeeded", exact=True).count() == 5
-
-    wait_for(every_check_passed, 240, "the changelog's five checks, evaluated after its materialization", interval=5)
-
-
 def test_the_snapshot_page_shows_the_sensor_that_takes_the_first_snapshot_within_minutes(ui: UI):
     page = ui.open("/assets/order_totals/totals_snapshot")
 
@@ -257,19 +246,17 @@ def test_the_shared_topic_sits_in_its_own_group_and_draws_no_edge_between_apps(u
         expect(page.get_by_text(other_app)).to_have_count(0)
 
 
-def test_provisioning_again_leaves_the_stores_in_sync(ui: UI):
-    page = ui.open(f"/locations/{LOCATION}/jobs/order_totals__provision/playground")
-    page.get_by_role("button", name="Launch Run").click()
-    page.wait_for_url("**/runs/*", timeout=60_000)
-    expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=120_000)
+def test_a_worker_run_with_nothing_to_do_records_no_materialization(ui: UI):
+    run_id = ui.launch_worker()
 
-    page = ui.open(f"{STORE}?view=partitions")
-    expect(page.get_by_text("Materialized (6)").first).to_be_visible()
-    page.wait_for_timeout(3_000)
-    expect(page.get_by_text("Unsynced")).to_have_count(0)
-    page = ui.open(STORE)
-    expect(page.get_by_text("Latest materialization").first).to_be_visible()
-    expect(page.get_by_text("Unsynced")).to_have_count(0)
+    expect(ui.page.get_by_text("Nothing to do").first).to_be_visible()
+    events = _graphql(
+        ui.base,
+        "query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection { events { __typename } } } } }",
+        {"id": run_id},
+    )["runOrError"]["eventConnection"]["events"]
+    kinds = {event["__typename"] for event in events}
+    assert "MaterializationEvent" not in kinds, f"the run with nothing to do recorded a materialization: {kinds}"
 
 
 def test_a_worker_schedule_tick_without_lag_skips_and_says_why(ui: UI):
@@ -292,14 +279,30 @@ def test_a_worker_schedule_tick_without_lag_skips_and_says_why(ui: UI):
     wait_for(skipped_for_no_lag, 150, "a worker schedule tick skipped with the reason 'no lag'", interval=10)
 
 
-def test_a_worker_run_with_nothing_to_do_records_no_materialization(ui: UI):
-    run_id = ui.launch_worker()
+def test_the_changelog_is_materialized_and_its_checks_evaluated(ui: UI):
+    page = ui.open(CHANGELOG)
+    expect(page.get_by_text("Latest materialization").first).to_be_visible()
+    expect(page.get_by_text("Never materialized")).to_have_count(0)
 
-    expect(ui.page.get_by_text("Nothing to do").first).to_be_visible()
-    events = _graphql(
-        ui.base,
-        "query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection { events { __typename } } } } }",
-        {"id": run_id},
-    )["runOrError"]["eventConnection"]["events"]
-    kinds = {event["__typename"] for event in events}
-    assert "MaterializationEvent" not in kinds, f"the run with nothing to do recorded a materialization: {kinds}"
+    def every_check_passed() -> bool:
+        page = ui.open(f"{CHANGELOG}?view=checks")
+        expect(page.get_by_text("Checks (5)")).to_be_visible(timeout=60_000)  # a loaded machine renders it late
+        page.wait_for_timeout(2_000)
+        return page.get_by_text("Succeeded", exact=True).count() == 5
+
+    wait_for(every_check_passed, 240, "the changelog's five checks, evaluated after its materialization", interval=5)
+
+
+def test_provisioning_again_leaves_the_stores_in_sync(ui: UI):
+    page = ui.open(f"/locations/{LOCATION}/jobs/order_totals__provision/playground")
+    page.get_by_role("button", name="Launch Run").click()
+    page.wait_for_url("**/runs/*", timeout=60_000)
+    expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=120_000)
+
+    page = ui.open(f"{STORE}?view=partitions")
+    expect(page.get_by_text("Materialized (6)").first).to_be_visible()
+    page.wait_for_timeout(3_000)
+    expect(page.get_by_text("Unsynced")).to_have_count(0)
+    page = ui.open(STORE)
+    expect(page.get_by_text("Latest materialization").first).to_be_visible()
+    expect(page.get_by_text("Unsynced")).to_have_count(0)
