@@ -37,6 +37,7 @@ from dagster_stateful.errors import (
 if TYPE_CHECKING:
     from dagster_stateful.core.app import App
     from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
+    from dagster_stateful.core.monitoring.key_location import KeyLocation
     from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
     from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
     from dagster_stateful.core.processing.aggregations import (
@@ -64,6 +65,7 @@ _EXPORTS = {
     "AppState": "dagster_stateful.core.monitoring.listeners",
     "RestoreListener": "dagster_stateful.core.monitoring.listeners",
     "StateListener": "dagster_stateful.core.monitoring.listeners",
+    "KeyLocation": "dagster_stateful.core.monitoring.key_location",
     "RestoreKind": "dagster_stateful.core.monitoring.report",
     "RestoreReport": "dagster_stateful.core.monitoring.report",
     "StopReason": "dagster_stateful.core.monitoring.report",
@@ -109,6 +111,7 @@ __all__ = [
     "KafkaOperationError",
     "KafkaSecurityError",
     "KafkaTlsError",
+    "KeyLocation",
     "Max",
     "Mean",
     "Min",

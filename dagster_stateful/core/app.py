@@ -28,6 +28,7 @@ from dagster_stateful.core.config import (
 )
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.errors import kafka_errors
+from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.kafka.provisioning import (
     ProvisioningPlan,
     TopicSpec,
@@ -36,6 +37,7 @@ from dagster_stateful.core.kafka.provisioning import (
     provisioning_plan,
 )
 from dagster_stateful.core.monitoring.describe import PartitionDescription, describe_partitions
+from dagster_stateful.core.monitoring.key_location import KeyLocation, locate_key
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
@@ -405,6 +407,11 @@ class App:
                 "cannot be read from outside: read its changelog topic, or keep it in RocksDB to query it"
             )
         return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)
+
+    def key_location(self, store: str, key: Any, partitioner: Partitioner = "murmur2") -> KeyLocation:
+        """Where `key`'s state lives now: its partition under the producers' `partitioner`, the member
+        owning it (static id, client id, host) and those keeping its standbys (Kafka Streams' queryMetadataForKey)."""
+        return locate_key(self.config, self.kafka, store, key, partitioner)
 
     def store_shape(self, store: str) -> StoreShape:
         """What decoding `store`'s rows needs beyond the serializers: its TTL or its windows."""

@@ -2,7 +2,8 @@
 allows: three members of one app, each with a state directory of its own (as pods with their own
 volumes), one standby each, while orders keep coming. A member is SIGKILLed: each partition it
 owned moves to the member holding its standby, whose restore applies at most one commit's records
-(a full restore would apply the partition's every key). The killed member comes back and keeps
+(a full restore would apply the partition's every key); where a key lives (`App.key_location`) names
+the member owning its partition and the one keeping its standby. The killed member comes back and keeps
 standbys again. A final worker's totals equal a recompute from the source: nothing lost under
 at-least-once, exact under exactly-once."""
 
@@ -14,7 +15,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from fault_harness import FaultResult, OrderFeeder, WorkerProcess, summarize
+from fault_harness import FaultResult, OrderFeeder, WorkerProcess, source_messages, summarize
 from fault_scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
 from fault_worker import STORE, WorkerSpec, build_app
 from kafka_helpers import wait_for
@@ -108,6 +109,11 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
             120,
             "every standby within one commit of its active copy",
         )
+        location = build_app(base).key_location(STORE, "c7", partitioner="consistent")  # the test's producers'
+        (arrived,) = {m.partition() for m in source_messages(kafka_bootstrap, source) if m.key() == b"c7"}
+        assert location.partition == arrived and location.active is not None
+        assert arrived in before[str(location.active.group_instance_id)], location.describe()
+        assert [m.group_instance_id for m in location.standbys] == [specs[standby_holders[arrived]].group_instance_id]
         seen = [len(w.events) for w in workers]
         workers[0].kill()
         for i in (1, 2):

@@ -303,6 +303,7 @@ class Committer:
             except KafkaException as error:
                 if self.transactions is not None:
                     self.transactions.raise_if_fenced(f"producing a record to {topic}", error)
+                    self.transactions.raise_if_aborting(f"producing a record to {topic}", error)
                 self._raise_refusal(error, topic)
                 raise
 

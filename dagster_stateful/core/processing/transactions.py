@@ -203,6 +203,16 @@ class KafkaTransactions:
             self.open = False
             raise ProducerFencedError(_fenced_message(doing, kafka_error)) from error
 
+    def raise_if_aborting(self, doing: str, error: KafkaException) -> None:
+        """Once the open transaction met an error that requires an abort (a broker lost its state in
+        an outage, say), librdkafka refuses every record (`_STATE`): abort the transaction and raise
+        `TransactionAborted`, so that the worker processes its messages again."""
+        kafka_error = _kafka_error(error)
+        if self.open and kafka_error is not None and kafka_error.code() == KafkaError._STATE:
+            log.warning("%s failed (%s): aborting the transaction", doing.capitalize(), kafka_error.str())
+            self.abort()
+            raise TransactionAborted(f"{doing} failed: {kafka_error.str()}") from error
+
     def _call(self, doing: str, call: Callable[[float], _T], bounded: bool = False) -> _T:
         """`call(timeout)` in tries of `ATTEMPT_SECONDS`, tried again within the transaction timeout
         while Kafka says a retry may succeed, never past the deadline (then `CallTimedOut`).

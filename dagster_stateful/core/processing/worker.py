@@ -1,22 +1,19 @@
 """The bounded worker: consume, process, commit, and stop when the run's limits say so.
 
-Owns the worker's loop and lifetime: subscribing with the app's consumer group (cooperative-sticky
-assignment, optional static membership), processing each consumed batch through the steps
-(`batch.BatchProcessor`, with the app's error policy), committing every `commit_interval` seconds
-or `commit_every` messages, and stopping when caught up (every assigned partition at its high
-watermark), after `max_messages`, after `max_seconds`, or on SIGTERM, always with a final commit
-and a clean close. Partition assignment and revocation are handled by
-`rebalance.PartitionAssignments`. Under exactly-once the producer is transactional
-(`transactions.KafkaTransactions`, one transactional id per worker), the consumer reads
-`read_committed`, and an aborted transaction rewinds every partition to its committed offset; runs
-pinned to partitions are refused (the group cannot fence them).
+Owns the worker's loop and lifetime: subscribing with the app's consumer group (cooperative-sticky,
+optional static membership), processing each consumed batch through the steps (`batch`, with the
+app's error policy), committing every `commit_interval` seconds or `commit_every` messages, and
+stopping when caught up (every assigned partition at its end), after `max_messages` or
+`max_seconds`, or on SIGTERM, with a final commit and a clean close. Rebalances are
+`rebalance.PartitionAssignments`'. Under exactly-once the producer is transactional (one
+transactional id per worker), the consumer reads `read_committed`, an aborted transaction rewinds
+every partition to its committed offset, and runs pinned to partitions are refused.
 
-A run with `max_seconds` ends within `max_seconds` plus its grace (`RunLimits.grace_seconds`),
-whatever the brokers do: its commits give up at `lifecycle.CLOSE_RESERVE_SECONDS` before that end
-(`CommitTimeoutError`, naming what was not committed) and every admin call at the same moment;
-closing the clients takes what is left, a close that does not finish by then is left to the
-background (see `kafka.bounded`). An authentication or TLS failure a client reports is raised from
-the loop at once (`KafkaClients.check_security`), like a refused ACL; nothing more is committed.
+A run with `max_seconds` ends within it plus its grace (`RunLimits.grace_seconds`), whatever the
+brokers do: commits and admin calls give up `lifecycle.CLOSE_RESERVE_SECONDS` before that end
+(`CommitTimeoutError` names what was not committed); closing the clients takes what is left, a
+close not done by then is left to the background (`kafka.bounded`). An authentication or TLS
+failure a client reports is raised at once (`KafkaClients.check_security`); nothing more is committed.
 """
 
 from __future__ import annotations
@@ -302,7 +299,11 @@ class Worker:
                 budget = config.commit_every - since_commit
                 if limits.max_messages is not None:
                     budget = min(budget, limits.max_messages - processed)
-                index, done = self._batches.process(messages, index, budget)
+                try:
+                    index, done = self._batches.process(messages, index, budget)
+                except TransactionAborted:  # a record was refused: the transaction needed an abort
+                    self._rewind()
+                    break
                 processed += done
                 since_commit += done
                 if limits.max_messages is not None and processed >= limits.max_messages:
