@@ -116,8 +116,8 @@ class StandbyReplicas:
             log.warning("Could not read group %r's membership for its standbys: %s", self._config.consumer_group, error)
             return
         assignment = {m.member_id: m.partitions for m in group.members}
-        if member not in assignment:
-            return
+        if group.state != "STABLE" or member not in assignment:
+            return  # mid-rebalance the assignment is partial: keep the standbys until it settles
         wanted = set(standbys_of(member, assignment, self._config.num_standby_replicas)) - held
         for partition in sorted(set(self.kept) - wanted):
             self._drop(partition)

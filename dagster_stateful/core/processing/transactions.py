@@ -232,8 +232,10 @@ class KafkaTransactions:
                 return call(seconds)
             except KafkaException as error:
                 kafka_error = _kafka_error(error)
-                if kafka_error is not None and kafka_error.retriable() and time.monotonic() < until:
+                if kafka_error is not None and kafka_error.retriable():
                     last = kafka_error.str()
+                    if time.monotonic() >= until:  # still retriable, out of time: what a broker outage looks like
+                        raise CallTimedOut(doing, f"Kafka kept answering {last} for {self._timeout:.0f} s") from error
                     log.info("%s failed (%s); retrying", doing.capitalize(), last)
                     continue
                 self._raise_classified(doing, kafka_error, error)
