@@ -13,6 +13,7 @@ import os
 import random
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from fault_harness import FaultResult, OrderFeeder, WorkerProcess, source_messages, summarize
@@ -20,8 +21,10 @@ from fault_scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_
 from fault_worker import STORE, WorkerSpec, build_app
 from kafka_helpers import wait_for
 
+from dagster_stateful.core import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.state.checkpoint import read_checkpoint
+from dagster_stateful.core.state.directory import StateDirectory
 
 pytestmark = pytest.mark.integration
 
@@ -47,18 +50,19 @@ def kept_standbys(worker: WorkerProcess) -> set[int]:
     return kept
 
 
-def changelog_position(spec: WorkerSpec, partition: int) -> int:
+def changelog_position(state: StateDirectory, partition: int) -> int:
     """Where the member's copy of the partition stands in its changelog, by its checkpoint (-1: none yet)."""
-    checkpoint = read_checkpoint(build_app(spec).state.partition_path(STORE, partition))
+    checkpoint = read_checkpoint(state.partition_path(STORE, partition))
     return -1 if checkpoint is None or checkpoint.changelog_offset is None else checkpoint.changelog_offset
 
 
 def standbys_within(specs: list[WorkerSpec], holders: dict[int, int], owned: dict[str, set[int]], records: int) -> bool:
     """Whether every standby is at most `records` changelog offsets behind its partition's active copy."""
     owner = {p: i for i, spec in enumerate(specs) for p in owned.get(spec.group_instance_id, ())}
+    states = [StateDirectory(Path(spec.state_dir), AppConfig(name=spec.name, source=spec.source)) for spec in specs]
     return all(
-        changelog_position(specs[owner[p]], p) - changelog_position(specs[holder], p) <= records
-        and changelog_position(specs[holder], p) >= 0
+        changelog_position(states[owner[p]], p) - changelog_position(states[holder], p) <= records
+        and changelog_position(states[holder], p) >= 0
         for p, holder in holders.items()
     )
 
