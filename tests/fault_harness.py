@@ -217,6 +217,7 @@ class WorkerOutcome:
     error: WorkerError | None
     started: float
     ended: float
+    log_path: Path | None = None
 
     @property
     def killed(self) -> bool:
@@ -357,7 +358,7 @@ class WorkerProcess:
             if error_event is None
             else WorkerError(error_event["type"], tuple(error_event["classes"]), error_event["message"])
         )
-        return WorkerOutcome(code, report, error, self.started, ended)
+        return WorkerOutcome(code, report, error, self.started, ended, self.log_path)
 
     # What the events say.
 
@@ -877,12 +878,32 @@ class RunSummary:
     """The group's lag by Kafka's committed offsets right after the run ended (-1: not measured)."""
     seconds: float
     report: dict[str, Any] | None
+    log_tail: str = ""
+    """What the worker's log ends with, kept when the run ended short of its goal (its limit, or an error)."""
 
     def describe(self) -> str:
         what = self.stop_reason or (
             f"{self.error.type}: {self.error.message}" if self.error else f"exit {self.exit_code}"
         )
-        return f"{self.label}: {what}, lag {self.lag}, {self.seconds:.1f} s"
+        tail = f"\n    log tail:\n{self.log_tail}" if self.log_tail else ""
+        return f"{self.label}: {what}, lag {self.lag}, {self.seconds:.1f} s{tail}"
+
+
+GROUP_DEBUG_EVENTS = ("|CGRPJOINSTATE|", "|JOINGROUP|", "|SYNCGROUP|", "|LOST|", "|REJOIN|", "|REBALANCE|")
+"""librdkafka's consumer-group debug lines (the fault worker enables `debug=cgrp`) that say where a
+member is in joining its group."""
+
+
+def diagnostic_tail(log_path: Path, lines: int = 30, group_lines: int = 15) -> str:
+    """The log's last `lines` lines without librdkafka's debug lines, then its last `group_lines`
+    consumer-group join lines: enough to tell why a run ended short."""
+    try:
+        text = log_path.read_text(errors="replace").splitlines()
+    except OSError as error:
+        return f"(no log: {error})"
+    plain = [line for line in text if not line.startswith("%7|")]
+    joins = [line for line in text if line.startswith("%7|") and any(event in line for event in GROUP_DEBUG_EVENTS)]
+    return "\n".join(f"      {line[:400]}" for line in [*plain[-lines:], "      ...", *joins[-group_lines:]])
 
 
 def summarize(label: str, outcome: WorkerOutcome, spec: WorkerSpec | None = None) -> RunSummary:
@@ -891,7 +912,9 @@ def summarize(label: str, outcome: WorkerOutcome, spec: WorkerSpec | None = None
     if spec is not None:
         lag = group_lag(spec.bootstrap, build_app(spec).consumer_group, spec.source, spec.partitions)
     stop = outcome.report["stop_reason"] if outcome.report else None
-    return RunSummary(label, outcome.exit_code, stop, outcome.error, lag, outcome.seconds, outcome.report)
+    short = outcome.error is not None or stop == "max_seconds"
+    tail = diagnostic_tail(outcome.log_path) if short and outcome.log_path is not None else ""
+    return RunSummary(label, outcome.exit_code, stop, outcome.error, lag, outcome.seconds, outcome.report, tail)
 
 
 @dataclass

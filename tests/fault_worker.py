@@ -185,6 +185,7 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         consumer_config={
             "session.timeout.ms": spec.session_timeout_ms,
             "heartbeat.interval.ms": max(100, spec.session_timeout_ms // 6),
+            "debug": "cgrp",  # the join's progress, in the log a failed case's summary quotes
         },
     )
     frame = app.dataframe()

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from dagster_stateful.core.app import App
     from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
     from dagster_stateful.core.monitoring.key_location import KeyLocation
+    from dagster_stateful.core.monitoring.key_reads import KeyRead, StateCopy
     from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
     from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
     from dagster_stateful.core.processing.aggregations import (
@@ -66,6 +67,8 @@ _EXPORTS = {
     "RestoreListener": "dagster_stateful.core.monitoring.listeners",
     "StateListener": "dagster_stateful.core.monitoring.listeners",
     "KeyLocation": "dagster_stateful.core.monitoring.key_location",
+    "KeyRead": "dagster_stateful.core.monitoring.key_reads",
+    "StateCopy": "dagster_stateful.core.monitoring.key_reads",
     "RestoreKind": "dagster_stateful.core.monitoring.report",
     "RestoreReport": "dagster_stateful.core.monitoring.report",
     "StopReason": "dagster_stateful.core.monitoring.report",
@@ -112,6 +115,7 @@ __all__ = [
     "KafkaSecurityError",
     "KafkaTlsError",
     "KeyLocation",
+    "KeyRead",
     "Max",
     "Mean",
     "Min",
@@ -126,6 +130,7 @@ __all__ = [
     "RestoreReport",
     "Serde",
     "State",
+    "StateCopy",
     "StateListener",
     "StateLockedError",
     "StateStoreError",

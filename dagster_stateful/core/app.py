@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from dagster_stateful.core.config import (
     choice,
 )
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.connection import KafkaConnection, kafka_clients
 from dagster_stateful.core.kafka.errors import kafka_errors
 from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.kafka.provisioning import (
@@ -38,6 +38,7 @@ from dagster_stateful.core.kafka.provisioning import (
 )
 from dagster_stateful.core.monitoring.describe import PartitionDescription, describe_partitions
 from dagster_stateful.core.monitoring.key_location import KeyLocation, locate_key
+from dagster_stateful.core.monitoring.key_reads import KeyRead, read_key
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
@@ -59,10 +60,6 @@ from dagster_stateful.core.state.stores import (
 from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
-
-BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
-
-KafkaConnection = KafkaClients | Mapping[str, Any] | str
 
 
 class App:
@@ -159,7 +156,7 @@ class App:
             )
         self._state_root = Path(state_dir)
         self.snapshot_root = snapshot_root
-        self._kafka = None if kafka is None else _kafka_clients(kafka)
+        self._kafka = None if kafka is None else kafka_clients(kafka)
         self.listeners = Listeners()
         self._dataframe = StreamingDataFrame(
             list(self.config.stores),
@@ -202,7 +199,7 @@ class App:
     def kafka(self) -> KafkaClients:
         """The connection: as given, else from $KAFKA_BOOTSTRAP_SERVERS when first needed."""
         if self._kafka is None:
-            self._kafka = _kafka_clients(None)
+            self._kafka = kafka_clients(None)
         return self._kafka
 
     @property
@@ -232,7 +229,7 @@ class App:
         bound = copy.copy(self)
         bound.listeners = self.listeners.copy()  # a listener added to the copy stays the copy's
         if kafka is not None:
-            bound._kafka = _kafka_clients(kafka)
+            bound._kafka = kafka_clients(kafka)
         if state_dir is not None:
             bound._state_root = Path(state_dir)
         if snapshot_root is not None:
@@ -400,13 +397,28 @@ class App:
         """A reader of `store`'s local partitions (all, or `partitions`) that takes no lock, so it reads
         a running worker's state as well as a stopped one's: `get(message_key, state_key)`,
         `items(...)`, or a window store's `windows(...)`. Close it when done (it is a context manager)."""
-        shape = self.store_shape(store)
+        return self._reader(self.state, self._readable_shape(store), partitions)
+
+    def _readable_shape(self, store: str) -> StoreShape:
         if store in self.config.store_backends:
             raise ConfigurationError(
                 f"store {store!r} is not kept in RocksDB (an in-memory store lives only inside its worker), so it "
                 "cannot be read from outside: read its changelog topic, or keep it in RocksDB to query it"
             )
-        return StoreReader(self.state, shape, self.config.key_serde, self.config.state_serde, partitions)
+        return self.store_shape(store)
+
+    def _reader(self, directory: StateDirectory, shape: StoreShape, partitions: Iterable[int] | None) -> StoreReader:
+        return StoreReader(directory, shape, self.config.key_serde, self.config.state_serde, partitions)
+
+    def read_key(self, store: str, key: Any, partitioner: Partitioner = "murmur2") -> KeyRead:
+        """`key`'s state in `store`, from the freshest copy of its partition on this machine: the
+        active owner's, a standby's (while the active copy restores, or once its owner is gone) or
+        this app's own; the answer says which copy it came from and how far behind that copy is."""
+        shape = self._readable_shape(store)
+        location = self.key_location(store, key, partitioner)
+        return read_key(
+            self.config, self.kafka, self.state.root, location, lambda d, parts: self._reader(d, shape, parts)
+        )
 
     def key_location(self, store: str, key: Any, partitioner: Partitioner = "murmur2") -> KeyLocation:
         """Where `key`'s state lives now: its partition under the producers' `partitioner`, the member
@@ -435,16 +447,3 @@ class App:
 
     def app_dir(self) -> Path:
         return self.state.app_dir
-
-
-def _kafka_clients(kafka: KafkaConnection | None) -> KafkaClients:
-    if isinstance(kafka, KafkaClients):
-        return kafka
-    if isinstance(kafka, str):
-        return KafkaClients({"bootstrap.servers": kafka})
-    if kafka is not None:
-        return KafkaClients(kafka)
-    bootstrap = os.environ.get(BOOTSTRAP_ENV)
-    if not bootstrap:
-        raise ConfigurationError(f"no Kafka connection: pass kafka= to App or set {BOOTSTRAP_ENV}")
-    return KafkaClients({"bootstrap.servers": bootstrap})

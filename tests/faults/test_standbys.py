@@ -23,6 +23,8 @@ from kafka_helpers import wait_for
 
 from dagster_stateful.core import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.partitioner import partition_of
+from dagster_stateful.core.monitoring.key_reads import ACTIVE, STANDBY
 from dagster_stateful.core.state.checkpoint import read_checkpoint
 from dagster_stateful.core.state.directory import StateDirectory
 
@@ -36,6 +38,8 @@ CUSTOMERS = 3_000
 COMMIT_EVERY = 100
 """The most changelog records one commit writes for a partition (one per message at most)."""
 KEPT = re.compile(r"Keeps a standby of partition (\d+)")
+RESTORE_DELAY = 2.0
+"""Seconds each batch the member that came back restores takes: the window a read lands in."""
 GONE = re.compile(r"(?:No longer keeps a standby of|Let go of the standby of|Dropped the standby of) partition (\d+)")
 
 
@@ -74,6 +78,29 @@ def owners(bootstrap: str, group: str, source: str) -> dict[str, set[int]] | Non
         return None
     owned = {m.group_instance_id or m.member_id: set(m.partitions) for m in description.members}
     return owned if sum(len(p) for p in owned.values()) == PARTITIONS else None
+
+
+def read_during_restore(base: WorkerSpec, restoring: WorkerProcess, member: WorkerSpec) -> None:
+    """Read a key of a partition `restoring` (the member that came back) restores: the answer comes
+    from a fresher copy than its active one, and says so."""
+    started = restoring.wait_for(
+        lambda events: next(((e.data[0],) for e in events if e.kind == "restore_start"), None),
+        120,
+        "the member that came back to restore a partition",
+    )
+    assert started is not None, restoring.log_tail()
+    (partition,) = started
+    key = next(
+        f"c{i}" for i in range(CUSTOMERS) if partition_of(f"c{i}".encode(), PARTITIONS, "consistent") == partition
+    )
+    read = build_app(base).read_key(STORE, key, partitioner="consistent")
+    assert restoring.restoring(), f"the restore ended before the read; raise RESTORE_DELAY:\n{restoring.log_tail()}"
+    assert read.location.active is not None and read.location.active.group_instance_id == member.group_instance_id
+    assert read.from_standby and read.entries, read.describe()
+    assert all(read.answered_by.behind <= copy.behind for copy in read.copies), read.describe()
+    active = [copy for copy in read.copies if copy.role == ACTIVE]
+    assert all(copy.behind > read.answered_by.behind for copy in active), read.describe()
+    assert f"the {read.answered_by.role} copy" in read.describe() and "changelog records behind" in read.describe()
 
 
 @pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
@@ -118,13 +145,17 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
         assert location.partition == arrived and location.active is not None
         assert arrived in before[str(location.active.group_instance_id)], location.describe()
         assert [m.group_instance_id for m in location.standbys] == [specs[standby_holders[arrived]].group_instance_id]
+        warm = build_app(base).read_key(STORE, "c7", partitioner="consistent")
+        assert {copy.role for copy in warm.copies} >= {ACTIVE, STANDBY}, warm.describe()
+        assert warm.answered_by.behind == min(copy.behind for copy in warm.copies) and warm.entries, warm.describe()
         seen = [len(w.events) for w in workers]
         workers[0].kill()
         for i in (1, 2):
             if any(standby_holders[p] == i for p in dead):
                 wait_for_takeover(workers[i], seen[i], f"member {i} to take over the killed member's partitions")
         after = wait_for(lambda: owners(kafka_bootstrap, base.name, source), 60, "the group without member 0")
-        workers[0] = WorkerProcess(specs[0], lab.log("member-0-back"))
+        workers[0] = WorkerProcess(replace(specs[0], restore_delay=RESTORE_DELAY), lab.log("member-0-back"))
+        read_during_restore(base, workers[0], specs[0])
         wait_for(lambda: kept_standbys(workers[0]), 120, "the member that came back to keep standbys again")
     finally:
         produced = feeder.stop()

@@ -28,10 +28,15 @@ class KeyLocation:
     """The member that owns the partition (None: no member does, the group is not running or rebalancing)."""
     standbys: tuple[GroupMember, ...]
     """The members that keep the partition's standby replicas, in failover order."""
+    members: tuple[GroupMember, ...] = ()
+    """Every member of the group (one that neither owns the partition nor keeps its standby may
+    still hold an older copy, from an earlier assignment)."""
 
     def describe(self) -> str:
-        active = _name(self.active) if self.active else "no active owner (the group is not running or rebalancing)"
-        standbys = ", ".join(_name(member) for member in self.standbys) or "none"
+        active = (
+            member_name(self.active) if self.active else "no active owner (the group is not running or rebalancing)"
+        )
+        standbys = ", ".join(member_name(member) for member in self.standbys) or "none"
         where = f"partition {self.partition}, active {active}, standbys {standbys}"
         return f"key {self.key!r} of store {self.store!r}: {where}"
 
@@ -53,9 +58,10 @@ def locate_key(
     if active is not None and config.num_standby_replicas:
         assignment = {member.member_id: member.partitions for member in group.members}
         holders = standby_placement(assignment, config.num_standby_replicas).get(partition, [])
-    return KeyLocation(store, key, partition, active, tuple(by_id[member_id] for member_id in holders))
+    standbys = tuple(by_id[member_id] for member_id in holders)
+    return KeyLocation(store, key, partition, active, standbys, group.members)
 
 
-def _name(member: GroupMember) -> str:
+def member_name(member: GroupMember) -> str:
     identity = member.group_instance_id or member.client_id
     return f"{identity} on {member.host.lstrip('/')}"
