@@ -45,14 +45,42 @@ WAITING_MODULES = {
 one after the other on one worker (`WAITS_GROUP`) while the other worker computes."""
 
 
+GROUP_SECONDS: dict[str, int] = {}
+"""What each long group of the integration tier took on this 2-core machine (seconds, measured
+with `--durations=0`): the groups start longest first, so that no long group starts last and
+leaves the other worker idle. A group not listed counts `SECONDS_PER_TEST` per test."""
+SECONDS_PER_TEST = 5
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist would reorder the groups by their number of tests; they come in the order
+    # `pytest_collection_modifyitems` gives them (longest first).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook, which tags each item with its group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups: dict[pytest.Item, str] = {}
     for item in items:
         directories = set(item.path.relative_to(TESTS).parts[:-1])
         fixtures = set(getattr(item, "fixturenames", ()))
         if INTEGRATION_FIXTURES & fixtures or INTEGRATION_DIRS & directories:
             item.add_marker(pytest.mark.integration)
-        item.add_marker(pytest.mark.xdist_group(_run_group(item, fixtures, directories)))
+        groups[item] = _run_group(item, fixtures, directories)
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    _longest_groups_first(items, groups)
+
+
+def _longest_groups_first(items: list[pytest.Item], groups: dict[pytest.Item, str]) -> None:
+    """Sort the items group by group, longest group first, keeping each group's own order."""
+    sizes: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        sizes[groups[item]] = sizes.get(groups[item], 0) + 1
+        first.setdefault(groups[item], index)
+    seconds = {group: GROUP_SECONDS.get(group, SECONDS_PER_TEST * count) for group, count in sizes.items()}
+    items.sort(key=lambda item: (-seconds[groups[item]], first[groups[item]]))
 
 
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:

@@ -8,7 +8,8 @@ the state stores with a running count. Partitions owned by a worker elsewhere (a
 state directory) are watched: when this machine's copy (read from its `.checkpoint` file, without
 opening RocksDB) falls behind the changelog by more than the threshold, a restore run is requested
 for exactly those partitions. A group with no member (bounded workers between runs) is idle, not
-rebalancing.
+rebalancing. Partitions with standby replicas (`num_standby_replicas`, placed as the workers place
+them) are left to the workers that keep them.
 """
 
 from dagster import (
@@ -23,6 +24,8 @@ from dagster import (
 )
 
 from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka.descriptions import GroupDescription
+from dagster_stateful.core.processing.standby_placement import standby_placement
 from dagster_stateful.naming import job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
@@ -78,7 +81,9 @@ def rebalance_sensor(
         new_cursor = dump_cursor(
             {"owners": {str(p): o for p, o in (owners or previous).items()}, "rebalances": rebalances}
         )
-        elsewhere = sorted(p for p, owner in owners.items() if owner != bound.worker_client_id)
+        with_standbys = _partitions_with_standbys(group, app.config.num_standby_replicas)
+        owned_elsewhere = sorted(p for p, owner in owners.items() if owner != bound.worker_client_id)
+        elsewhere = [p for p in owned_elsewhere if p not in with_standbys]
         stale = _stale_partitions(bound, elsewhere, restore_threshold)
         if not stale:
             reason = f"group {group.state} with {len(group.members)} member(s); " + (
@@ -86,6 +91,9 @@ def rebalance_sensor(
                 if elsewhere
                 else "no partition owned elsewhere"
             )
+            kept = sorted(set(owned_elsewhere) & with_standbys)
+            if kept:
+                reason += f"; partitions {kept} have standby replicas, which the workers keep warm"
             return SensorResult(skip_reason=SkipReason(reason), asset_events=events, cursor=new_cursor)
         if context.instance.get_runs(RunsFilter(job_name=restore, statuses=IN_PROGRESS), limit=1):
             return SensorResult(
@@ -114,6 +122,14 @@ def _owners_from(raw: object) -> dict[int, str]:
     if not isinstance(raw, dict):
         return {}
     return {int(p): str(owner) for p, owner in raw.items() if str(p).isdigit()}
+
+
+def _partitions_with_standbys(group: GroupDescription, replicas: int) -> set[int]:
+    """The partitions whose standby replicas the group's workers keep (`num_standby_replicas`)."""
+    if not replicas:
+        return set()
+    assignment = {member.member_id: member.partitions for member in group.members}
+    return {partition for partition, holders in standby_placement(assignment, replicas).items() if holders}
 
 
 def _stale_partitions(app: App, partitions: list[int], threshold: int) -> dict[int, int]:

@@ -1,4 +1,5 @@
-"""The lag and rebalance sensors against real consumer groups on the real broker."""
+"""The lag and rebalance sensors against real consumer groups on the real broker (the rebalance
+sensor leaves the partitions that have standby replicas to the workers that keep them)."""
 
 import threading
 
@@ -187,3 +188,42 @@ def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_i
     publish("snapshot-2", time.time())
     fresh = tick(defs, name, resources, DagsterInstance.ephemeral())
     assert isinstance(fresh, SkipReason) and "younger than 1 h" in str(fresh.skip_message)
+
+
+def test_rebalance_sensor_leaves_partitions_with_standbys_to_the_workers(kafka_bootstrap, unique_name, tmp_path):
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, make_orders(200, customers=16))
+    app = totals_app(kafka_bootstrap, source, tmp_path / "unbound", unique_name("totals"), num_standby_replicas=1)
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "here"))
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store, restore_threshold=50)
+    here = state_store.bind(app, kafka)
+    elsewhere = here.bind(state_dir=tmp_path / "elsewhere")
+    workers = [app.worker(max_seconds=120, until_caught_up=False) for app in (here, elsewhere)]
+    threads = [run_in_thread(worker) for worker in workers]
+    try:
+        group = wait_for(lambda: _stable_with_both(here, elsewhere), 60, "the group to settle with both workers")
+        moved = sorted(p for m in group.members if m.client_id == elsewhere.worker_client_id for p in m.partitions)
+        produce(kafka_bootstrap, app.source, make_orders(800, customers=400, start=200))
+        wait_for(
+            lambda: all(d.changelog_lag == 0 and d.changelog_high > 0 for d in here.describe_partitions(moved)),
+            90,
+            "this machine's worker to keep standbys of the other worker's partitions up to date",
+        )
+        resources = {"kafka": kafka, "state_store": state_store}
+        result = tick(defs, job_name(app, "rebalance_sensor"), resources, DagsterInstance.ephemeral())
+    finally:
+        for worker in workers:
+            worker.stop.request()
+        for thread in threads:
+            thread.join(60)
+
+    assert not result.run_requests, result
+    assert f"partitions {moved} have standby replicas" in result.skip_reason.skip_message
+
+
+def _stable_with_both(here, elsewhere):
+    group = here.kafka.describe_group(here.consumer_group, here.source)
+    owners = {m.client_id for m in group.members if m.partitions}
+    if group.state == "STABLE" and owners == {here.worker_client_id, elsewhere.worker_client_id}:
+        return group
+    return None
