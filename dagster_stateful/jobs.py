@@ -25,6 +25,7 @@ from pydantic import Field
 from dagster_stateful.assets import WorkerConfig, first_changelog_records
 from dagster_stateful.checks import freshness_evaluation
 from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
@@ -38,7 +39,7 @@ from dagster_stateful.metadata import (
 from dagster_stateful.naming import changelog_key, job_name, store_key, worker_pool
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
-from dagster_stateful.state_rows import state_rows, state_sample
+from dagster_stateful.state_rows import copy_summary, key_read_rows, state_rows, state_sample
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 
@@ -64,6 +65,11 @@ class QueryStateConfig(Config):
     state_key: str | None = Field(default=None, description="One state key of the message key; empty reads all.")
     partitions: list[int] = Field(default_factory=list, description="Kafka partitions to read; empty reads all.")
     limit: int = Field(default=100, description="Rows to show at most.")
+    partitioner: str = Field(
+        default="murmur2",
+        description="How the producers place keys (murmur2: Java clients; consistent: librdkafka's default): with "
+        "standby replicas, a key's partition is read from its freshest copy on this machine.",
+    )
 
 
 class ClearStateConfig(Config):
@@ -281,6 +287,9 @@ def query_state_job(app: App):
         bound = state_store.bind(app, kafka)
         if config.store not in app.stores:
             raise Failure(description=f"App {app.name!r} has no store {config.store!r}; its stores are {app.stores}.")
+        if config.key is not None and not config.partitions and app.config.num_standby_replicas:
+            _query_freshest_copy(context, bound, config)
+            return
         rows = state_rows(
             bound, config.store, config.partitions or None, config.key, config.state_key, max(config.limit, 1)
         )
@@ -293,12 +302,32 @@ def query_state_job(app: App):
     @job(
         name=job_name(app, "query_state"),
         description=f"Read the state of a store of app `{app.name}` on this machine (one message key, or all), "
-        "without taking any lock: a running worker's, a stopped one's, or the warm copies kept here.",
+        "without taking any lock: a running worker's, a stopped one's, or the warm copies kept here (with standby "
+        "replicas, one key from the freshest copy of its partition, saying which copy answered).",
     )
     def query_state():
         query_state_op()
 
     return query_state
+
+
+def _query_freshest_copy(context: OpExecutionContext, bound: App, config: QueryStateConfig) -> None:
+    """One key of an app with standby replicas, read from the freshest copy of its partition here."""
+    if config.partitioner not in ("murmur2", "consistent"):
+        raise Failure(description=f"partitioner is murmur2 or consistent, got {config.partitioner!r}.")
+    partitioner: Partitioner = "murmur2" if config.partitioner == "murmur2" else "consistent"
+    read = bound.read_key(config.store, config.key, partitioner)
+    rows = key_read_rows(read, config.state_key, max(config.limit, 1))
+    context.log.info("Read %d rows: %s", len(rows), read.describe())
+    context.add_output_metadata(
+        {
+            "rows": len(rows),
+            "partitions_read": MetadataValue.json([read.location.partition]),
+            "answered_by": MetadataValue.json(copy_summary(read.answered_by)),
+            "copies": MetadataValue.json([copy_summary(copy) for copy in read.copies]),
+            "state": MetadataValue.json(rows),
+        }
+    )
 
 
 def clear_state_job(app: App):

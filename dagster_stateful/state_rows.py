@@ -1,5 +1,8 @@
 """A store's state as rows Dagster shows: samples in a store asset's metadata, the query_state job's answer.
 
+Also the rows of one key read from the freshest copy (`key_read_rows`) and where each copy is
+(`copy_summary`), for the query_state job of an app with standby replicas.
+
 Owns `state_rows` (entries or windows of a store, read through `App.read_state`, so without taking
 any lock: from a running worker's partitions, a stopped one's, or the warm copies this machine
 keeps) and `state_sample` (a few rows per materialized partition). Each row is a JSON object:
@@ -16,6 +19,7 @@ from typing import Any
 import orjson
 
 from dagster_stateful.core.app import App
+from dagster_stateful.core.monitoring.key_reads import KeyRead, StateCopy
 from dagster_stateful.core.state.decoding import StateEntry, WindowEntry
 
 STATE_SAMPLE_ROWS = 5
@@ -45,6 +49,27 @@ def state_rows(
                 entry for entry in reader.items(message_key) if state_key is None or entry.state_key == state_key
             )
         return [_row(entry) for entry in islice(entries, limit)]
+
+
+def key_read_rows(read: KeyRead, state_key: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """The rows of a key read from the freshest copy (`App.read_key`): its entries, or one state key's."""
+    entries = (
+        entry
+        for entry in read.entries
+        if state_key is None or isinstance(entry, WindowEntry) or entry.state_key == state_key
+    )
+    return [_row(entry) for entry in islice(entries, limit)]
+
+
+def copy_summary(copy: StateCopy) -> dict[str, Any]:
+    """Where a copy of a store partition is, and how far behind its changelog, for a run's metadata."""
+    member = copy.member
+    return {
+        "role": copy.role,
+        "member": (member.group_instance_id or member.client_id) if member is not None else None,
+        "state_dir": str(copy.root),
+        "changelog_records_behind": copy.behind,
+    }
 
 
 def state_sample(app: App, store: str, partitions: list[int]) -> list[dict[str, Any]]:

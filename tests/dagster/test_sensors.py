@@ -4,11 +4,12 @@ sensor leaves the partitions that have standby replicas to the workers that keep
 import threading
 
 import pytest
-from core_helpers import make_orders, orders_topic, totals_app
+from core_helpers import expected_totals, make_orders, orders_topic, totals_app
 from dagster import DagsterInstance, SkipReason, build_sensor_context
 from kafka_helpers import produce, wait_for
 
 from dagster_stateful.builder import build_stateful_definitions
+from dagster_stateful.core.kafka.partitioner import partition_of
 from dagster_stateful.core.processing.worker import Worker
 from dagster_stateful.naming import job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
@@ -190,7 +191,9 @@ def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_i
     assert isinstance(fresh, SkipReason) and "younger than 1 h" in str(fresh.skip_message)
 
 
-def test_rebalance_sensor_leaves_partitions_with_standbys_to_the_workers(kafka_bootstrap, unique_name, tmp_path):
+def test_with_standbys_the_rebalance_sensor_leaves_them_to_the_workers_and_a_query_reads_the_freshest_copy(
+    kafka_bootstrap, unique_name, tmp_path
+):
     source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, make_orders(200, customers=16))
     app = totals_app(kafka_bootstrap, source, tmp_path / "unbound", unique_name("totals"), num_standby_replicas=1)
     kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
@@ -204,6 +207,7 @@ def test_rebalance_sensor_leaves_partitions_with_standbys_to_the_workers(kafka_b
         group = wait_for(lambda: _stable_with_both(here, elsewhere), 60, "the group to settle with both workers")
         moved = sorted(p for m in group.members if m.client_id == elsewhere.worker_client_id for p in m.partitions)
         produce(kafka_bootstrap, app.source, make_orders(800, customers=400, start=200))
+        wait_for(lambda: _all_committed(here), 90, "both workers to process and commit the new orders")
         wait_for(
             lambda: all(d.changelog_lag == 0 and d.changelog_high > 0 for d in here.describe_partitions(moved)),
             90,
@@ -211,6 +215,18 @@ def test_rebalance_sensor_leaves_partitions_with_standbys_to_the_workers(kafka_b
         )
         resources = {"kafka": kafka, "state_store": state_store}
         result = tick(defs, job_name(app, "rebalance_sensor"), resources, DagsterInstance.ephemeral())
+        key = next(f"c{i}" for i in range(400) if partition_of(f"c{i}".encode(), PARTITIONS, "consistent") in moved)
+        query = defs.resolve_job_def(job_name(app, "query_state")).execute_in_process(
+            instance=DagsterInstance.ephemeral(),
+            resources=resources,
+            run_config={
+                "ops": {
+                    job_name(app, "query_state_op"): {
+                        "config": {"store": "totals", "key": key, "partitioner": "consistent"}
+                    }
+                }
+            },
+        )
     finally:
         for worker in workers:
             worker.stop.request()
@@ -219,6 +235,19 @@ def test_rebalance_sensor_leaves_partitions_with_standbys_to_the_workers(kafka_b
 
     assert not result.run_requests, result
     assert f"partitions {moved} have standby replicas" in result.skip_reason.skip_message
+    [output] = [e for e in query.all_events if e.event_type_value == "STEP_OUTPUT"]
+    answer = output.event_specific_data.metadata
+    every_order = make_orders(200, customers=16) + make_orders(800, customers=400, start=200)
+    assert [row["value"] for row in answer["state"].value] == [expected_totals(every_order)[key]]
+    copies = answer["copies"].value
+    assert {copy["role"] for copy in copies} == {"active", "standby"}, copies
+    assert answer["answered_by"].value == copies[0] and copies[0]["changelog_records_behind"] == 0, copies
+
+
+def _all_committed(app) -> bool:
+    highs = app.kafka.watermarks(app.source, range(PARTITIONS))
+    committed = app.kafka.committed_offsets(app.consumer_group, app.source, range(PARTITIONS))
+    return all(committed[p] == highs[p][1] for p in range(PARTITIONS))
 
 
 def _stable_with_both(here, elsewhere):
