@@ -31,6 +31,7 @@ from dagster_stateful.core.recovery.restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import (
     commit_metadata,
+    copies_metadata,
     partition_metadata,
     restore_metadata,
     store_run_metadata,
@@ -169,6 +170,7 @@ def _record_worker_run(
                 description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
                 metadata={
                     **partition_metadata(description),
+                    **copies_metadata(bound, report, description),
                     "messages_processed": report.messages_processed.get(description.partition, 0),
                     **store_run_metadata(report, description.store, description.partition),
                     **commit_metadata(report.commit_latency),

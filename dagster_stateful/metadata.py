@@ -2,8 +2,9 @@
 
 Owns the metadata of worker runs (messages, committed offsets, restores, lag, rebalances, bad
 messages, commit latency, store metrics), of store partitions (keys, bytes on disk, offsets, how far
-behind the changelog), of topics (partitions, config, low/high offsets) and of a snapshot's decoded
-table (its columns, rows and a sample, which the UI shows as a table). Plain numbers where the
+behind the changelog; with standby replicas, where the active copy and the standbys are), of topics
+(partitions, config, low/high offsets) and of a snapshot's decoded table (its columns, rows and a
+sample, which the UI shows as a table). Plain numbers where the
 UI can plot them, JSON or Markdown tables where a breakdown helps.
 
 A run's store metrics (see `core.monitoring.store_metrics`) are plain numbers under a prefix:
@@ -22,7 +23,9 @@ import orjson
 import pyarrow as pa
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
+from dagster_stateful.core.app import App
 from dagster_stateful.core.monitoring.describe import PartitionDescription
+from dagster_stateful.core.monitoring.key_reads import client_state_root, copy_behind
 from dagster_stateful.core.monitoring.latency import Latency
 from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
 from dagster_stateful.core.monitoring.store_metrics import OPERATIONS, StoreMetrics
@@ -164,6 +167,22 @@ def partition_metadata(description: PartitionDescription) -> dict[str, Any]:
         ),
         "source_lag": description.source_lag,
     }
+
+
+def copies_metadata(app: App, report: WorkerReport, description: PartitionDescription) -> dict[str, Any]:
+    """With standby replicas: the member holding the partition's active copy (the run's) and those
+    keeping its standbys, each with how many changelog records it is behind (None: on another host)."""
+    if not app.config.num_standby_replicas:
+        return {}
+    marks = (description.changelog_low, description.changelog_high)
+    standbys = []
+    for client_id in report.standby_holders.get(description.partition, []):
+        root = client_state_root(client_id, app.name)
+        behind = (
+            None if root is None else copy_behind(app.config, root, description.store, description.partition, marks)
+        )
+        standbys.append({"member": client_id, "changelog_records_behind": behind})
+    return {"active_copy": app.worker_client_id, "standby_copies": MetadataValue.json(standbys)}
 
 
 def topic_metadata(

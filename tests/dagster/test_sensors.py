@@ -191,18 +191,32 @@ def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_i
     assert isinstance(fresh, SkipReason) and "younger than 1 h" in str(fresh.skip_message)
 
 
-def test_with_standbys_the_rebalance_sensor_leaves_them_to_the_workers_and_a_query_reads_the_freshest_copy(
+def test_with_standbys_a_run_materializes_where_the_copies_are_the_sensor_leaves_them_and_a_query_reads_the_freshest(
     kafka_bootstrap, unique_name, tmp_path
 ):
     source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, make_orders(200, customers=16))
     app = totals_app(kafka_bootstrap, source, tmp_path / "unbound", unique_name("totals"), num_standby_replicas=1)
     kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
     state_store = StateStoreResource(state_dir=str(tmp_path / "here"))
+    resources = {"kafka": kafka, "state_store": state_store}
     defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store, restore_threshold=50)
     here = state_store.bind(app, kafka)
     elsewhere = here.bind(state_dir=tmp_path / "elsewhere")
-    workers = [app.worker(max_seconds=120, until_caught_up=False) for app in (here, elsewhere)]
-    threads = [run_in_thread(worker) for worker in workers]
+    other_worker = elsewhere.worker(max_seconds=120, until_caught_up=False)
+    threads = [run_in_thread(other_worker)]
+    runs: list = []
+    worker_run = {"ops": {job_name(app, "run_worker_op"): {"config": {"max_seconds": 45, "until_caught_up": False}}}}
+    threads.append(
+        threading.Thread(
+            target=lambda: runs.append(
+                defs.resolve_job_def(job_name(app, "worker")).execute_in_process(
+                    instance=DagsterInstance.ephemeral(), resources=resources, run_config=worker_run
+                )
+            ),
+            daemon=True,
+        )
+    )
+    threads[-1].start()
     try:
         group = wait_for(lambda: _stable_with_both(here, elsewhere), 60, "the group to settle with both workers")
         moved = sorted(p for m in group.members if m.client_id == elsewhere.worker_client_id for p in m.partitions)
@@ -213,23 +227,17 @@ def test_with_standbys_the_rebalance_sensor_leaves_them_to_the_workers_and_a_que
             90,
             "this machine's worker to keep standbys of the other worker's partitions up to date",
         )
-        resources = {"kafka": kafka, "state_store": state_store}
         result = tick(defs, job_name(app, "rebalance_sensor"), resources, DagsterInstance.ephemeral())
         key = next(f"c{i}" for i in range(400) if partition_of(f"c{i}".encode(), PARTITIONS, "consistent") in moved)
+        query_config = {"store": "totals", "key": key, "partitioner": "consistent"}
         query = defs.resolve_job_def(job_name(app, "query_state")).execute_in_process(
             instance=DagsterInstance.ephemeral(),
             resources=resources,
-            run_config={
-                "ops": {
-                    job_name(app, "query_state_op"): {
-                        "config": {"store": "totals", "key": key, "partitioner": "consistent"}
-                    }
-                }
-            },
+            run_config={"ops": {job_name(app, "query_state_op"): {"config": query_config}}},
         )
+        threads[-1].join(90)
     finally:
-        for worker in workers:
-            worker.stop.request()
+        other_worker.stop.request()
         for thread in threads:
             thread.join(60)
 
@@ -242,6 +250,17 @@ def test_with_standbys_the_rebalance_sensor_leaves_them_to_the_workers_and_a_que
     copies = answer["copies"].value
     assert {copy["role"] for copy in copies} == {"active", "standby"}, copies
     assert answer["answered_by"].value == copies[0] and copies[0]["changelog_records_behind"] == 0, copies
+
+    [run] = runs
+    stores = [e.event_specific_data.materialization for e in run.all_events if e.is_step_materialization]
+    materialized = {int(m.partition): m.metadata for m in stores if m.asset_key == store_key(app, "totals")}
+    kept_here = set(range(PARTITIONS)) - set(moved)
+    assert kept_here <= set(materialized), "the run materializes the partitions it processed"
+    for partition in kept_here:
+        assert materialized[partition]["active_copy"].value == here.worker_client_id
+        [standby] = materialized[partition]["standby_copies"].value
+        assert standby["member"] == elsewhere.worker_client_id, standby
+        assert 0 <= standby["changelog_records_behind"] <= 50, f"partition {partition}'s standby is warm: {standby}"
 
 
 def _all_committed(app) -> bool:

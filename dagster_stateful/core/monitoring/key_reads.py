@@ -78,13 +78,31 @@ class KeyRead:
 def member_state_root(member: GroupMember, app_name: str) -> Path | None:
     """The state directory a member works on when it runs on this host (from its client id); None
     when it runs elsewhere or is no worker of this app."""
+    return client_state_root(member.client_id, app_name)
+
+
+def client_state_root(client_id: str, app_name: str) -> Path | None:
+    """The state directory named by a worker's client id (`<app>@<host>:<state directory>`) when it is
+    on this host; None otherwise."""
     prefix = f"{app_name}@"
-    if not member.client_id.startswith(prefix):
+    if not client_id.startswith(prefix):
         return None
-    host, separator, root = member.client_id[len(prefix) :].partition(":")
+    host, separator, root = client_id[len(prefix) :].partition(":")
     if not separator or host != socket.gethostname():
         return None
     return Path(root)
+
+
+def copy_behind(config: AppConfig, root: Path, store: str, partition: int, changelog: tuple[int, int]) -> int | None:
+    """Changelog records the copy of `store` `partition` under `root` has not applied (`changelog`: the
+    partition's low and high watermarks); None when there is no copy there."""
+    directory = StateDirectory(root, config)
+    if not holds_database(directory.partition_path(store, partition)):
+        return None
+    checkpoint = directory.read_checkpoint(store, partition)
+    position = checkpoint.changelog_offset if checkpoint else None
+    low, high = changelog
+    return max(high - (low if position is None else position), 0)
 
 
 def read_key(
@@ -114,19 +132,28 @@ def _copies(config: AppConfig, kafka: KafkaClients, own_root: Path, location: Ke
     ]
     candidates.append((OLDER, None, own_root))
     topic = config.changelog_topic(location.store)
-    low, high = kafka.watermarks(topic, [location.partition])[location.partition]
+    marks = kafka.watermarks(topic, [location.partition])[location.partition]
     copies: dict[Path, StateCopy] = {}
     for role, member, root in candidates:
         if root == Path() or root.resolve() in copies:
             continue
-        directory = StateDirectory(root, config)
-        if not holds_database(directory.partition_path(location.store, location.partition)):
-            continue
-        checkpoint = directory.read_checkpoint(location.store, location.partition)
-        position = checkpoint.changelog_offset if checkpoint else None
-        behind = max(high - (low if position is None else position), 0)
-        copies[root.resolve()] = StateCopy(role, member, root, position, behind)
+        behind = copy_behind(config, root, location.store, location.partition, marks)
+        if behind is not None:
+            checkpoint = StateDirectory(root, config).read_checkpoint(location.store, location.partition)
+            position = checkpoint.changelog_offset if checkpoint else None
+            copies[root.resolve()] = StateCopy(role, member, root, position, behind)
     return sorted(copies.values(), key=lambda copy: (copy.behind, _ROLE_ORDER[copy.role]))
 
 
-__all__ = ["ACTIVE", "OLDER", "STANDBY", "KeyRead", "ReaderFactory", "StateCopy", "member_state_root", "read_key"]
+__all__ = [
+    "ACTIVE",
+    "OLDER",
+    "STANDBY",
+    "KeyRead",
+    "ReaderFactory",
+    "StateCopy",
+    "client_state_root",
+    "copy_behind",
+    "member_state_root",
+    "read_key",
+]

@@ -97,6 +97,9 @@ class WorkerReport:
     """How long this run's commits took, each from its start to its stores' writes."""
     standby_records: dict[int, int] = field(default_factory=dict)
     """Partition -> changelog records this run's standby replicas of it applied (`num_standby_replicas`)."""
+    standby_holders: dict[int, list[str]] = field(default_factory=dict)
+    """Partition -> the client ids of the members keeping its standbys, in failover order, as of the
+    last stable membership the run read (`num_standby_replicas`)."""
 
     @property
     def total_processed(self) -> int:

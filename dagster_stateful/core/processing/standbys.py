@@ -28,7 +28,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.processing.standby_placement import standbys_of
+from dagster_stateful.core.processing.standby_placement import standby_placement
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
@@ -70,6 +70,9 @@ class StandbyReplicas:
         """partition -> its open standby stores."""
         self.records_applied: dict[int, int] = {}
         """partition -> changelog records its standbys applied in this run (0 for each one kept)."""
+        self.holders: dict[int, list[str]] = {}
+        """partition -> the client ids of the members keeping its standbys, in failover order, as of
+        the last stable membership this member read."""
         self._due: deque[tuple[int, str]] = deque()
         self._round_at = 0.0
         self._current: tuple[int, ChangelogRestore] | None = None
@@ -98,6 +101,10 @@ class StandbyReplicas:
         log.info("Partition %d becomes active here, where its standby was kept", partition)
         return True
 
+    def summary(self) -> tuple[dict[int, int], dict[int, list[str]]]:
+        """For the run's report: the records each standby applied, and who keeps each partition's standbys."""
+        return dict(self.records_applied), {p: list(holders) for p, holders in self.holders.items()}
+
     def close(self, timeout: float) -> None:
         """Suspend the current tail, close the standby stores, then the changelog consumer (within `timeout`)."""
         for partition in list(self.kept):
@@ -118,7 +125,10 @@ class StandbyReplicas:
         assignment = {m.member_id: m.partitions for m in group.members}
         if group.state != "STABLE" or member not in assignment:
             return  # mid-rebalance the assignment is partial: keep the standbys until it settles
-        wanted = set(standbys_of(member, assignment, self._config.num_standby_replicas)) - held
+        placement = standby_placement(assignment, self._config.num_standby_replicas)
+        client_ids = {m.member_id: m.client_id for m in group.members}
+        self.holders = {p: [client_ids[h] for h in holders] for p, holders in placement.items()}
+        wanted = {p for p, holders in placement.items() if member in holders} - held
         for partition in sorted(set(self.kept) - wanted):
             self._drop(partition)
             log.info("No longer keeps a standby of partition %d", partition)

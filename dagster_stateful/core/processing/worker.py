@@ -178,7 +178,7 @@ class Worker:
             report.late = self._bad_input.late
             report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
-            report.standby_records = dict(self._standbys.records_applied) if self._standbys else {}
+            report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
             if isinstance(self._batches, VectorizedBatchProcessor):
                 report.messages_in_columns = self._batches.messages_in_columns
             try:
