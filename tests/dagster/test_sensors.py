@@ -2,6 +2,8 @@
 sensor leaves the partitions that have standby replicas to the workers that keep them)."""
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app
@@ -244,23 +246,28 @@ def test_with_standbys_a_run_materializes_where_the_copies_are_the_sensor_leaves
     assert not result.run_requests, result
     assert f"partitions {moved} have standby replicas" in result.skip_reason.skip_message
     [output] = [e for e in query.all_events if e.event_type_value == "STEP_OUTPUT"]
-    answer = output.event_specific_data.metadata
+    answer = output.step_output_data.metadata
     every_order = make_orders(200, customers=16) + make_orders(800, customers=400, start=200)
-    assert [row["value"] for row in answer["state"].value] == [expected_totals(every_order)[key]]
-    copies = answer["copies"].value
+    assert [row["value"] for row in value_of(answer, "state")] == [expected_totals(every_order)[key]]
+    copies = value_of(answer, "copies")
     assert {copy["role"] for copy in copies} == {"active", "standby"}, copies
-    assert answer["answered_by"].value == copies[0] and copies[0]["changelog_records_behind"] == 0, copies
+    assert value_of(answer, "answered_by") == copies[0] and copies[0]["changelog_records_behind"] == 0, copies
 
     [run] = runs
-    stores = [e.event_specific_data.materialization for e in run.all_events if e.is_step_materialization]
+    stores = [e.step_materialization_data.materialization for e in run.all_events if e.is_step_materialization]
     materialized = {int(m.partition): m.metadata for m in stores if m.asset_key == store_key(app, "totals")}
     kept_here = set(range(PARTITIONS)) - set(moved)
     assert kept_here <= set(materialized), "the run materializes the partitions it processed"
     for partition in kept_here:
-        assert materialized[partition]["active_copy"].value == here.worker_client_id
-        [standby] = materialized[partition]["standby_copies"].value
+        assert value_of(materialized[partition], "active_copy") == here.worker_client_id
+        [standby] = value_of(materialized[partition], "standby_copies")
         assert standby["member"] == elsewhere.worker_client_id, standby
         assert 0 <= standby["changelog_records_behind"] <= 50, f"partition {partition}'s standby is warm: {standby}"
+
+
+def value_of(metadata: Mapping[str, Any], name: str) -> Any:
+    """A metadata entry's plain value (JSON, text or number)."""
+    return metadata[name].value
 
 
 def _all_committed(app) -> bool:
