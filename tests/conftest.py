@@ -45,7 +45,21 @@ WAITING_MODULES = {
 one after the other on one worker (`WAITS_GROUP`) while the other worker computes."""
 
 
-GROUP_SECONDS: dict[str, int] = {}
+GROUP_SECONDS: dict[str, int] = {
+    "faults/test_faults.py": 520,
+    "spark": 430,
+    "waits": 430,
+    "bench/test_bench_growth.py": 115,
+    "dagster/test_pool_job.py": 110,
+    "dagster/test_example_deployment.py": 105,
+    "bench/test_bench_compare.py": 80,
+    "dagster/test_sensors.py": 80,
+    "faults/test_standbys.py": 65,
+    "core/recovery/test_uncommitted_windows.py": 60,
+    "core/security/test_least_privilege.py": 50,
+    "core/processing/test_restore_in_loop.py": 45,
+    "bench/test_bench_standbys.py": 40,
+}
 """What each long group of the integration tier took on this 2-core machine (seconds, measured
 with `--durations=0`): the groups start longest first, so that no long group starts last and
 leaves the other worker idle. A group not listed counts `SECONDS_PER_TEST` per test."""
