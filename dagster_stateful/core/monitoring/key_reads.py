@@ -127,16 +127,16 @@ def _copies(config: AppConfig, kafka: KafkaClients, own_root: Path, location: Ke
     roles = [(ACTIVE, location.active)] if location.active is not None else []
     roles += [(STANDBY, member) for member in location.standbys]
     roles += [(OLDER, member) for member in location.members if member not in {m for _, m in roles}]
-    candidates: list[tuple[str, GroupMember | None, Path]] = [
-        (role, member, member_state_root(member, config.name) or Path()) for role, member in roles
+    candidates: list[tuple[str, GroupMember | None, Path | None]] = [
+        (role, member, member_state_root(member, config.name)) for role, member in roles
     ]
     candidates.append((OLDER, None, own_root))
     topic = config.changelog_topic(location.store)
     marks = kafka.watermarks(topic, [location.partition])[location.partition]
     copies: dict[Path, StateCopy] = {}
     for role, member, root in candidates:
-        if root == Path() or root.resolve() in copies:
-            continue
+        if root is None or root.resolve() in copies:
+            continue  # a member on another host, or a directory already seen
         behind = copy_behind(config, root, location.store, location.partition, marks)
         if behind is not None:
             checkpoint = StateDirectory(root, config).read_checkpoint(location.store, location.partition)
