@@ -35,12 +35,11 @@ import orjson
 from bench_restore import bench_broker, print_machine
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from engine_totals import STORE, TOTAL, read_totals
 
 from dagster_stateful.core import App, AppState, RestoreListener, Sum
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.state.keys import split_store_key
 
-STORE, TOTAL = "totals", "total"
 WAIT_SECONDS = 600
 
 
@@ -193,17 +192,7 @@ def check_totals(
 ) -> None:
     """The survivor's store holds every key's total, the moved partitions' included."""
     app = member_app(name, source, state_dir, KafkaClients({"bootstrap.servers": bootstrap}), 0)
-    totals: dict[str, int] = {}
-    for partition in range(args.partitions):
-        part = app.state.partition(STORE, partition)
-        part.open()
-        try:
-            for key, value in part.items():
-                message_key, state_key = split_store_key(key)
-                if state_key == TOTAL.encode():
-                    totals[message_key.decode()] = orjson.loads(value)
-        finally:
-            part.close()
+    totals = read_totals(app, args.partitions)
     wrong = [i for i in range(args.keys) if totals.get(f"k{i}") != amount(i)]
     if wrong or len(totals) != args.keys:
         raise SystemExit(f"FAILED: {len(wrong):,} keys have a wrong total, {len(totals):,} keys held (moved: {moved})")

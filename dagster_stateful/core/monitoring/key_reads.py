@@ -96,11 +96,21 @@ def client_state_root(client_id: str, app_name: str) -> Path | None:
 def copy_behind(config: AppConfig, root: Path, store: str, partition: int, changelog: tuple[int, int]) -> int | None:
     """Changelog records the copy of `store` `partition` under `root` has not applied (`changelog`: the
     partition's low and high watermarks); None when there is no copy there."""
+    held, position = copy_position(config, root, store, partition)
+    return _behind(position, changelog) if held else None
+
+
+def copy_position(config: AppConfig, root: Path, store: str, partition: int) -> tuple[bool, int | None]:
+    """Whether `root` holds a copy of `store` `partition`, and the changelog position it has applied
+    (from its checkpoint; None before its first one)."""
     directory = StateDirectory(root, config)
     if not holds_database(directory.partition_path(store, partition)):
-        return None
+        return False, None
     checkpoint = directory.read_checkpoint(store, partition)
-    position = checkpoint.changelog_offset if checkpoint else None
+    return True, checkpoint.changelog_offset if checkpoint else None
+
+
+def _behind(position: int | None, changelog: tuple[int, int]) -> int:
     low, high = changelog
     return max(high - (low if position is None else position), 0)
 
@@ -137,11 +147,9 @@ def _copies(config: AppConfig, kafka: KafkaClients, own_root: Path, location: Ke
     for role, member, root in candidates:
         if root is None or root.resolve() in copies:
             continue  # a member on another host, or a directory already seen
-        behind = copy_behind(config, root, location.store, location.partition, marks)
-        if behind is not None:
-            checkpoint = StateDirectory(root, config).read_checkpoint(location.store, location.partition)
-            position = checkpoint.changelog_offset if checkpoint else None
-            copies[root.resolve()] = StateCopy(role, member, root, position, behind)
+        held, position = copy_position(config, root, location.store, location.partition)
+        if held:
+            copies[root.resolve()] = StateCopy(role, member, root, position, _behind(position, marks))
     return sorted(copies.values(), key=lambda copy: (copy.behind, _ROLE_ORDER[copy.role]))
 
 
@@ -154,6 +162,7 @@ __all__ = [
     "StateCopy",
     "client_state_root",
     "copy_behind",
+    "copy_position",
     "member_state_root",
     "read_key",
 ]
