@@ -10,11 +10,17 @@ id; a static member's id starts with its static id). A partition's first standby
 that would receive it if its owner left; its second, the one that would receive it if that member
 left too; and so on. Every member computes the same placement from the same group description, so
 no coordination is needed, and a member never keeps a standby of a partition it owns.
+
+`standby_changes` turns a placement into what one member opens and closes. A standby of a partition
+the group has just given this member is kept until the assignment reaches the worker (the group's
+description shows it first), so that it becomes the active store rather than being closed a moment
+before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 Assignment = Mapping[str, Sequence[int]]
 """member id -> the partitions it owns."""
@@ -34,6 +40,26 @@ def standbys_of(member: str, assignment: Assignment, replicas: int) -> list[int]
     """The partitions `member` keeps standbys of, ascending."""
     placement = standby_placement(assignment, replicas)
     return sorted(partition for partition, holders in placement.items() if member in holders)
+
+
+@dataclass(frozen=True)
+class StandbyChanges:
+    """What one member does with its standbys after reading the group's membership."""
+
+    keep: list[int]
+    """Partitions to start keeping standbys of, ascending."""
+    drop: list[int]
+    """Partitions whose standbys to close, ascending."""
+
+
+def standby_changes(
+    member: str, assignment: Assignment, replicas: int, held: Collection[int], kept: Collection[int]
+) -> StandbyChanges:
+    """From the group's assignment: the standbys `member` starts and stops keeping, given the
+    partitions its worker holds actively and those it keeps standbys of."""
+    wanted = set(standbys_of(member, assignment, replicas)) - set(held)
+    incoming = set(assignment.get(member, ())) - set(held)
+    return StandbyChanges(keep=sorted(wanted - set(kept)), drop=sorted(set(kept) - wanted - incoming))
 
 
 def successors(assignment: Assignment, departed: str) -> dict[int, str]:

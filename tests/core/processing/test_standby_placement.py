@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from dagster_stateful.core.processing.standby_placement import standby_placement, standbys_of, successors
+from dagster_stateful.core.processing.standby_placement import (
+    StandbyChanges,
+    standby_changes,
+    standby_placement,
+    standbys_of,
+    successors,
+)
 
 THREE = {"m0-a": [0, 3], "m1-b": [1, 4], "m2-c": [2, 5]}
 
@@ -44,3 +50,24 @@ def test_there_are_never_more_standbys_than_other_members(replicas):
 
 def test_an_idle_member_takes_the_departed_members_partitions_first():
     assert successors({"m0": [0, 1], "m1": [2, 3], "m2": []}, "m0") == {1: "m2", 0: "m2"}
+
+
+def test_a_standby_whose_partition_the_group_just_gave_this_member_waits_for_the_handover():
+    # m0 left; the group's description already gives m1 partition 3, whose standby m1 keeps, but the
+    # assignment has not reached m1's worker yet: closing the standby now would make its takeover a
+    # plain restore instead of a standby's.
+    after = {"m1-b": [1, 4, 3], "m2-c": [2, 5, 0]}
+
+    waiting = standby_changes("m1-b", after, 1, held=[1, 4], kept=[3, 0])
+    assert waiting == StandbyChanges(keep=[2, 5], drop=[]), "m1 keeps m2's partitions, and 3 till its handover"
+    handed_over = standby_changes("m1-b", after, 1, held=[1, 4, 3], kept=[0, 2, 5])
+    assert handed_over == StandbyChanges(keep=[], drop=[])
+
+
+def test_a_member_starts_the_standbys_it_is_given_and_closes_those_it_no_longer_keeps():
+    mine = standbys_of("m1-b", THREE, 1)
+
+    changes = standby_changes("m1-b", THREE, 1, held=[1, 4], kept=[5])
+    assert changes.keep == [p for p in mine if p != 5]
+    assert changes.drop == ([] if 5 in mine else [5])
+    assert standby_changes("m1-b", THREE, 1, held=[1, 4], kept=mine) == StandbyChanges(keep=[], drop=[])
