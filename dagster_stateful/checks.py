@@ -8,15 +8,25 @@ the source's low watermark, the sign of data lost to retention; up-to-date local
 a changelog replay, by digest), on each snapshot asset (not too old) and on each state-store asset
 (local state not too far behind its changelog: evaluated by the store's own materialization, so
 every worker run carries its result). Each result says what it found, where, and what to do.
-With a cron, an automation-condition sensor (`checks_sensor`) evaluates them on that schedule and
-after each materialization of the asset they check.
+
+The checks of one store are one multi-asset check (`<app>__<store>_checks`): a run of several
+of them is one step, which reads the topic's description and the local partitions once, instead
+of a process and a Kafka connection per check. Any subset runs on its own. With a cron, an
+automation-condition sensor (`checks_sensor`) evaluates them on that schedule and after each
+materialization of the asset they check.
 """
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
@@ -25,11 +35,12 @@ from dagster import (
     AutomationConditionSensorDefinition,
     DefaultSensorStatus,
     MetadataValue,
-    asset_check,
+    multi_asset_check,
 )
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicAspect, TopicCheck, TopicStatus
+from dagster_stateful.core.monitoring.describe import PartitionDescription
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
@@ -37,8 +48,9 @@ from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
-Condition = AutomationCondition | None
 FRESHNESS_CHECK = "local_state_fresh"
+Verdict = dict[str, Any]
+"""An `AssetCheckResult`'s fields other than the check's key."""
 
 
 def stateful_checks(
@@ -46,19 +58,15 @@ def stateful_checks(
     max_snapshot_age_hours: float = 48.0,
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
     check_cron: str | None = None,
-) -> list:
-    """The checks of the changelogs and snapshots of every store of `app`; with `check_cron`, each is
-    evaluated on that schedule and after each materialization of its asset by a Dagster
-    automation-condition sensor (see `checks_sensor`), so it never stays "Not evaluated". The
-    store's own check is part of the store asset (`freshness_check_spec`)."""
+) -> list[AssetChecksDefinition]:
+    """The checks of the changelog and snapshot of every store of `app`, one multi-asset check per
+    store; with `check_cron`, each is evaluated on that schedule and after each materialization of
+    its asset by a Dagster automation-condition sensor (see `checks_sensor`), so it never stays "Not
+    evaluated". The store's own check is part of the store asset (`freshness_check_spec`)."""
+    if not app.config.use_changelog_topics:
+        return []
     automation = _automation(check_cron)
-    checks = []
-    for store in app.stores:
-        if app.config.use_changelog_topics:
-            checks += _changelog_checks(app, store, translator, automation)
-            checks.append(_replay_verification_check(app, store, translator, automation))
-            checks.append(_snapshot_age_check(app, store, max_snapshot_age_hours, translator, automation))
-    return checks
+    return [_store_checks(app, store, max_snapshot_age_hours, translator, automation) for store in app.stores]
 
 
 def _automation(check_cron: str | None) -> AutomationCondition | None:
@@ -70,7 +78,9 @@ def _automation(check_cron: str | None) -> AutomationCondition | None:
     return due & ~AutomationCondition.in_progress()
 
 
-def checks_sensor(app: App, checks: list, default_status: DefaultSensorStatus) -> AutomationConditionSensorDefinition:
+def checks_sensor(
+    app: App, checks: list[AssetChecksDefinition], default_status: DefaultSensorStatus
+) -> AutomationConditionSensorDefinition:
     """The sensor that evaluates the automation conditions of `app`'s checks (and launches them)."""
     return AutomationConditionSensorDefinition(
         job_name(app, "checks_sensor"),
@@ -80,102 +90,171 @@ def checks_sensor(app: App, checks: list, default_status: DefaultSensorStatus) -
     )
 
 
-def _changelog_checks(app: App, store: str, translator: StatefulTranslator, automation: Condition) -> list:
-    topic = app.changelog_topic(store)
-    key = changelog_key(app, store, translator)
+@dataclass
+class _Evidence:
+    """What the checks of one store read, each read at most once per run."""
 
-    @asset_check(
-        asset=key,
-        name="partition_parity",
-        description="The changelog has as many partitions as the source topic.",
-        automation_condition=automation,
-    )
-    def partition_parity(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        check = _planned(state_store.bind(app, kafka), topic)
-        if check.status is TopicStatus.MISSING:
-            return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
-        if check.spec.partitions is None:
-            return AssetCheckResult(passed=False, description=f"source topic {app.source} does not exist.")
-        problem = check.mismatches.get(TopicAspect.PARTITIONS)
-        return AssetCheckResult(
-            passed=problem is None,
-            metadata={
-                "changelog_partitions": check.found_partitions or 0,
-                "source_partitions": check.spec.partitions or 0,
-            },
-            description=problem,
+    app: App
+    store: str
+    snapshot_root: str | None
+    max_snapshot_age_hours: float
+
+    @property
+    def topic(self) -> str:
+        return self.app.changelog_topic(self.store)
+
+    @cached_property
+    def planned(self) -> TopicCheck:
+        """The provisioning plan's verdict on the changelog: the checks judge it as provisioning does."""
+        return self.app.provisioning_plan().check(self.topic)
+
+    @cached_property
+    def partitions(self) -> list[PartitionDescription]:
+        return self.app.describe_partitions(stores=[self.store])
+
+
+@dataclass(frozen=True)
+class _Check:
+    name: str
+    on_snapshot: bool
+    description: str
+    evaluate: Callable[[_Evidence], Verdict]
+
+
+def _store_checks(
+    app: App, store: str, max_age_hours: float, translator: StatefulTranslator, automation: AutomationCondition | None
+) -> AssetChecksDefinition:
+    checks = _checks_of(store, max_age_hours)
+    keys = {
+        check.name: AssetCheckKey(
+            snapshot_key(app, store, translator) if check.on_snapshot else changelog_key(app, store, translator),
+            check.name,
         )
-
-    @asset_check(
-        asset=key,
-        name="cleanup_policy_compact",
-        description="The changelog is compacted (and, for a window store, deleted past the store's retention only).",
-        automation_condition=automation,
-    )
-    def cleanup_policy(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        check = _planned(state_store.bind(app, kafka), topic)
-        if check.status is TopicStatus.MISSING:
-            return AssetCheckResult(passed=False, description=f"{topic} does not exist: run the provision job.")
-        problem = check.mismatches.get(TopicAspect.CLEANUP_POLICY)
-        return AssetCheckResult(
-            passed=problem is None,
-            metadata={
-                "cleanup.policy": check.found_config.get("cleanup.policy", "delete"),
-                "expected": check.spec.config.get("cleanup.policy", "compact"),
-            },
-            description=problem,
+        for check in checks
+    }
+    specs = [
+        AssetCheckSpec(
+            check.name, asset=keys[check.name].asset_key, description=check.description, automation_condition=automation
         )
+        for check in checks
+    ]
 
-    @asset_check(
-        asset=key,
-        name="stored_offsets_within_changelog",
-        description="No local store claims a changelog offset beyond the changelog's end (a recreated changelog).",
-        automation_condition=automation,
+    @multi_asset_check(
+        name=job_name(app, f"{store}_checks"),
+        specs=specs,
+        can_subset=True,
+        description=f"The checks of store `{store}`'s changelog and snapshot.",
     )
-    def stored_offsets(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        bound = state_store.bind(app, kafka)
-        beyond = {
-            d.partition: (d.local_changelog_offset, d.changelog_high)
-            for d in bound.describe_partitions(stores=[store])
-            if d.local_changelog_offset is not None and d.local_changelog_offset > d.changelog_high
-        }
-        return AssetCheckResult(
-            passed=not beyond,
-            metadata={"partitions_beyond_end": len(beyond)},
-            description=None
-            if not beyond
-            else f"partitions {sorted(beyond)} of {topic}: local offsets beyond the end ({beyond}); the changelog was "
-            "recreated. Clear those partitions' local state or restore them from a snapshot.",
-        )
+    def store_checks(
+        context: AssetCheckExecutionContext, kafka: KafkaResource, state_store: StateStoreResource
+    ) -> Iterator[AssetCheckResult]:
+        evidence = _Evidence(state_store.bind(app, kafka), store, state_store.snapshot_root, max_age_hours)
+        for check in checks:
+            key = keys[check.name]
+            if key in context.selected_asset_check_keys:
+                yield AssetCheckResult(asset_key=key.asset_key, check_name=key.name, **check.evaluate(evidence))
 
-    @asset_check(
-        asset=key,
-        name="committed_offsets_retained",
-        description="The group's committed source offsets are not below the source's low watermark.",
-        automation_condition=automation,
-    )
-    def committed_retained(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        bound = state_store.bind(app, kafka)
-        partitions = range(bound.kafka.partition_count(app.source) or 0)
-        committed = bound.kafka.committed_offsets(app.consumer_group, app.source, partitions)
-        marks = bound.kafka.watermarks(app.source, partitions)
-        lost = {p: (c, marks[p][0]) for p, c in committed.items() if c is not None and c < marks[p][0]}
-        return AssetCheckResult(
-            passed=not lost,
-            severity=AssetCheckSeverity.ERROR,
-            metadata={"partitions_with_gap": len(lost)},
-            description=None
-            if not lost
-            else f"{app.source} partitions {sorted(lost)}: committed offset below the low watermark {lost}; messages "
-            "were deleted before processing. Reset the group's offsets to the earliest to accept the gap.",
-        )
-
-    return [partition_parity, cleanup_policy, stored_offsets, committed_retained]
+    return store_checks
 
 
-def _planned(bound: App, topic: str) -> TopicCheck:
-    """The provisioning plan's verdict on `topic`: the checks judge a changelog as provisioning does."""
-    return bound.provisioning_plan().check(topic)
+def _checks_of(store: str, max_age_hours: float) -> list[_Check]:
+    return [
+        _Check(
+            "partition_parity", False, "The changelog has as many partitions as the source topic.", _partition_parity
+        ),
+        _Check(
+            "cleanup_policy_compact",
+            False,
+            "The changelog is compacted (and, for a window store, deleted past the store's retention only).",
+            _cleanup_policy,
+        ),
+        _Check(
+            "stored_offsets_within_changelog",
+            False,
+            "No local store claims a changelog offset beyond the changelog's end (a recreated changelog).",
+            _stored_offsets,
+        ),
+        _Check(
+            "committed_offsets_retained",
+            False,
+            "The group's committed source offsets are not below the source's low watermark.",
+            _committed_retained,
+        ),
+        # On the changelog, not the store: it runs on its own schedule, and a check of the store not
+        # evaluated by the store's own materialization would show "not evaluated" after every worker run.
+        _Check(
+            "matches_changelog_replay",
+            False,
+            f"Each local partition of store `{store}` that is up to date (a bulk restore, say) has the same content "
+            "as the store a replay of this changelog gives (SHA-256 digests).",
+            _matches_replay,
+        ),
+        _Check(
+            "snapshot_fresh", True, f"The latest snapshot is younger than {max_age_hours:g} hours.", _snapshot_fresh
+        ),
+    ]
+
+
+def _partition_parity(evidence: _Evidence) -> Verdict:
+    check = evidence.planned
+    if check.status is TopicStatus.MISSING:
+        return {"passed": False, "description": f"{evidence.topic} does not exist: run the provision job."}
+    if check.spec.partitions is None:
+        return {"passed": False, "description": f"source topic {evidence.app.source} does not exist."}
+    problem = check.mismatches.get(TopicAspect.PARTITIONS)
+    return {
+        "passed": problem is None,
+        "metadata": {"changelog_partitions": check.found_partitions or 0, "source_partitions": check.spec.partitions},
+        "description": problem,
+    }
+
+
+def _cleanup_policy(evidence: _Evidence) -> Verdict:
+    check = evidence.planned
+    if check.status is TopicStatus.MISSING:
+        return {"passed": False, "description": f"{evidence.topic} does not exist: run the provision job."}
+    problem = check.mismatches.get(TopicAspect.CLEANUP_POLICY)
+    return {
+        "passed": problem is None,
+        "metadata": {
+            "cleanup.policy": check.found_config.get("cleanup.policy", "delete"),
+            "expected": check.spec.config.get("cleanup.policy", "compact"),
+        },
+        "description": problem,
+    }
+
+
+def _stored_offsets(evidence: _Evidence) -> Verdict:
+    beyond = {
+        d.partition: (d.local_changelog_offset, d.changelog_high)
+        for d in evidence.partitions
+        if d.local_changelog_offset is not None and d.local_changelog_offset > d.changelog_high
+    }
+    return {
+        "passed": not beyond,
+        "metadata": {"partitions_beyond_end": len(beyond)},
+        "description": None
+        if not beyond
+        else f"partitions {sorted(beyond)} of {evidence.topic}: local offsets beyond the end ({beyond}); the "
+        "changelog was recreated. Clear those partitions' local state or restore them from a snapshot.",
+    }
+
+
+def _committed_retained(evidence: _Evidence) -> Verdict:
+    app = evidence.app
+    partitions = range(app.kafka.partition_count(app.source) or 0)
+    committed = app.kafka.committed_offsets(app.consumer_group, app.source, partitions)
+    marks = app.kafka.watermarks(app.source, partitions)
+    lost = {p: (c, marks[p][0]) for p, c in committed.items() if c is not None and c < marks[p][0]}
+    return {
+        "passed": not lost,
+        "severity": AssetCheckSeverity.ERROR,
+        "metadata": {"partitions_with_gap": len(lost)},
+        "description": None
+        if not lost
+        else f"{app.source} partitions {sorted(lost)}: committed offset below the low watermark {lost}; messages "
+        "were deleted before processing. Reset the group's offsets to the earliest to accept the gap.",
+    }
 
 
 def freshness_check_spec(
@@ -221,49 +300,35 @@ def _freshness(bound: App, store: str, max_changelog_lag: int) -> dict[str, Any]
     }
 
 
-def _replay_verification_check(app: App, store: str, translator: StatefulTranslator, automation: Condition):
-    # On the changelog, not the store: it runs on its own schedule, and a check of the store not
-    # evaluated by the store's own materialization would show "not evaluated" after every worker run.
-    @asset_check(
-        asset=changelog_key(app, store, translator),
-        name="matches_changelog_replay",
-        description=f"Each local partition of store `{store}` that is up to date (a bulk restore, say) has the same "
-        "content as the store a replay of this changelog gives (SHA-256 digests).",
-        automation_condition=automation,
-    )
-    def matches_changelog_replay(kafka: KafkaResource, state_store: StateStoreResource) -> AssetCheckResult:
-        bound = state_store.bind(app, kafka)
-        compared, differing, skipped = [], {}, []
-        for description in bound.describe_partitions(stores=[store]):
-            partition = description.partition
-            if description.local_changelog_offset is None or description.changelog_lag:
-                skipped.append(partition)
-                continue
-            local = _local_digest(bound, store, partition)
-            if local is None:
-                skipped.append(partition)
-                continue
-            replayed = bound.replay_digest(store, partition)
-            compared.append(partition)
-            if local != replayed:
-                differing[partition] = {
-                    "local": f"{local.keys} keys {local.sha256[:12]}",
-                    "replay": f"{replayed.keys} keys {replayed.sha256[:12]}",
-                }
-        return AssetCheckResult(
-            passed=not differing,
-            metadata={
-                "partitions_compared": len(compared),
-                "partitions_skipped": len(skipped),
-                "differing": MetadataValue.json({str(p): digests for p, digests in differing.items()}),
-            },
-            description=None
-            if not differing
-            else f"partitions {sorted(differing)} differ from a changelog replay: clear them and restore from the "
-            "changelog (restore job with from_scratch and method changelog).",
-        )
-
-    return matches_changelog_replay
+def _matches_replay(evidence: _Evidence) -> Verdict:
+    app, store = evidence.app, evidence.store
+    compared, differing, skipped = [], {}, []
+    for description in evidence.partitions:
+        partition = description.partition
+        up_to_date = description.local_changelog_offset is not None and not description.changelog_lag
+        local = _local_digest(app, store, partition) if up_to_date else None
+        if local is None:
+            skipped.append(partition)
+            continue
+        replayed = app.replay_digest(store, partition)
+        compared.append(partition)
+        if local != replayed:
+            differing[partition] = {
+                "local": f"{local.keys} keys {local.sha256[:12]}",
+                "replay": f"{replayed.keys} keys {replayed.sha256[:12]}",
+            }
+    return {
+        "passed": not differing,
+        "metadata": {
+            "partitions_compared": len(compared),
+            "partitions_skipped": len(skipped),
+            "differing": MetadataValue.json({str(p): digests for p, digests in differing.items()}),
+        },
+        "description": None
+        if not differing
+        else f"partitions {sorted(differing)} differ from a changelog replay: clear them and restore from the "
+        "changelog (restore job with from_scratch and method changelog).",
+    }
 
 
 def _local_digest(app: App, store: str, partition: int) -> Digest | None:
@@ -279,33 +344,23 @@ def _local_digest(app: App, store: str, partition: int) -> Digest | None:
         part.close()
 
 
-def _snapshot_age_check(
-    app: App, store: str, max_age_hours: float, translator: StatefulTranslator, automation: Condition
-):
-    @asset_check(
-        asset=snapshot_key(app, store, translator),
-        name="snapshot_fresh",
-        description=f"The latest snapshot is younger than {max_age_hours:g} hours.",
-        automation_condition=automation,
-    )
-    def snapshot_fresh(state_store: StateStoreResource) -> AssetCheckResult:
-        if not state_store.snapshot_root:
-            return AssetCheckResult(passed=True, description="snapshots are not configured (no snapshot_root)")
-        latest = SnapshotStore(state_store.snapshot_root, app.name, store).latest()
-        if latest is None:
-            return AssetCheckResult(
-                passed=False,
-                severity=AssetCheckSeverity.WARN,
-                description="no snapshot yet: materialize the snapshot asset",
-            )
-        age_hours = latest.age_seconds / 3600
-        return AssetCheckResult(
-            passed=age_hours <= max_age_hours,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"snapshot_id": latest.snapshot_id, "age_hours": round(age_hours, 2)},
-            description=None
-            if age_hours <= max_age_hours
-            else f"snapshot {latest.snapshot_id} is {age_hours:.1f} h old: is the compaction schedule running?",
-        )
-
-    return snapshot_fresh
+def _snapshot_fresh(evidence: _Evidence) -> Verdict:
+    if not evidence.snapshot_root:
+        return {"passed": True, "description": "snapshots are not configured (no snapshot_root)"}
+    latest = SnapshotStore(evidence.snapshot_root, evidence.app.name, evidence.store).latest()
+    if latest is None:
+        return {
+            "passed": False,
+            "severity": AssetCheckSeverity.WARN,
+            "description": "no snapshot yet: materialize the snapshot asset",
+        }
+    age_hours = latest.age_seconds / 3600
+    fresh = age_hours <= evidence.max_snapshot_age_hours
+    return {
+        "passed": fresh,
+        "severity": AssetCheckSeverity.WARN,
+        "metadata": {"snapshot_id": latest.snapshot_id, "age_hours": round(age_hours, 2)},
+        "description": None
+        if fresh
+        else f"snapshot {latest.snapshot_id} is {age_hours:.1f} h old: is the compaction schedule running?",
+    }

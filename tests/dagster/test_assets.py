@@ -148,15 +148,16 @@ def test_worker_job_records_each_partition_and_checks_pass(deployment):
     samples = [row for m in events for row in m.metadata["state_sample"].value]
     assert {row["partition"] for row in samples} == set(range(PARTITIONS)), "each partition's own sample"
     assert all(row["value"] == expected_totals(orders)[row["key"]] for row in samples)
-    changelog_checks = [
-        c for c in stateful_checks(app) if {k.asset_key for k in c.check_keys} == {changelog_key(app, "totals")}
-    ]
-    check_results = materialize(
-        [asset_def(defs, changelog_key(app, "totals")), *changelog_checks],
+    [store_checks] = stateful_checks(app)
+    changelog_checks = [k for k in store_checks.check_keys if k.asset_key == changelog_key(app, "totals")]
+    checked = materialize(
+        [asset_def(defs, changelog_key(app, "totals")), store_checks],
         selection=AssetSelection.checks(*changelog_checks),
         resources=resources,
         instance=instance,
-    ).get_asset_check_evaluations()
+    )
+    check_results = checked.get_asset_check_evaluations()
+    assert len([e for e in checked.all_events if e.is_step_start]) == 1, "the store's checks run as one step"
     assert {c.check_name: c.passed for c in check_results} == {
         "partition_parity": True,
         "cleanup_policy_compact": True,
@@ -228,10 +229,8 @@ def test_query_state_job_shows_a_keys_state_or_every_keys(deployment):
 def test_changelog_checks_fail_with_what_to_do(deployment):
     _defs, app, bound, resources, _orders = deployment
     bound.kafka.create_topic(app.changelog_topic("totals"), PARTITIONS + 1, 1, {"cleanup.policy": "delete"})
-    checks = {c.check_key.name: c for c in stateful_checks(app)}
-
-    parity = _evaluate(checks["partition_parity"], resources)
-    policy = _evaluate(checks["cleanup_policy_compact"], resources)
+    parity = _evaluate(app, "partition_parity", resources)
+    policy = _evaluate(app, "cleanup_policy_compact", resources)
 
     assert not parity.passed and f"has {PARTITIONS + 1} partitions" in parity.description
     assert not policy.passed and "cleanup.policy=delete" in policy.description
@@ -258,8 +257,11 @@ def test_each_store_materialization_carries_its_freshness_check_which_flags_part
     assert result.metadata["changelog_lag_limit"].value == 0, "the limit, apart from what was measured"
 
 
-def _evaluate(check, resources):
-    result = materialize([check], resources=resources, selection=AssetSelection.checks(check))
+def _evaluate(app, check_name, resources):
+    """One of the app's store checks, run alone."""
+    [store_checks] = stateful_checks(app)
+    [key] = [key for key in store_checks.check_keys if key.name == check_name]
+    result = materialize([store_checks], resources=resources, selection=AssetSelection.checks(key))
     [evaluation] = result.get_asset_check_evaluations()
     return evaluation
 

@@ -56,9 +56,10 @@ def materialize_snapshot(defs, app, resources):
 
 
 def verification(app, resources):
-    [check] = [c for c in stateful_checks(app) if c.check_key.name == "matches_changelog_replay"]
+    [store_checks] = stateful_checks(app)
+    [key] = [key for key in store_checks.check_keys if key.name == "matches_changelog_replay"]
     [evaluation] = materialize(
-        [check], resources=resources, selection=AssetSelection.checks(check)
+        [store_checks], resources=resources, selection=AssetSelection.checks(key)
     ).get_asset_check_evaluations()
     return evaluation
 
