@@ -25,7 +25,7 @@ from dagster import (
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.descriptions import GroupDescription
-from dagster_stateful.core.processing.standby_placement import standby_placement
+from dagster_stateful.core.processing.standby_placement import group_standby_placement
 from dagster_stateful.naming import job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.sensors.cursor import dump_cursor, load_cursor
@@ -128,8 +128,7 @@ def _partitions_with_standbys(group: GroupDescription, replicas: int) -> set[int
     """The partitions whose standby replicas the group's workers keep (`num_standby_replicas`)."""
     if not replicas:
         return set()
-    assignment = {member.member_id: member.partitions for member in group.members}
-    return {partition for partition, holders in standby_placement(assignment, replicas).items() if holders}
+    return {partition for partition, holders in group_standby_placement(group.members, replicas).items() if holders}
 
 
 def _stale_partitions(app: App, partitions: list[int], threshold: int) -> dict[int, int]:

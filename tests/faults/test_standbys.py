@@ -4,7 +4,10 @@ volumes), one standby each, while orders keep coming. A member is SIGKILLed: eac
 owned moves to the member holding its standby, whose restore applies at most one commit's records
 (a full restore would apply the partition's every key); where a key lives (`App.key_location`) names
 the member owning its partition and the one keeping its standby. The killed member comes back and keeps
-standbys again. A final worker's totals equal a recompute from the source: nothing lost under
+standbys again. Two worker pools of two members, each pool on a host of its own (members of one
+pool share its state directory): each pool keeps the standbys of the other's partitions, never its
+own; when one host dies, its partitions move to the other, whose restores apply at most one
+commit's records. A final worker's totals equal a recompute from the source: nothing lost under
 at-least-once, exact under exactly-once."""
 
 from __future__ import annotations
@@ -174,6 +177,85 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
         assert applied <= COMMIT_EVERY, f"partition {partition}'s standby restore applied {applied} records"
     assert (reports[0].report or {})["standby_records"], "the member that came back keeps standbys"
 
+    final = replace(base, until_caught_up=True, num_standby_replicas=0, state_dir=str(tmp_path / "final"))
+    finish_with(result, final, lab)
+    assert result.lost == 0 and not result.totals_short, f"FAULT_SEED={SEED}\n{result.describe()}"
+    if guarantee == EXACTLY_ONCE:
+        assert result.doubled == 0, f"FAULT_SEED={SEED}\n{result.describe()}"
+
+
+HOSTS = 2
+POOL = 2
+"""Two worker pools of two members, each pool on a host of its own (its own state directory)."""
+
+
+@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
+def test_a_pools_partitions_are_kept_on_the_other_host_and_restore_a_short_tail_when_the_host_dies(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    source = lab.orders_topic(PARTITIONS, 6_000, CUSTOMERS)
+    base = lab.spec(
+        source,
+        PARTITIONS,
+        until_caught_up=False,
+        max_seconds=240,
+        session_timeout_ms=3_000,
+        commit_every=COMMIT_EVERY,
+        num_standby_replicas=1,
+        processing_guarantee=guarantee,
+    )
+    specs = [
+        replace(base, state_dir=str(tmp_path / f"host-{host}"), group_instance_id=f"{base.name}-{host}-{member}")
+        for host in range(HOSTS)
+        for member in range(POOL)
+    ]
+    host_of = {spec.group_instance_id: i // POOL for i, spec in enumerate(specs)}
+    result = FaultResult(f"pools with standbys ({guarantee})")
+    feeder = OrderFeeder(kafka_bootstrap, source, CUSTOMERS, rate=300).start()
+    workers = [WorkerProcess(spec, lab.log(f"member-{i}")) for i, spec in enumerate(specs)]
+
+    def kept_by_host() -> list[set[int]]:
+        return [set().union(*(kept_standbys(w) for w in workers[h * POOL : (h + 1) * POOL])) for h in range(HOSTS)]
+
+    def owned_by_host(owned: dict[str, set[int]]) -> list[set[int]]:
+        return [set().union(*(p for m, p in owned.items() if host_of[m] == h)) for h in range(HOSTS)]
+
+    def settled() -> dict[str, set[int]] | None:
+        """The group's owners, once each host keeps standbys of exactly the other host's partitions."""
+        owned = owners(kafka_bootstrap, base.name, source)
+        return owned if owned and kept_by_host() == owned_by_host(owned)[::-1] else None
+
+    try:
+        before = wait_for(settled, 120, "each host's pool to keep the standbys of the other host's partitions")
+        holders = {p: i for i, w in enumerate(workers) for p in kept_standbys(w)}
+        wait_for(
+            lambda: standbys_within(specs, holders, before, COMMIT_EVERY),
+            120,
+            "every standby within one commit of its active copy",
+        )
+        dead = owned_by_host(before)[0]
+        assert dead, before
+        seen = [len(w.events) for w in workers]
+        for worker in workers[:POOL]:
+            worker.kill()
+        for i in range(POOL, HOSTS * POOL):
+            wait_for_takeover(workers[i], seen[i], f"member {i} to take over the dead host's partitions")
+        after = wait_for(lambda: owners(kafka_bootstrap, base.name, source), 60, "the group of the host left")
+    finally:
+        produced = feeder.stop()
+        for worker in workers:
+            worker.terminate()
+    reports = [summarize(f"member {i}", w.finish(120)) for i, w in enumerate(workers)]
+    result.runs.extend(reports)
+    result.counters["orders produced while running"] = produced
+
+    assert owned_by_host(after)[1] == set(range(PARTITIONS)), after
+    survivors = reports[POOL:]
+    for partition in sorted(dead):
+        restores = [r for report in survivors for r in (report.report or {})["restores"] if r[0] == partition]
+        applied = sum(records for _, _, records, _ in restores)
+        assert restores and applied <= COMMIT_EVERY, f"partition {partition} restored {restores} on the other host"
     final = replace(base, until_caught_up=True, num_standby_replicas=0, state_dir=str(tmp_path / "final"))
     finish_with(result, final, lab)
     assert result.lost == 0 and not result.totals_short, f"FAULT_SEED={SEED}\n{result.describe()}"

@@ -15,7 +15,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.descriptions import GroupMember
 from dagster_stateful.core.kafka.partitioner import Partitioner, partition_of
-from dagster_stateful.core.processing.standby_placement import standby_placement
+from dagster_stateful.core.processing.standby_placement import group_standby_placement
 from dagster_stateful.errors import ConfigurationError
 
 
@@ -56,8 +56,7 @@ def locate_key(
     active = next((member for member in group.members if partition in member.partitions), None)
     holders: list[str] = []
     if active is not None and config.num_standby_replicas:
-        assignment = {member.member_id: member.partitions for member in group.members}
-        holders = standby_placement(assignment, config.num_standby_replicas).get(partition, [])
+        holders = group_standby_placement(group.members, config.num_standby_replicas).get(partition, [])
     standbys = tuple(by_id[member_id] for member_id in holders)
     return KeyLocation(store, key, partition, active, standbys, group.members)
 

@@ -3,16 +3,16 @@ standby tasks), kept by a worker with `num_standby_replicas`.
 
 Owns `StandbyReplicas`, which the worker advances once per loop, after its active work. Every
 `refresh_seconds` it reads the group's description and keeps the partitions that
-`standby_placement` gives this member, never one it owns: it opens their store partitions in the
-state directory (the layout and locks of active ones; a partition whose lock another holder keeps
-is left alone) and closes those it no longer keeps. One batch per step, and one partition at a
-time, each kept store is brought to its changelog's end by the restore every other path uses
-(`changelog.Restorer`): records of committed messages only, by the same at-least-once rule, with
-the position checkpointed in the store; a partition is tailed again once a commit interval has
-passed. A store an active opener waits for (`StorePartition.handover_requested`, on a state
-directory shared with other members) is let go at the next step. When the group gives this member
-a partition it keeps, `release()` hands the same store over: its restore applies only the tail
-since the standby's position.
+`standby_placement` gives this member, never one that its client (its host and state directory: its
+worker pool) owns: it opens their store partitions in the state directory (the layout and locks of
+active ones; a partition whose lock another holder keeps is left alone) and closes those it no
+longer keeps. One batch per step, and one partition at a time, each kept store is brought to its
+changelog's end by the restore every other path uses (`changelog.Restorer`): records of committed
+messages only, by the same at-least-once rule, with the position checkpointed in the store; a
+partition is tailed again once a commit interval has passed. A store an active opener waits for
+(`StorePartition.handover_requested`, on a state directory shared with other members) is let go at
+the next step. When the group gives this member a partition it keeps, `release()` hands the same
+store over: its restore applies only the tail since the standby's position.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ class StandbyReplicas:
             return  # mid-rebalance the assignment is partial: keep the standbys until it settles
         replicas = self._config.num_standby_replicas
         client_ids = {m.member_id: m.client_id for m in group.members}
-        placement = standby_placement(assignment, replicas)
+        placement = standby_placement(assignment, replicas, client_ids)
         self.holders = {p: [client_ids[h] for h in holders] for p, holders in placement.items()}
-        changes = standby_changes(member, assignment, replicas, held, self.kept)
+        changes = standby_changes(member, assignment, replicas, held, self.kept, client_ids)
         for partition in changes.drop:
             self._drop(partition)
             log.info("No longer keeps a standby of partition %d", partition)

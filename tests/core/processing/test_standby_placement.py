@@ -71,3 +71,29 @@ def test_a_member_starts_the_standbys_it_is_given_and_closes_those_it_no_longer_
     assert changes.keep == [p for p in mine if p != 5]
     assert changes.drop == ([] if 5 in mine else [5])
     assert standby_changes("m1-b", THREE, 1, held=[1, 4], kept=mine) == StandbyChanges(keep=[], drop=[])
+
+
+POOLS = {"a-0": [0, 4], "a-1": [1, 5], "b-0": [2, 6], "b-1": [3, 7]}
+HOSTS = {"a-0": "app@host-a:/state", "a-1": "app@host-a:/state", "b-0": "app@host-b:/state", "b-1": "app@host-b:/state"}
+
+
+def test_a_pools_partitions_are_kept_as_standbys_by_the_other_hosts_pool_evenly():
+    placement = standby_placement(POOLS, 1, HOSTS)
+
+    owner_host = {p: HOSTS[m] for m, ps in POOLS.items() for p in ps}
+    assert all(len(holders) == 1 and HOSTS[holders[0]] != owner_host[p] for p, holders in placement.items())
+    assert sorted(len(standbys_of(m, POOLS, 1, HOSTS)) for m in POOLS) == [2, 2, 2, 2]
+    assert standby_placement(POOLS, 2, HOSTS) == placement, "two hosts hold at most one standby"
+
+
+def test_a_standby_is_where_the_partition_goes_when_its_whole_host_leaves():
+    placement = standby_placement(POOLS, 1, HOSTS)
+
+    moved = successors(POOLS, ["a-0", "a-1"])
+    assert {p: placement[p][0] for p in moved} == moved
+
+
+def test_members_of_one_host_alone_keep_no_standbys_of_each_other():
+    one_host = {m: ps for m, ps in POOLS.items() if m.startswith("a")}
+
+    assert standby_placement(one_host, 1, HOSTS) == {0: [], 4: [], 1: [], 5: []}
