@@ -61,6 +61,7 @@ def build_stateful_definitions(
     translator: StatefulTranslator = DEFAULT_TRANSLATOR,
     check_cron: str | None = "*/10 * * * *",
     pool_size: int = 1,
+    standby_replicas: int | None = None,
 ) -> Definitions:
     """Definitions for one app or several (their names must differ; apps reading the same source
     topic share its asset). `source_partitions`: the source topic's partition count, or the count per
@@ -74,8 +75,11 @@ def build_stateful_definitions(
         run's process, `local[*]` by default) or `SparkPipesResource` (a separate command, through Pipes).
     pool_size: workers per worker run (each app's): a pool on this machine, in parallel processes
         sharing the state directory, each with its own static membership (see `App.pool_member`).
+    standby_replicas: the standby copies the workers of every app keep (`App(num_standby_replicas=)`;
+        None: each app's own). A pool's members keep standbys of other hosts' partitions only.
     """
     apps = [apps] if isinstance(apps, App) else list(apps)
+    apps = [_with_standby_replicas(app, standby_replicas) for app in apps]
     names = [app.name for app in apps]
     if not apps or len(set(names)) != len(names):
         raise ConfigurationError(f"build_stateful_definitions needs one or more apps with distinct names, got {names}")
@@ -111,6 +115,15 @@ def build_stateful_definitions(
             "spark": spark or StatefulSparkResource(spark_config={"spark.master": "local[*]"}),
         },
     )
+
+
+def _with_standby_replicas(app: App, replicas: int | None) -> App:
+    """`app`, or a copy of it whose workers keep `replicas` standby copies."""
+    if replicas is None or replicas == app.config.num_standby_replicas:
+        return app
+    keeping = app.bind()
+    keeping.config = app.config.replace(num_standby_replicas=replicas)
+    return keeping
 
 
 def _partitions_of(app: App, source_partitions: int | Mapping[str, int]) -> int:

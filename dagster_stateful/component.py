@@ -313,6 +313,7 @@ attributes:
   automation_running: false
   lag_threshold: 1000
   # pool_size: 1
+  # standby_replicas: 1
   # checks: {{check_cron: "*/10 * * * *", max_changelog_lag: 100000}}
   # snapshots: {{compaction_cron: "0 3 * * *", max_snapshot_age_hours: 48}}
 """
@@ -357,6 +358,10 @@ class StatefulAppComponent(Component, Resolvable, Model):
         int, _doc("Changelog records behind at which the rebalance sensor requests a restore.")
     ] = 1000
     pool_size: Annotated[int, _doc("Workers per worker run: a pool on one machine, in parallel processes.")] = 1
+    standby_replicas: Annotated[
+        int | None,
+        _doc("Standby copies each app's workers keep of other hosts' partitions (null: the app's own setting)."),
+    ] = None
     checks: Annotated[ChecksSettings, _doc("The asset checks' schedule and limit.")] = Field(
         default_factory=ChecksSettings
     )
@@ -379,6 +384,7 @@ class StatefulAppComponent(Component, Resolvable, Model):
             "lag_threshold": self.lag_threshold,
             "restore_threshold": self.restore_threshold,
             "pool_size": self.pool_size,
+            "standby_replicas": self.standby_replicas,
             "check_cron": self.checks.check_cron,
             "max_changelog_lag": self.checks.max_changelog_lag,
             "compaction_cron": self.snapshots.compaction_cron,

@@ -50,7 +50,7 @@ GROUP_SECONDS: dict[str, int] = {
     "spark": 430,
     "waits": 430,
     "bench/test_bench_growth.py": 115,
-    "dagster/test_pool_job.py": 110,
+    "dagster/test_pool_job.py": 175,
     "dagster/test_example_deployment.py": 105,
     "faults/test_standbys.py": 105,
     "bench/test_bench_compare.py": 80,

@@ -1,7 +1,8 @@
 """A worker pool job that Dagster can rebuild in each of its step processes (`reconstructable`),
 for tests/dagster/test_pool_job.py: the app and its resources come from environment variables the
-test sets before it launches the run. Run as a script, it executes one run of the job with the run
-config given as JSON, on the instance of `DAGSTER_HOME`, and prints the run's id."""
+test sets before it launches the run (`POOL_TEST_STANDBYS`: the pool's standby replicas). Run as a
+script, it executes one run of the job with the run config given as JSON, on the instance of
+`DAGSTER_HOME`, and prints the run's id."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def pool_worker_job() -> JobDefinition:
         KafkaResource(bootstrap_servers=os.environ["POOL_TEST_BOOTSTRAP"]),
         StateStoreResource(state_dir=os.environ["POOL_TEST_STATE"]),
         pool_size=MEMBERS,
+        standby_replicas=int(os.environ.get("POOL_TEST_STANDBYS") or 0) or None,
     )
     return defs.resolve_job_def(job_name(app, "worker"))
 

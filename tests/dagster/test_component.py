@@ -63,6 +63,7 @@ attributes:
   lag_threshold: 7
   restore_threshold: 9
   pool_size: 2
+  standby_replicas: 1
   checks: {{check_cron: "*/5 * * * *", max_changelog_lag: 11}}
   snapshots: {{compaction_cron: "0 4 * * *", max_snapshot_age_hours: 12}}
 """
@@ -145,6 +146,7 @@ def test_component_from_yaml_builds_what_the_builder_builds_with_the_same_option
             lag_threshold=7,
             restore_threshold=9,
             pool_size=2,
+            standby_replicas=1,
             check_cron="*/5 * * * *",
             max_changelog_lag=11,
             compaction_cron="0 4 * * *",
@@ -180,6 +182,7 @@ def test_component_hands_every_option_to_the_builder_and_defaults_to_its_default
         "lag_threshold": 7,
         "restore_threshold": 9,
         "pool_size": 2,
+        "standby_replicas": 1,
         "check_cron": "*/5 * * * *",
         "max_changelog_lag": 11,
         "compaction_cron": "0 4 * * *",

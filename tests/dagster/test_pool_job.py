@@ -12,7 +12,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pool_job
 import pytest
@@ -21,9 +23,12 @@ from dagster import DagsterEventType, DagsterInstance
 from kafka_helpers import create_topic, produce, wait_for
 
 from dagster_stateful.core import App
+from dagster_stateful.core.kafka.descriptions import GroupDescription
 from dagster_stateful.naming import job_name, worker_pool
 
 ORDERS = make_orders(3_000, customers=60)
+POOL_WITH_STANDBYS_SECONDS = 60
+"""How long the pool with standbys runs: its members must join, process and tail the other host's changelogs."""
 FIRST_RUN_SECONDS = 45
 """How long the first run's members hold their pools: the second run, launched once they all
 started, must be seen waiting on each pool within it (a Dagster process starts in 5-20 s here)."""
@@ -86,15 +91,81 @@ def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member
     assert totals_in_store(bound, pool_job.PARTITIONS) == expected_totals(ORDERS)
 
 
+def test_a_pool_with_standby_replicas_keeps_another_hosts_partitions_warm_and_its_materializations_say_where(
+    pool, kafka_bootstrap, tmp_path: Path, monkeypatch
+):
+    monkeypatch.setenv("POOL_TEST_STANDBYS", "1")
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    here = pool.bind(kafka=kafka_bootstrap, state_dir=tmp_path / "state")
+    elsewhere = pool.bind(kafka=kafka_bootstrap, state_dir=tmp_path / "elsewhere")
+    elsewhere.config = elsewhere.config.replace(num_standby_replicas=1)
+    other_host = elsewhere.worker(max_seconds=150, until_caught_up=False)
+    thread = threading.Thread(target=other_host.run, daemon=True)
+    thread.start()
+    environment = {**os.environ, "DAGSTER_HOME": str(home)}
+    try:
+        with DagsterInstance.from_config(str(home)) as instance:
+            run = launch(
+                member_config(pool, max_seconds=POOL_WITH_STANDBYS_SECONDS, until_caught_up=False), environment
+            )
+            group = wait_for(
+                lambda: every_member_owns_partitions(pool, kafka_bootstrap, pool_job.MEMBERS + 1),
+                120,
+                "the pool's members and the other host's worker to own partitions",
+            )
+            theirs = sorted(p for m in group.members if m.client_id == elsewhere.worker_client_id for p in m.partitions)
+            produce(kafka_bootstrap, pool.source, ORDERS)
+            wait_for(lambda: all_committed(here), POOL_WITH_STANDBYS_SECONDS, "every order to be processed")
+            wait_for(
+                lambda: all(d.changelog_lag == 0 and d.changelog_high > 0 for d in here.describe_partitions(theirs)),
+                POOL_WITH_STANDBYS_SECONDS,
+                "the pool to keep the other host's partitions up to date here",
+            )
+            output = run.communicate(timeout=300)[0]
+            assert run.returncode == 0, output
+            materialized = store_metadata(instance, output.strip().splitlines()[-1])
+    finally:
+        other_host.stop.request()
+        thread.join(60)
+
+    ours = set(range(pool_job.PARTITIONS)) - set(theirs)
+    assert theirs and ours <= set(materialized), materialized.keys()
+    for partition in ours:
+        assert materialized[partition]["active_copy"] == here.worker_client_id
+        [standby] = materialized[partition]["standby_copies"]
+        assert standby["member"] == elsewhere.worker_client_id, "a pool's standbys are on other hosts only"
+    assert totals_in_store(here, pool_job.PARTITIONS) == expected_totals(ORDERS), "active copies and standbys"
+
+
+def all_committed(app: App) -> bool:
+    highs = app.kafka.watermarks(app.source, range(pool_job.PARTITIONS))
+    committed = app.kafka.committed_offsets(app.consumer_group, app.source, range(pool_job.PARTITIONS))
+    return all(committed[p] == highs[p][1] for p in range(pool_job.PARTITIONS))
+
+
+def store_metadata(instance: DagsterInstance, run_id: str) -> dict[int, dict[str, Any]]:
+    """Kafka partition -> the metadata values of the run's store materialization of it."""
+    found: dict[int, dict[str, Any]] = {}
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+        assert entry.dagster_event is not None
+        materialization = entry.dagster_event.step_materialization_data.materialization
+        if materialization.partition is not None and "active_copy" in materialization.metadata:
+            found[int(materialization.partition)] = {k: v.value for k, v in materialization.metadata.items()}
+    return found
+
+
 def launch(run_config: dict, environment: dict[str, str]) -> subprocess.Popen[str]:
     command = [sys.executable, "pool_job.py", json.dumps(run_config)]
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True)
 
 
-def every_member_owns_partitions(app: App, bootstrap: str) -> bool:
+def every_member_owns_partitions(app: App, bootstrap: str, members: int = pool_job.MEMBERS) -> GroupDescription | None:
+    """The group, once it is stable with `members` members that each own partitions."""
     group = app.bind(kafka=bootstrap).kafka.describe_group(app.consumer_group, app.source)
     owners = [member for member in group.members if member.partitions]
-    return group.state == "STABLE" and len(owners) == pool_job.MEMBERS
+    return group if group.state == "STABLE" and len(owners) == members else None
 
 
 def other_run(instance: DagsterInstance, run_id: str) -> str | None:
