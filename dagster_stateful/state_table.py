@@ -1,6 +1,7 @@
 """A store's state as a table, in the engine a user works in: Arrow, pandas or Spark.
 
-Owns `bootstrap_store` (a batch table made a store's state, see `core.recovery.bootstrap`),
+Owns `bootstrap_store` (a batch table made a store's state, see `core.recovery.bootstrap`;
+`snapshot_source_offsets` gives where a snapshot's state stands in the source),
 `transform_state` (the state migrated to a new shape, see `core.recovery.migration`) and
 `read_state_table`, Flink's State Processor API "read" for Kafka state: the rows of a
 snapshot (the latest by default), decoded with the app's serializers as
@@ -27,12 +28,21 @@ from dagster_stateful.core.recovery.state_table import (
     table_written,
     write_snapshot_table,
 )
-from dagster_stateful.errors import ConfigurationError
+from dagster_stateful.errors import ConfigurationError, StateTableError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["ENGINES", "Engine", "as_arrow", "bootstrap_store", "read_state_table", "snapshot_of", "transform_state"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "as_arrow",
+    "bootstrap_store",
+    "read_state_table",
+    "snapshot_of",
+    "snapshot_source_offsets",
+    "transform_state",
+]
 
 Engine = Literal["arrow", "pandas", "spark"]
 ENGINES: tuple[Engine, ...] = ("arrow", "pandas", "spark")
@@ -136,6 +146,22 @@ def as_arrow(dataframe: Any) -> pa.Table:
     raise ConfigurationError(
         f"a state table is a pyarrow Table, a pandas DataFrame or a Spark DataFrame, not {type(dataframe).__name__}"
     )
+
+
+def snapshot_source_offsets(
+    app: App, store: str, snapshot: str | None = None, snapshot_root: str | None = None
+) -> dict[int, int]:
+    """Per source partition, the offset the state of a snapshot (the latest by default) stands at:
+    the group's commits it was cut at. An app bootstrapped from the snapshot's table starts there,
+    so that no message is lost or counted twice."""
+    snapshots, manifest = snapshot_of(app, store, snapshot, snapshot_root)
+    recorded = manifest.extra.get("committed_source_offsets")
+    if recorded is None:
+        raise StateTableError(
+            f"snapshot {manifest.snapshot_id} of store {store!r} under {snapshots.location} records no source "
+            "offsets (it predates them): take a new snapshot, or give the offsets yourself"
+        )
+    return {int(partition): offset or 0 for partition, offset in recorded.items()}
 
 
 def snapshot_of(

@@ -22,7 +22,7 @@ from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
-from dagster_stateful.state_table import read_state_table
+from dagster_stateful.state_table import read_state_table, snapshot_source_offsets
 from example.apps import add_to_total
 from example.defs.top_customers import top_customers_asset
 
@@ -116,6 +116,8 @@ def test_the_snapshot_asset_writes_the_decoded_table_and_every_engine_reads_the_
         assert as_state(rows) == expected, f"{replay}: {engine}"
     rows = [row.asDict() for row in read_state_table(app, "totals", engine="spark", spark=spark).collect()]
     assert as_state(rows) == expected, f"{replay}: spark"
+    ends = {p: high for p, (_, high) in app.kafka.watermarks(app.source, range(PARTITIONS)).items()}
+    assert snapshot_source_offsets(app, "totals") == ends, "the state of every order, where a bootstrap starts"
 
 
 def test_the_examples_report_receives_the_snapshot_as_an_input_and_ranks_the_recomputed_totals(deployment):

@@ -5,19 +5,24 @@ Spark computes each customer's total for the first part of the orders topic from
 ends; workers process the rest. The final totals must equal a recompute over the whole topic
 (nothing lost, nothing doubled) under both guarantees, with the changelog compacted aggressively,
 and a restore from the snapshot and one from the changelog alone both give the bootstrapped state.
+A store bootstrapped at a moment (from an Arrow table) starts where the broker's offsets-for-times
+puts that moment: its worker processes exactly the messages timestamped from then on.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import orjson
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from core_helpers import expected_totals, totals_app, totals_in_store
 from fault_worker import COMPACT_FAST
-from kafka_helpers import create_topic
+from kafka_helpers import create_topic, read_messages
 from pyspark.sql import functions as F
 
 from dagster_stateful.core.config import ProcessingGuarantee
@@ -44,6 +49,14 @@ def produce_as_java_producers_do(bootstrap: str, topic: str, records: list[tuple
     producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "enable.idempotence": True})
     for key, value in records:
         producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+
+def produce_at(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], first_ms: int) -> None:
+    """As `produce_as_java_producers_do`, the records timestamped one millisecond apart from `first_ms`."""
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "enable.idempotence": True})
+    for i, (key, value) in enumerate(records):
+        producer.produce(topic, key=key, value=value, timestamp=first_ms + i)
     assert producer.flush(30) == 0
 
 
@@ -103,6 +116,34 @@ def test_a_store_bootstrapped_from_spark_totals_then_processed_onward_holds_the_
     worker = app.run_worker(max_seconds=120)
     assert worker.total_processed == len(rest), f"{replay}: the worker processes only what came after the cut"
     assert totals_in_store(app, PARTITIONS) == expected_totals(first + rest), f"{replay}: {guarantee.value}"
+
+
+def test_a_store_bootstrapped_at_a_moment_processes_the_messages_from_that_moment_on(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    rng = random.Random(SEED)
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, partitions=PARTITIONS)
+    first, rest = orders(rng, 0, 600), orders(rng, 600, 300)
+    moment = datetime.now(UTC) - timedelta(minutes=10)
+    moment_ms = int(moment.timestamp() * 1000)
+    produce_at(kafka_bootstrap, source, first, moment_ms - 60_000)
+    produce_at(kafka_bootstrap, source, rest, moment_ms)
+    app = totals_app(kafka_bootstrap, source, tmp_path / "state", unique_name("totals"), snapshot_root=str(tmp_path))
+    totals = expected_totals(first)
+    table = pa.table({"key": list(totals), "state_key": ["total"] * len(totals), "value": list(totals.values())})
+
+    with pytest.raises(StateTableError, match=r"gives offsets for partitions \[0\]; .* give one offset for each"):
+        bootstrap_store(app, "totals", table, {0: 0})
+    with pytest.raises(StateTableError, match=r"offset 5000 for partition 1 of .* give an offset in that range"):
+        bootstrap_store(app, "totals", table, {0: 0, 1: 5_000, 2: 0})
+    report = bootstrap_store(app, "totals", table, moment)  # nothing written by the refused ones
+
+    before = Counter(m.partition() for m in read_messages(kafka_bootstrap, source) if m.timestamp()[1] < moment_ms)
+    assert report.source_positions == {p: before[p] for p in range(PARTITIONS)}, f"FAULT_SEED={SEED}"
+    worker = app.run_worker(max_seconds=120)
+    assert worker.total_processed == len(rest), f"FAULT_SEED={SEED}: only the messages from the moment on"
+    assert totals_in_store(app, PARTITIONS) == expected_totals(first + rest), f"FAULT_SEED={SEED}"
 
 
 def test_a_store_with_state_is_refused_unless_replaced_and_a_replacement_removes_the_keys_it_lacks(
