@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from dagster import DagsterInstance, load_from_defs_folder
+from dagster import AssetKey, DagsterInstance, load_from_defs_folder
 from kafka_helpers import answers_http, free_port, read_messages, wait_for
 
 from dagster_stateful import KafkaResource, StateStoreResource
@@ -133,6 +133,8 @@ def test_example_generates_orders_and_keeps_totals(example):
     assert {m.partition for m in materializations} == {str(p) for p in range(example.ORDERS_PARTITIONS)}
     assert sum(m.metadata["keys"].value for m in materializations) >= 2 * 20, "a total and a count per customer"
     assert all(m.metadata["source_lag"].value == 0 for m in materializations)
+    report = defs.resolve_assets_def(AssetKey(["order_totals", "top_customers"]))
+    assert report.dependency_keys == {AssetKey(["order_totals", "totals_snapshot"])}, "the report reads the snapshot"
 
 
 def test_the_example_runs_on_a_secured_cluster_configured_through_the_environment(secured_kafka, monkeypatch, tmp_path):

@@ -6,7 +6,9 @@ ends; workers process the rest. The final totals must equal a recompute over the
 (nothing lost, nothing doubled) under both guarantees, with the changelog compacted aggressively,
 and a restore from the snapshot and one from the changelog alone both give the bootstrapped state.
 A store bootstrapped at a moment (from an Arrow table) starts where the broker's offsets-for-times
-puts that moment: its worker processes exactly the messages timestamped from then on.
+puts that moment: its worker processes exactly the messages timestamped from then on. A bootstrap
+is refused while the app's group has a member, and for positions that miss a partition or leave
+its range, writing nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from core_helpers import expected_totals, totals_app, totals_in_store
 from fault_worker import COMPACT_FAST
-from kafka_helpers import create_topic, read_messages
+from kafka_helpers import create_topic, read_messages, wait_for
 from pyspark.sql import functions as F
 
 from dagster_stateful.core.config import ProcessingGuarantee
@@ -133,6 +135,13 @@ def test_a_store_bootstrapped_at_a_moment_processes_the_messages_from_that_momen
     totals = expected_totals(first)
     table = pa.table({"key": list(totals), "state_key": ["total"] * len(totals), "value": list(totals.values())})
 
+    joining = {"bootstrap.servers": kafka_bootstrap, "group.id": app.consumer_group, "enable.auto.commit": False}
+    member = Consumer(joining)
+    member.subscribe([source])
+    wait_for(lambda: (member.poll(0.2), member.assignment())[1], 60, "a worker-like member to join the group")
+    with pytest.raises(StateTableError, match=r"has 1 member\(s\) .*: stop its workers before bootstrapping"):
+        bootstrap_store(app, "totals", table, moment)
+    member.close()
     with pytest.raises(StateTableError, match=r"gives offsets for partitions \[0\]; .* give one offset for each"):
         bootstrap_store(app, "totals", table, {0: 0})
     with pytest.raises(StateTableError, match=r"offset 5000 for partition 1 of .* give an offset in that range"):
