@@ -15,8 +15,10 @@ the steps made, not as bytes: they are serialized once, when a commit takes its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from dagster_stateful.core.state.serialization import LiveSerializer
 
 ENTRY_OVERHEAD_BYTES: Final = 200
 """Bytes counted per entry beyond its key and value: the two bytes objects' headers and the slots of
@@ -48,8 +50,8 @@ class StoreCache:
 
     __slots__ = ("_entry_bytes", "bytes", "dirty", "journal", "serialize", "values")
 
-    def __init__(self, serialize: Callable[[bytes, Any], bytes] | None = None) -> None:
-        """serialize(key, value): given, the cache is live: it holds objects, serialized by `changes`."""
+    def __init__(self, serialize: LiveSerializer | None = None) -> None:
+        """serialize: given, the cache is live: it holds objects, serialized by `changes`."""
         self.serialize = serialize
         self._entry_bytes = entry_bytes if serialize is None else live_entry_bytes
         self.values: dict[bytes, Any] = {}
@@ -142,11 +144,15 @@ class StoreCache:
         values, dumps = self.values, self.serialize
         if dumps is None:
             return [(key, values[key], offset) for key, offset in self.dirty.items()]
-        changes: list[Change] = []
-        for key, offset in self.dirty.items():
-            value = values[key]
-            changes.append((key, None if value is None else dumps(key, value), offset))
-        return changes
+        keys = list(self.dirty)
+        live = list(map(values.__getitem__, keys))
+        if None in live:  # deletes among the changes
+            encoded: list[bytes | None] = [
+                None if value is None else dumps(key, value) for key, value in zip(keys, live, strict=True)
+            ]
+        else:
+            encoded = list(dumps.many(keys, live))
+        return list(zip(keys, encoded, self.dirty.values(), strict=True))
 
     def mark_clean(self) -> None:
         """The dirty entries are committed: they stay, as clean entries."""

@@ -19,9 +19,8 @@ from typing import Any
 
 from dagster_stateful.core.state.cache import StoreCache
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import Serde, fast_dumps
+from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.view import KeyView
-from dagster_stateful.errors import StateSerializationError
 
 __all__ = ["TIMED_OPERATIONS", "LiveState", "PartialsRefused", "live_serializer"]
 
@@ -128,21 +127,7 @@ class LiveState(KeyView):
         return current
 
 
-def live_serializer(store: str, serde: Serde) -> Callable[[bytes, Any], bytes]:
-    """dumps(store key, aggregate) for the live cache of `store`: bytes, or a `StateSerializationError`
-    that names the store and the key."""
-    dumps = fast_dumps(serde)
-
-    def serialize(key: bytes, value: Any) -> bytes:
-        try:
-            data = dumps(value)
-        except Exception as error:
-            raise StateSerializationError(
-                f"cannot store the {type(value).__name__} aggregate under store key {key!r} of store {store!r}: the "
-                f"{getattr(serde, 'name', type(serde).__name__)!r} state serializer refused it "
-                f"({type(error).__name__}: {error}). Make the aggregator return values it can encode (for JSON: "
-                "numbers, strings, lists, dicts), or give the app a state_serde that can."
-            ) from error
-        return data if data.__class__ is bytes else bytes(data)
-
-    return serialize
+def live_serializer(store: str, serde: Serde) -> LiveSerializer:
+    """The serializer of the live cache of `store`: bytes, or a `StateSerializationError` that names
+    the store and the key."""
+    return LiveSerializer(store, serde)

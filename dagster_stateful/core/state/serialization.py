@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from dagster_stateful.errors import ConfigurationError
+from dagster_stateful.errors import ConfigurationError, StateSerializationError
 
 
 class Serde(Protocol):
@@ -105,6 +105,55 @@ def fast_dumps(serde: Serde) -> Callable[[Any], bytes]:
 
 def _compact_json(value: Any) -> bytes:
     return b"%b" % orjson.dumps(value)
+
+
+class LiveSerializer:
+    """Encodes the aggregates a live record cache holds for store `store`: one (`__call__`), or a
+    commit's worth at once (`many`, with no Python step per value when the serde takes them all).
+    A value the serde refuses raises a `StateSerializationError` naming the store and its key."""
+
+    __slots__ = ("_dumps", "_exact", "_serde", "_store")
+
+    def __init__(self, store: str, serde: Serde) -> None:
+        self._store = store
+        self._serde = serde
+        self._dumps = fast_dumps(serde)
+        self._exact = type(serde) is JsonSerde
+        """Whether `_dumps` always returns bytes."""
+
+    def __call__(self, key: bytes, value: Any) -> bytes:
+        try:
+            data = self._dumps(value)
+        except Exception as error:
+            raise self._refused(key, value, error) from error
+        return data if data.__class__ is bytes else bytes(data)
+
+    def many(self, keys: list[bytes], values: list[Any]) -> list[bytes]:
+        """The encodings of `values` (none of them None), whose store keys are `keys`."""
+        try:
+            encoded = list(map(self._dumps, values))
+        except Exception as error:
+            raise self._first_refused(keys, values, error) from error
+        if self._exact:
+            return encoded
+        return [data if data.__class__ is bytes else bytes(data) for data in encoded]
+
+    def _first_refused(self, keys: list[bytes], values: list[Any], error: Exception) -> StateSerializationError:
+        """The error naming the first of `values` the serde refuses (`error`, if it takes each alone)."""
+        for key, value in zip(keys, values, strict=True):
+            try:
+                self._dumps(value)
+            except Exception as refusal:  # noqa: BLE001 - the refusal becomes the error returned
+                return self._refused(key, value, refusal)
+        return self._refused(keys[0], values[0], error)
+
+    def _refused(self, key: bytes, value: Any, error: Exception) -> StateSerializationError:
+        serde = getattr(self._serde, "name", type(self._serde).__name__)
+        return StateSerializationError(
+            f"cannot store the {type(value).__name__} aggregate under store key {key!r} of store {self._store!r}: the "
+            f"{serde!r} state serializer refused it ({type(error).__name__}: {error}). Make the aggregator return "
+            "values it can encode (for JSON: numbers, strings, lists, dicts), or give the app a state_serde that can."
+        )
 
 
 def resolve_serde(serde: Serde | str) -> Serde:
