@@ -9,7 +9,7 @@ import pytest
 from dagster_stateful.core import AppConfig, BytesSerde, IntSerde, JsonSerde, StrSerde
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix, split_store_key
-from dagster_stateful.core.state.serialization import resolve_serde
+from dagster_stateful.core.state.serialization import LiveSerializer, resolve_serde
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import ConfigurationError, StateSerializationError
 
@@ -122,6 +122,16 @@ def test_a_value_the_serializer_refuses_fails_in_set_and_leaves_no_trace(transac
     assert "'tags'" in message and "'totals'" in message and "set" in message and "json" in message, message
     transaction.discard_message()
     assert list(transaction.changes("totals")) == [(message_prefix(b"A") + b"total", b"1", 0)]
+
+
+def test_a_commits_aggregates_are_serialized_together_and_a_refused_one_is_named_by_its_key():
+    serialize = LiveSerializer("totals", JsonSerde())
+    keys = [b"a", b"b", b"c"]
+
+    assert serialize.many(keys, [1, [2, 3], {"sum": 4.5}]) == [b"1", b"[2,3]", b'{"sum":4.5}']
+    with pytest.raises(StateSerializationError, match=r"store key b'b' of store 'totals'.*'json' state serializer"):
+        serialize.many(keys, [1, {2, 3}, 4])
+    assert LiveSerializer("counts", IntSerde()).many([b"a"], [7]) == [IntSerde().dumps(7)]
 
 
 def test_get_returns_a_new_object_so_in_place_changes_count_only_when_set(transaction):
