@@ -15,10 +15,8 @@ the steps made, not as bytes: they are serialized once, when a commit takes its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from dagster_stateful.core.state.serialization import LiveSerializer
+from collections.abc import Callable
+from typing import Any, Final
 
 ENTRY_OVERHEAD_BYTES: Final = 200
 """Bytes counted per entry beyond its key and value: the two bytes objects' headers and the slots of
@@ -50,8 +48,9 @@ class StoreCache:
 
     __slots__ = ("_entry_bytes", "bytes", "dirty", "journal", "serialize", "values")
 
-    def __init__(self, serialize: LiveSerializer | None = None) -> None:
-        """serialize: given, the cache is live: it holds objects, serialized by `changes`."""
+    def __init__(self, serialize: Callable[[bytes, Any], bytes] | None = None) -> None:
+        """serialize(key, value): given, the cache is live: it holds objects, serialized by `changes`
+        (in one call when it also has `many(keys, values)`, as `LiveSerializer` does)."""
         self.serialize = serialize
         self._entry_bytes = entry_bytes if serialize is None else live_entry_bytes
         self.values: dict[bytes, Any] = {}
@@ -146,12 +145,13 @@ class StoreCache:
             return [(key, values[key], offset) for key, offset in self.dirty.items()]
         keys = list(self.dirty)
         live = list(map(values.__getitem__, keys))
-        if None in live:  # deletes among the changes
+        many = getattr(dumps, "many", None)
+        if many is None or None in live:  # None: deletes among the changes
             encoded: list[bytes | None] = [
                 None if value is None else dumps(key, value) for key, value in zip(keys, live, strict=True)
             ]
         else:
-            encoded = list(dumps.many(keys, live))
+            encoded = list(many(keys, live))
         return list(zip(keys, encoded, self.dirty.values(), strict=True))
 
     def mark_clean(self) -> None:
