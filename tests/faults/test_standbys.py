@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fault_harness import FaultResult, OrderFeeder, WorkerProcess, source_messages, summarize
+from fault_harness import FaultResult, OrderFeeder, RunSummary, WorkerProcess, source_messages, summarize
 from fault_scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
 from fault_worker import STORE, WorkerSpec, build_app
 from kafka_helpers import wait_for
@@ -83,6 +83,40 @@ def owners(bootstrap: str, group: str, source: str) -> dict[str, set[int]] | Non
     return owned if sum(len(p) for p in owned.values()) == PARTITIONS else None
 
 
+def standby_lab(bootstrap: str, tmp_path: Path, guarantee: str) -> tuple[Lab, str, WorkerSpec]:
+    """The lab, its orders topic and the members' common spec: one standby each, orders flowing."""
+    lab = Lab(bootstrap, tmp_path, SEED)
+    source = lab.orders_topic(PARTITIONS, 6_000, CUSTOMERS)
+    base = lab.spec(
+        source,
+        PARTITIONS,
+        until_caught_up=False,
+        max_seconds=240,
+        session_timeout_ms=3_000,
+        commit_every=COMMIT_EVERY,
+        num_standby_replicas=1,
+        processing_guarantee=guarantee,
+    )
+    return lab, source, base
+
+
+def gather_reports(result: FaultResult, workers: list[WorkerProcess], produced: int) -> list[RunSummary]:
+    """Each member's run, summarized and added to `result`."""
+    reports = [summarize(f"member {i}", w.finish(120)) for i, w in enumerate(workers)]
+    result.runs.extend(reports)
+    result.counters["orders produced while running"] = produced
+    return reports
+
+
+def assert_final_totals(result: FaultResult, lab: Lab, base: WorkerSpec, guarantee: str) -> None:
+    """A final worker's totals equal a recompute from the source: nothing lost; exact under exactly-once."""
+    final = replace(base, until_caught_up=True, num_standby_replicas=0, state_dir=str(lab.work_dir / "final"))
+    finish_with(result, final, lab)
+    assert result.lost == 0 and not result.totals_short, f"FAULT_SEED={SEED}\n{result.describe()}"
+    if guarantee == EXACTLY_ONCE:
+        assert result.doubled == 0, f"FAULT_SEED={SEED}\n{result.describe()}"
+
+
 def read_during_restore(base: WorkerSpec, restoring: WorkerProcess, member: WorkerSpec) -> None:
     """Read a key of a partition `restoring` (the member that came back) restores: the answer comes
     from a fresher copy than its active one, and says so."""
@@ -110,18 +144,7 @@ def read_during_restore(base: WorkerSpec, restoring: WorkerProcess, member: Work
 def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_tail(
     kafka_bootstrap, tmp_path, guarantee
 ):
-    lab = Lab(kafka_bootstrap, tmp_path, SEED)
-    source = lab.orders_topic(PARTITIONS, 6_000, CUSTOMERS)
-    base = lab.spec(
-        source,
-        PARTITIONS,
-        until_caught_up=False,
-        max_seconds=240,
-        session_timeout_ms=3_000,
-        commit_every=COMMIT_EVERY,
-        num_standby_replicas=1,
-        processing_guarantee=guarantee,
-    )
+    lab, source, base = standby_lab(kafka_bootstrap, tmp_path, guarantee)
     specs = [
         replace(base, state_dir=str(tmp_path / f"member-{i}"), group_instance_id=f"{base.name}-{i}")
         for i in range(MEMBERS)
@@ -164,9 +187,7 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
         produced = feeder.stop()
         for worker in workers:
             worker.terminate()
-    reports = [summarize(f"member {i}", w.finish(120)) for i, w in enumerate(workers)]
-    result.runs.extend(reports)
-    result.counters["orders produced while running"] = produced
+    reports = gather_reports(result, workers, produced)
 
     for partition in sorted(dead):
         holder = standby_holders[partition]
@@ -176,12 +197,7 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
         applied = sum(records for _, _, records, _ in restores)
         assert applied <= COMMIT_EVERY, f"partition {partition}'s standby restore applied {applied} records"
     assert (reports[0].report or {})["standby_records"], "the member that came back keeps standbys"
-
-    final = replace(base, until_caught_up=True, num_standby_replicas=0, state_dir=str(tmp_path / "final"))
-    finish_with(result, final, lab)
-    assert result.lost == 0 and not result.totals_short, f"FAULT_SEED={SEED}\n{result.describe()}"
-    if guarantee == EXACTLY_ONCE:
-        assert result.doubled == 0, f"FAULT_SEED={SEED}\n{result.describe()}"
+    assert_final_totals(result, lab, base, guarantee)
 
 
 HOSTS = 2
@@ -193,18 +209,7 @@ POOL = 2
 def test_a_pools_partitions_are_kept_on_the_other_host_and_restore_a_short_tail_when_the_host_dies(
     kafka_bootstrap, tmp_path, guarantee
 ):
-    lab = Lab(kafka_bootstrap, tmp_path, SEED)
-    source = lab.orders_topic(PARTITIONS, 6_000, CUSTOMERS)
-    base = lab.spec(
-        source,
-        PARTITIONS,
-        until_caught_up=False,
-        max_seconds=240,
-        session_timeout_ms=3_000,
-        commit_every=COMMIT_EVERY,
-        num_standby_replicas=1,
-        processing_guarantee=guarantee,
-    )
+    lab, source, base = standby_lab(kafka_bootstrap, tmp_path, guarantee)
     specs = [
         replace(base, state_dir=str(tmp_path / f"host-{host}"), group_instance_id=f"{base.name}-{host}-{member}")
         for host in range(HOSTS)
@@ -246,9 +251,7 @@ def test_a_pools_partitions_are_kept_on_the_other_host_and_restore_a_short_tail_
         produced = feeder.stop()
         for worker in workers:
             worker.terminate()
-    reports = [summarize(f"member {i}", w.finish(120)) for i, w in enumerate(workers)]
-    result.runs.extend(reports)
-    result.counters["orders produced while running"] = produced
+    reports = gather_reports(result, workers, produced)
 
     assert owned_by_host(after)[1] == set(range(PARTITIONS)), after
     survivors = reports[POOL:]
@@ -256,8 +259,4 @@ def test_a_pools_partitions_are_kept_on_the_other_host_and_restore_a_short_tail_
         restores = [r for report in survivors for r in (report.report or {})["restores"] if r[0] == partition]
         applied = sum(records for _, _, records, _ in restores)
         assert restores and applied <= COMMIT_EVERY, f"partition {partition} restored {restores} on the other host"
-    final = replace(base, until_caught_up=True, num_standby_replicas=0, state_dir=str(tmp_path / "final"))
-    finish_with(result, final, lab)
-    assert result.lost == 0 and not result.totals_short, f"FAULT_SEED={SEED}\n{result.describe()}"
-    if guarantee == EXACTLY_ONCE:
-        assert result.doubled == 0, f"FAULT_SEED={SEED}\n{result.describe()}"
+    assert_final_totals(result, lab, base, guarantee)

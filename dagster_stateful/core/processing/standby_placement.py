@@ -72,15 +72,15 @@ class StandbyChanges:
 
 def standby_changes(
     member: str,
+    placement: Mapping[int, Sequence[str]],
     assignment: Assignment,
-    replicas: int,
     held: Collection[int],
     kept: Collection[int],
-    clients: Clients | None = None,
 ) -> StandbyChanges:
-    """From the group's assignment: the standbys `member` starts and stops keeping, given the
-    partitions its worker holds actively and those it keeps standbys of."""
-    wanted = set(standbys_of(member, assignment, replicas, clients)) - set(held)
+    """From the group's assignment and the standby placement made of it: the standbys `member`
+    starts and stops keeping, given the partitions its worker holds actively and those it keeps
+    standbys of."""
+    wanted = {partition for partition, holders in placement.items() if member in holders} - set(held)
     incoming = set(assignment.get(member, ())) - set(held)
     return StandbyChanges(keep=sorted(wanted - set(kept)), drop=sorted(set(kept) - wanted - incoming))
 

@@ -28,7 +28,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.processing.standby_placement import standby_changes, standby_placement
+from dagster_stateful.core.processing.standby_placement import group_standby_placement, standby_changes
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
@@ -125,11 +125,10 @@ class StandbyReplicas:
         assignment = {m.member_id: m.partitions for m in group.members}
         if group.state != "STABLE" or member not in assignment:
             return  # mid-rebalance the assignment is partial: keep the standbys until it settles
-        replicas = self._config.num_standby_replicas
+        placement = group_standby_placement(group.members, self._config.num_standby_replicas)
         client_ids = {m.member_id: m.client_id for m in group.members}
-        placement = standby_placement(assignment, replicas, client_ids)
         self.holders = {p: [client_ids[h] for h in holders] for p, holders in placement.items()}
-        changes = standby_changes(member, assignment, replicas, held, self.kept, client_ids)
+        changes = standby_changes(member, placement, assignment, held, self.kept)
         for partition in changes.drop:
             self._drop(partition)
             log.info("No longer keeps a standby of partition %d", partition)

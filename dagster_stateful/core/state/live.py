@@ -19,10 +19,10 @@ from typing import Any
 
 from dagster_stateful.core.state.cache import StoreCache
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import LiveSerializer, Serde
+from dagster_stateful.core.state.serialization import Serde
 from dagster_stateful.core.state.view import KeyView
 
-__all__ = ["TIMED_OPERATIONS", "LiveState", "PartialsRefused", "live_serializer"]
+__all__ = ["TIMED_OPERATIONS", "LiveState", "PartialsRefused"]
 
 _MISSING: Any = object()
 
@@ -41,7 +41,7 @@ class LiveState(KeyView):
     __slots__ = ("_checked", "_serialize")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
-        """`cache` must be live (made with `live_serializer`)."""
+        """`cache` must be live (made with a `LiveSerializer`)."""
         super().__init__(partition, cache, serde)
         if cache.serialize is None:
             raise ValueError(f"the aggregations of store {partition.store!r} need a live record cache")
@@ -125,9 +125,3 @@ class LiveState(KeyView):
         current = None if data is None else self._decode(data)
         self._cache.remember(key, current)
         return current
-
-
-def live_serializer(store: str, serde: Serde) -> LiveSerializer:
-    """The serializer of the live cache of `store`: bytes, or a `StateSerializationError` that names
-    the store and the key."""
-    return LiveSerializer(store, serde)

@@ -19,9 +19,9 @@ from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
-from dagster_stateful.core.state.live import LiveState, live_serializer
+from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.partition import StorePartition
-from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.view import KeyView, timed_variant
 from dagster_stateful.core.state.windows import WindowBounds, WindowState
@@ -62,7 +62,7 @@ class PartitionTransaction:
         self.partition = partition
         self.stores = stores
         self.caches = {
-            name: StoreCache(live_serializer(name, serde) if name in live_stores else None) for name in stores
+            name: StoreCache(LiveSerializer(name, serde) if name in live_stores else None) for name in stores
         }
         self.states: dict[str, State] = {
             name: TtlState(stores[name], self.caches[name], serde, ttls[name])

@@ -76,7 +76,7 @@ class WindowState(LiveState, CommittedStreamTime):
     __slots__ = ("_bounds", "_closing", "_committed_stream_time", "_expiring", "_index", "_stream_time", "timestamp")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds) -> None:
-        """`cache` must be live (made with `live.live_serializer`)."""
+        """`cache` must be live (made with a `serialization.LiveSerializer`)."""
         super().__init__(partition, cache, serde)
         self._bounds = bounds
         self.timestamp = 0

@@ -58,19 +58,21 @@ def test_a_standby_whose_partition_the_group_just_gave_this_member_waits_for_the
     # plain restore instead of a standby's.
     after = {"m1-b": [1, 4, 3], "m2-c": [2, 5, 0]}
 
-    waiting = standby_changes("m1-b", after, 1, held=[1, 4], kept=[3, 0])
+    placement = standby_placement(after, 1)
+    waiting = standby_changes("m1-b", placement, after, held=[1, 4], kept=[3, 0])
     assert waiting == StandbyChanges(keep=[2, 5], drop=[]), "m1 keeps m2's partitions, and 3 till its handover"
-    handed_over = standby_changes("m1-b", after, 1, held=[1, 4, 3], kept=[0, 2, 5])
+    handed_over = standby_changes("m1-b", placement, after, held=[1, 4, 3], kept=[0, 2, 5])
     assert handed_over == StandbyChanges(keep=[], drop=[])
 
 
 def test_a_member_starts_the_standbys_it_is_given_and_closes_those_it_no_longer_keeps():
     mine = standbys_of("m1-b", THREE, 1)
 
-    changes = standby_changes("m1-b", THREE, 1, held=[1, 4], kept=[5])
+    placement = standby_placement(THREE, 1)
+    changes = standby_changes("m1-b", placement, THREE, held=[1, 4], kept=[5])
     assert changes.keep == [p for p in mine if p != 5]
     assert changes.drop == ([] if 5 in mine else [5])
-    assert standby_changes("m1-b", THREE, 1, held=[1, 4], kept=mine) == StandbyChanges(keep=[], drop=[])
+    assert standby_changes("m1-b", placement, THREE, held=[1, 4], kept=mine) == StandbyChanges(keep=[], drop=[])
 
 
 POOLS = {"a-0": [0, 4], "a-1": [1, 5], "b-0": [2, 6], "b-1": [3, 7]}
