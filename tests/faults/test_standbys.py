@@ -19,7 +19,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fault_harness import FaultResult, OrderFeeder, RunSummary, WorkerProcess, source_messages, summarize
+from fault_harness import (
+    FaultResult,
+    OrderFeeder,
+    RunSummary,
+    WorkerProcess,
+    committed_offsets,
+    source_messages,
+    summarize,
+    watermarks,
+)
 from fault_scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
 from fault_worker import STORE, WorkerSpec, build_app
 from kafka_helpers import wait_for
@@ -72,6 +81,12 @@ def standbys_within(specs: list[WorkerSpec], holders: dict[int, int], owned: dic
         and changelog_position(states[holder], p) >= 0
         for p, holder in holders.items()
     )
+
+
+def all_committed_past(bootstrap: str, group: str, source: str, ends: dict[int, int]) -> bool:
+    """Whether the group has committed every partition of `source` up to `ends` at least."""
+    committed = committed_offsets(bootstrap, group, source, PARTITIONS)
+    return all((committed[p] or 0) >= end for p, end in ends.items())
 
 
 def owners(bootstrap: str, group: str, source: str) -> dict[str, set[int]] | None:
@@ -150,6 +165,7 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
         for i in range(MEMBERS)
     ]
     result = FaultResult(f"standbys ({guarantee})")
+    produced_first = {p: high for p, (_, high) in watermarks(kafka_bootstrap, source, PARTITIONS).items()}
     feeder = OrderFeeder(kafka_bootstrap, source, CUSTOMERS, rate=300).start()
     workers = [WorkerProcess(spec, lab.log(f"member-{i}")) for i, spec in enumerate(specs)]
     try:
@@ -159,6 +175,11 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
             "each member to keep the standbys of two partitions",
         )
         before = wait_for(lambda: owners(kafka_bootstrap, base.name, source), 60, "a stable group")
+        wait_for(
+            lambda: all_committed_past(kafka_bootstrap, base.name, source, produced_first),
+            120,
+            "the members to commit the orders produced before them (every customer's first ones)",
+        )
         dead = before[specs[0].group_instance_id]
         standby_holders = {p: i for i, w in enumerate(workers) for p in kept_standbys(w)}
         wait_for(
