@@ -366,17 +366,18 @@ class PartitionAssignments:
             return []
         replays: list[ChangelogRestore | ChildReplay] = []
         for store in stores.values():
-            if self._snapshots is not None and not from_standby:
+            warm = from_standby or store.kept_by_standby
+            if self._snapshots is not None and not warm:
                 self._load_snapshot_if_faster(store)
             replay = self._restorer.begin(store, start)
-            if from_standby:
+            if warm:
                 self._note_standby_restore(store, replay)
             if replay is not None:
                 replays.append(replay)
         return replays
 
     def _note_standby_restore(self, store: StorePartition, replay: ChangelogRestore | None) -> None:
-        """Report a store that was a standby here as such: its tail, or nothing left to apply."""
+        """Report a store that a standby of this client kept as such: its tail, or nothing left to apply."""
         if replay is None:
             at = store.changelog_offset or 0
             self.restorations.reports.append(RestoreReport(store.store, store.partition, RestoreKind.STANDBY, at, at))

@@ -26,6 +26,8 @@ class Checkpoint:
     source_offset: int | None
     """Committed source offset (the next message to process) the local state corresponds to."""
     updated_at: float
+    kept_by_standby: bool = False
+    """Written by a standby replica: a member of this client that takes the partition takes over a warm copy."""
 
 
 def write_checkpoint(directory: Path, checkpoint: Checkpoint) -> None:

@@ -88,6 +88,11 @@ class StorePartition:
         self.changelog_offset: int | None = None
         self.source_offset: int | None = None
         self.recovered_from_corruption = False
+        self.as_standby = False
+        """Opened by a standby replica; its checkpoints say so."""
+        self.kept_by_standby = False
+        """Opened by an active owner where a standby replica of this client (this worker or another
+        member sharing the state directory) last kept the data: its restore is a standby takeover."""
         self.metrics = PartitionMetrics()
         """What the state views and this partition did, counted while it is open."""
 
@@ -126,6 +131,11 @@ class StorePartition:
         if not self._db.persistent:
             remove_checkpoint(self.path)  # a crashed worker's: its state went with it
         self._load_offsets()
+        self.as_standby = as_standby
+        if as_standby and self.has_local_state:
+            self.publish_checkpoint()
+        previous = None if as_standby or not self.has_local_state else read_checkpoint(self.path)
+        self.kept_by_standby = previous is not None and previous.kept_by_standby
 
     @property
     def handover_requested(self) -> bool:
@@ -263,6 +273,7 @@ class StorePartition:
             source_topic=self.source_topic,
             source_offset=self.source_offset,
             updated_at=time.time(),
+            kept_by_standby=self.as_standby,
         )
         try:
             write_checkpoint(self.path, checkpoint)

@@ -189,3 +189,39 @@ def test_an_opener_that_finds_a_standby_holding_the_lock_asks_it_to_hand_over(tm
         assert not active.handover_requested, "taken over: the request is gone"
     finally:
         active.close()
+
+
+def kept_by_standby(partition: StorePartition) -> bool:
+    checkpoint = partition.read_checkpoint()
+    assert checkpoint is not None, f"no checkpoint in {partition.path}"
+    return checkpoint.kept_by_standby
+
+
+def test_an_active_opener_knows_when_a_standby_of_its_state_directory_kept_the_copy_it_takes(tmp_path):
+    first = partition_at(tmp_path)
+    first.open()
+    first.finish_restore(changelog_offset=5, source_offset=10)
+    first.close()
+    assert not kept_by_standby(first)
+
+    standby = partition_at(tmp_path)
+    standby.open(as_standby=True)
+    assert kept_by_standby(standby), "a standby's checkpoint says so from its open"
+    standby.finish_restore(changelog_offset=8, source_offset=12)
+    standby.close()
+
+    taker = partition_at(tmp_path)
+    taker.open()
+    try:
+        assert taker.kept_by_standby and taker.changelog_offset == 8
+        taker.finish_restore(changelog_offset=9, source_offset=13)
+        assert not kept_by_standby(taker), "once active, its checkpoints are an active's"
+    finally:
+        taker.close()
+
+    again = partition_at(tmp_path)
+    again.open()
+    try:
+        assert not again.kept_by_standby, "the active kept it last"
+    finally:
+        again.close()
