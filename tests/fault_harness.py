@@ -889,12 +889,28 @@ class RunSummary:
         return f"{self.label}: {what}, lag {self.lag}, {self.seconds:.1f} s{tail}"
 
 
-GROUP_DEBUG_EVENTS = ("|CGRPJOINSTATE|", "|JOINGROUP|", "|SYNCGROUP|", "|LOST|", "|REJOIN|", "|REBALANCE|")
+GROUP_DEBUG_EVENTS = (
+    "|CGRPJOINSTATE|",
+    "|CGRPSTATE|",
+    "|CGRPCOORD|",
+    "|JOINGROUP|",
+    "|SYNCGROUP|",
+    "|LOST|",
+    "|REJOIN|",
+    "|REBALANCE|",
+)
 """librdkafka's consumer-group debug lines (the fault worker enables `debug=cgrp`) that say where a
-member is in joining its group."""
+member is in joining its group and finding its coordinator."""
+COUNTED_EVENTS = ("|REBOOTSTRAP|", "|FAIL|", "|CGRPQUERY|")
+"""librdkafka lines too many to quote: counted, with the times of the first and last."""
 
 
-def diagnostic_tail(log_path: Path, lines: int = 30, group_lines: int = 15) -> str:
+def _counted(text: list[str], event: str) -> str:
+    found = [line.split("|")[1] for line in text if event in line]
+    return f"{event.strip('|')}: {len(found)}" + (f" ({found[0]} .. {found[-1]})" if found else "")
+
+
+def diagnostic_tail(log_path: Path, lines: int = 30, group_lines: int = 25) -> str:
     """The log's last `lines` lines without librdkafka's debug lines, then its last `group_lines`
     consumer-group join lines: enough to tell why a run ended short."""
     try:
@@ -902,8 +918,11 @@ def diagnostic_tail(log_path: Path, lines: int = 30, group_lines: int = 15) -> s
     except OSError as error:
         return f"(no log: {error})"
     plain = [line for line in text if not line.startswith("%7|")]
+    plain = [line for line in plain if not any(event in line for event in COUNTED_EVENTS)]
     joins = [line for line in text if line.startswith("%7|") and any(event in line for event in GROUP_DEBUG_EVENTS)]
-    return "\n".join(f"      {line[:400]}" for line in [*plain[-lines:], "      ...", *joins[-group_lines:]])
+    counts = ", ".join(_counted(text, event) for event in COUNTED_EVENTS)
+    quoted = [*plain[-lines:], "      ...", *joins[-group_lines:], f"librdkafka lines: {counts}"]
+    return "\n".join(f"      {line[:400]}" for line in quoted)
 
 
 def summarize(label: str, outcome: WorkerOutcome, spec: WorkerSpec | None = None) -> RunSummary:

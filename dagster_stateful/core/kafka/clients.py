@@ -72,6 +72,13 @@ RESTORE_CONSUMER_CONFIG = {
     "max.partition.fetch.bytes": 16 * 1024 * 1024,
     "fetch.max.bytes": 64 * 1024 * 1024,
 }
+REBOOTSTRAP_AFTER_MS = 10_000
+"""How long a client may go without metadata from any broker before it bootstraps again (librdkafka's
+`metadata.recovery.rebootstrap.trigger.ms`, 5 min by default). Measured with librdkafka 2.16: a
+broker shutting down can answer a metadata request without itself; the client then drops the
+broker it knew, has none left (its bootstrap ones were dropped once it learned the cluster), and
+waits out the whole trigger before connecting again, as a consumer without a group for 5 minutes.
+A setting of the connection overrides it."""
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
 _MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _T = TypeVar("_T")
@@ -150,7 +157,12 @@ class KafkaClients:
     def _client_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The settings of one client: these clients' over its own, with the log and the watch as
         callbacks (an `error_cb` of the settings is called after the watch's)."""
-        merged: dict[str, Any] = {"logger": CLIENT_LOG, **self.settings, **(config or {})}
+        merged: dict[str, Any] = {
+            "logger": CLIENT_LOG,
+            "metadata.recovery.rebootstrap.trigger.ms": REBOOTSTRAP_AFTER_MS,
+            **self.settings,
+            **(config or {}),
+        }
         merged["error_cb"] = self.security.error_callback(merged.get("error_cb"))
         return merged
 
