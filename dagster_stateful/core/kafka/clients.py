@@ -74,11 +74,11 @@ RESTORE_CONSUMER_CONFIG = {
 }
 REBOOTSTRAP_AFTER_MS = 10_000
 """How long a client may go without metadata from any broker before it bootstraps again (librdkafka's
-`metadata.recovery.rebootstrap.trigger.ms`, 5 min by default). Measured with librdkafka 2.16: a
-broker shutting down can answer a metadata request without itself; the client then drops the
-broker it knew, has none left (its bootstrap ones were dropped once it learned the cluster), and
-waits out the whole trigger before connecting again, as a consumer without a group for 5 minutes.
-A setting of the connection overrides it."""
+`metadata.recovery.rebootstrap.trigger.ms`, 5 min by default). Measured with librdkafka 2.16 while a
+broker shut down: a client can be left knowing no broker at all (its log says "Group coordinator
+decommissioned", then shows no connection attempt), and it connects to none until the trigger has
+passed: a worker's consumer stayed outside its group, and a synchronous commit blocked, for minutes
+after the broker was back. A setting of the connection overrides it."""
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
 _MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _T = TypeVar("_T")
