@@ -50,8 +50,9 @@ STALL_TIMEOUT = 60.0
 BATCH_WAIT = 0.5
 """Seconds a restore step waits for its batch before the worker's loop gets the thread back."""
 BATCH_WAIT_SLICE = 0.02
-FULL_RESTORE_CHUNK_RECORDS = 500_000
-"""Keys a full restore holds in memory before it ingests them (about 100 MB at 200 bytes a key)."""
+FULL_RESTORE_CHUNK_RECORDS = 250_000
+"""Keys a full restore holds in memory before it ingests them (about 50 MB at 200 bytes a key; twice
+as many were no faster: bench/bench_restore_memory.py)."""
 PROGRESS_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
 RESTORE_REPORT_FIELD = "restore_report"
