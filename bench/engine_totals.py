@@ -75,6 +75,9 @@ def make_app(args: argparse.Namespace) -> App:
         state_dir=args.state_dir,
         kafka=args.bootstrap,
         commit_interval=args.commit_interval,
+        consumer_config={"max.partition.fetch.bytes": args.partition_fetch_bytes}
+        if args.partition_fetch_bytes
+        else None,
     )
     if args.aggregate:
         app.dataframe().aggregate(Sum("amount"), name=TOTAL)
@@ -142,6 +145,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, required=True, help="of the source topic")
     parser.add_argument("--result", type=Path, required=True, help="where the JSON result is written")
     parser.add_argument("--aggregate", action="store_true", help='keep the totals with aggregate(Sum("amount"))')
+    parser.add_argument(
+        "--partition-fetch-bytes",
+        type=int,
+        default=None,
+        help="the consumer's max.partition.fetch.bytes (default: the app's)",
+    )
     return parser.parse_args()
 
 

@@ -22,9 +22,11 @@ from dagster_stateful.core.processing.transactions import transactional_config
 
 __all__ = ["PARTITION_FETCH_BYTES", "worker_consumer_config", "worker_producer_config"]
 
-PARTITION_FETCH_BYTES = 5 * 1024 * 1024
+PARTITION_FETCH_BYTES = 2 * 1024 * 1024
 """Bytes one fetch takes from a partition (librdkafka's default is 1 MiB): fewer, larger fetches let
-a Python consumer take about three times as many small messages per second (bench/ceilings.py)."""
+a Python consumer take more small messages per second (bench/ceilings.py). Measured on the worker
+(bench/bench_fetch_size.py): 1 MiB cost a quarter of the rate with 10k keys, and 5 MiB, the size
+before, was no faster than 2 MiB but cost 130 MiB more at the peak."""
 
 
 def worker_consumer_config(config: AppConfig, client_id: str) -> dict[str, Any]:

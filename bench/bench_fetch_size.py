@@ -1,0 +1,81 @@
+"""What the worker's consumer fetch size costs in memory and gives in speed.
+
+The worker's consumer takes up to `max.partition.fetch.bytes` from a partition per fetch, and
+librdkafka prefetches while the worker processes. This script runs bench_compare's engine runner
+(`engine_totals.py`, the running total per key, the columnar `aggregate(Sum("amount"))` unless
+--update) on the same topics of one broker, once per partition fetch size (--fetch-mib) and
+round, alternating, and prints per workload and fetch size the median msg/s and the median peak
+RSS (`VmHWM`, sampled every 0.1 s) of the worker's process. Every run's totals are checked against
+the totals recomputed from the source. The machine and settings are printed first.
+
+    .venv/bin/python bench/bench_fetch_size.py                     # 10k and 1M keys, about 6 minutes here
+    .venv/bin/python bench/bench_fetch_size.py --messages 20000 --keys 100 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import uuid
+from pathlib import Path
+
+import orjson
+from bench_compare import Workload, check_totals, prepare_topic, run_measured
+from bench_restore import bench_broker, print_machine
+
+from dagster_stateful.core.processing.client_settings import PARTITION_FETCH_BYTES
+
+BENCH = Path(__file__).parent
+MIB = 1 << 20
+
+
+def run_engine(
+    bootstrap: str, work: Path, workload: Workload, fetch_bytes: int, arguments: argparse.Namespace
+) -> tuple[float, float]:
+    """One bounded worker from the start of the topic to its end: (msg/s, peak RSS MiB)."""
+    group = f"bench-fetch-{uuid.uuid4().hex[:8]}"
+    result = work / f"{group}.json"
+    command = [sys.executable, str(BENCH / "engine_totals.py"), "--bootstrap", bootstrap, "--source", workload.topic]
+    command += ["--group", group, "--state-dir", str(work / "state" / group), "--messages", str(workload.messages)]
+    command += ["--partitions", str(arguments.partitions), "--result", str(result)]
+    command += ["--partition-fetch-bytes", str(fetch_bytes), *([] if arguments.update else ["--aggregate"])]
+    peak = run_measured(command, f"the engine with {fetch_bytes // MIB} MiB fetches on {workload.topic}")
+    outcome = orjson.loads(result.read_bytes())
+    check_totals(outcome, workload.expected([]), f"the engine with {fetch_bytes // MIB} MiB fetches")
+    return outcome["messages"] / outcome["seconds"], peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, nargs="+", default=[10_000, 1_000_000], help="distinct keys per workload")
+    parser.add_argument("--fetch-mib", type=int, nargs="+", default=[5, 2, 1], help="partition fetch sizes")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--update", action="store_true", help="the stateful update instead of the aggregation")
+    arguments = parser.parse_args()
+    print_machine()
+    computation = "stateful update" if arguments.update else 'aggregate(Sum("amount"))'
+    print(
+        f"settings: {arguments.messages:,} orders per workload, {arguments.partitions} partitions, {computation}, "
+        f"commit every 5 s, {arguments.rounds} rounds; the engine's default fetch is {PARTITION_FETCH_BYTES // MIB} MiB"
+    )
+    with bench_broker("bench-fetch-size-") as (bootstrap, work):
+        for keys in arguments.keys:
+            workload = Workload(f"bench-fetch-orders-{uuid.uuid4().hex[:8]}", arguments.messages, keys)
+            prepare_topic(bootstrap, workload, arguments)
+            runs: dict[int, list[tuple[float, float]]] = {mib: [] for mib in arguments.fetch_mib}
+            for _ in range(arguments.rounds):
+                for mib in arguments.fetch_mib:
+                    runs[mib].append(run_engine(bootstrap, work, workload, mib * MIB, arguments))
+            for mib, figures in runs.items():
+                rate = statistics.median(rate for rate, _ in figures)
+                peak = statistics.median(peak for _, peak in figures)
+                each = ", ".join(f"{rate:,.0f}" for rate, _ in figures)
+                print(f"{keys:,} keys, {mib} MiB fetches: {rate:,.0f} msg/s (runs {each}), peak RSS {peak:,.0f} MiB")
+    print("check: every run's totals equal the totals recomputed from the source")
+
+
+if __name__ == "__main__":
+    main()
