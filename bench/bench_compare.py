@@ -42,6 +42,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,10 +158,18 @@ class Systems:
             self._kafka_streams_class_path = build_app()
             print(f"kafka streams app built with Maven ({time.monotonic() - began:.1f} s)")
 
-    def run(self, system: str, workload: Workload, group: str, messages: int, restore: bool) -> tuple[dict, float]:
+    def run(
+        self,
+        system: str,
+        workload: Workload,
+        group: str,
+        messages: int,
+        restore: bool,
+        engine_options: Sequence[str] = (),
+    ) -> tuple[dict, float]:
         """(result JSON, peak RSS in MiB) of one run of `system` that processes `messages` of
         `workload.topic` as consumer group / application id `group` (`restore`: its local state was
-        deleted, it restores it first)."""
+        deleted, it restores it first; `engine_options`: more options of engine_totals.py)."""
         result_path = self.work / f"{group}.json"
         state_dir = self.work / "state" / group
         common = [
@@ -187,6 +196,7 @@ class Systems:
                 "--partitions",
                 str(self.args.partitions),
                 *(["--aggregate"] if system == "engine-aggregate" else []),
+                *engine_options,
             ]
         elif system == "quix":
             assert self._quix_python is not None

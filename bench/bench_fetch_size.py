@@ -16,32 +16,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import uuid
-from pathlib import Path
 
-import orjson
-from bench_compare import Workload, check_totals, prepare_topic, run_measured
+from bench_compare import Systems, Workload, check_totals, prepare_topic
 from bench_restore import bench_broker, print_machine
 
 from dagster_stateful.core.processing.client_settings import PARTITION_FETCH_BYTES
 
-BENCH = Path(__file__).parent
 MIB = 1 << 20
 
 
-def run_engine(
-    bootstrap: str, work: Path, workload: Workload, fetch_bytes: int, arguments: argparse.Namespace
-) -> tuple[float, float]:
+def run_engine(systems: Systems, workload: Workload, fetch_bytes: int, update: bool) -> tuple[float, float]:
     """One bounded worker from the start of the topic to its end: (msg/s, peak RSS MiB)."""
+    system = "engine" if update else "engine-aggregate"
+    options = ["--partition-fetch-bytes", str(fetch_bytes)]
     group = f"bench-fetch-{uuid.uuid4().hex[:8]}"
-    result = work / f"{group}.json"
-    command = [sys.executable, str(BENCH / "engine_totals.py"), "--bootstrap", bootstrap, "--source", workload.topic]
-    command += ["--group", group, "--state-dir", str(work / "state" / group), "--messages", str(workload.messages)]
-    command += ["--partitions", str(arguments.partitions), "--result", str(result)]
-    command += ["--partition-fetch-bytes", str(fetch_bytes), *([] if arguments.update else ["--aggregate"])]
-    peak = run_measured(command, f"the engine with {fetch_bytes // MIB} MiB fetches on {workload.topic}")
-    outcome = orjson.loads(result.read_bytes())
+    outcome, peak = systems.run(system, workload, group, workload.messages, restore=False, engine_options=options)
     check_totals(outcome, workload.expected([]), f"the engine with {fetch_bytes // MIB} MiB fetches")
     return outcome["messages"] / outcome["seconds"], peak
 
@@ -52,23 +42,27 @@ def main() -> None:
     parser.add_argument("--keys", type=int, nargs="+", default=[10_000, 1_000_000], help="distinct keys per workload")
     parser.add_argument("--fetch-mib", type=int, nargs="+", default=[5, 2, 1], help="partition fetch sizes")
     parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--update", action="store_true", help="the stateful update instead of the aggregation")
     arguments = parser.parse_args()
     print_machine()
     computation = "stateful update" if arguments.update else 'aggregate(Sum("amount"))'
+    default = PARTITION_FETCH_BYTES // MIB
     print(
         f"settings: {arguments.messages:,} orders per workload, {arguments.partitions} partitions, {computation}, "
-        f"commit every 5 s, {arguments.rounds} rounds; the engine's default fetch is {PARTITION_FETCH_BYTES // MIB} MiB"
+        f"commit every {arguments.commit_interval:g} s, {arguments.rounds} rounds; the engine's default fetch is "
+        f"{default} MiB"
     )
     with bench_broker("bench-fetch-size-") as (bootstrap, work):
+        systems = Systems(bootstrap, work, arguments)
         for keys in arguments.keys:
             workload = Workload(f"bench-fetch-orders-{uuid.uuid4().hex[:8]}", arguments.messages, keys)
             prepare_topic(bootstrap, workload, arguments)
             runs: dict[int, list[tuple[float, float]]] = {mib: [] for mib in arguments.fetch_mib}
             for _ in range(arguments.rounds):
                 for mib in arguments.fetch_mib:
-                    runs[mib].append(run_engine(bootstrap, work, workload, mib * MIB, arguments))
+                    runs[mib].append(run_engine(systems, workload, mib * MIB, arguments.update))
             for mib, figures in runs.items():
                 rate = statistics.median(rate for rate, _ in figures)
                 peak = statistics.median(peak for _, peak in figures)

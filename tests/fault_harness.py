@@ -917,8 +917,7 @@ def diagnostic_tail(log_path: Path, lines: int = 30, group_lines: int = 25) -> s
         text = log_path.read_text(errors="replace").splitlines()
     except OSError as error:
         return f"(no log: {error})"
-    plain = [line for line in text if not line.startswith("%7|")]
-    plain = [line for line in plain if not any(event in line for event in COUNTED_EVENTS)]
+    plain = [line for line in text if not line.startswith("%7|") and not any(event in line for event in COUNTED_EVENTS)]
     joins = [line for line in text if line.startswith("%7|") and any(event in line for event in GROUP_DEBUG_EVENTS)]
     counts = ", ".join(_counted(text, event) for event in COUNTED_EVENTS)
     quoted = [*plain[-lines:], "      ...", *joins[-group_lines:], f"librdkafka lines: {counts}"]

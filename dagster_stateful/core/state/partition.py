@@ -131,11 +131,20 @@ class StorePartition:
         if not self._db.persistent:
             remove_checkpoint(self.path)  # a crashed worker's: its state went with it
         self._load_offsets()
+        self._note_keeper(as_standby)
+
+    def _note_keeper(self, as_standby: bool) -> None:
+        """Who keeps the local state now: a standby says so in the checkpoint at once; an active
+        opener learns from the checkpoint whether a standby kept it last."""
         self.as_standby = as_standby
-        if as_standby and self.has_local_state:
+        if not self.has_local_state:
+            self.kept_by_standby = False
+        elif as_standby:
             self.publish_checkpoint()
-        previous = None if as_standby or not self.has_local_state else read_checkpoint(self.path)
-        self.kept_by_standby = previous is not None and previous.kept_by_standby
+            self.kept_by_standby = False
+        else:
+            previous = read_checkpoint(self.path)
+            self.kept_by_standby = previous is not None and previous.kept_by_standby
 
     @property
     def handover_requested(self) -> bool:
