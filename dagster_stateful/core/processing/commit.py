@@ -27,16 +27,18 @@ Exactly-once (Kafka Streams' exactly_once_v2): steps 1-3 are one Kafka transacti
 (`transactions.KafkaTransactions`), opened by the first record after a commit; the source offsets
 join it with the consumer's group metadata and it commits atomically. A transaction Kafka aborts
 raises `TransactionAborted` (nothing was written; the caller rewinds), a fenced producer raises
-`ProducerFencedError`. RocksDB is written only after the transaction committed.
+`ProducerFencedError`. RocksDB is written only after the transaction committed. Closing
+(`Committer.close`) aborts what is left open; at-least-once, it delivers what is left.
 
 A bounded worker's commit gives up at its deadline (`lifecycle.Deadline`): every wait (a full
 producer queue, the acknowledgements, the transaction's calls) ends there, the calls that ignore
 their timeout run bounded (`kafka.bounded.BoundedCalls`), and the commit raises
 `CommitTimeoutError` naming the partitions and offsets it did not commit; like a delivery failure,
-it is sticky for the run. The at-least-once source commit is the exception: confluent-kafka's
-synchronous commit takes no timeout, and made from another thread (while the worker's, which
-serves the rebalance callbacks, waits) it stalled cooperative rebalances for minutes, so it runs
-on the worker's thread, after acknowledgements that are bounded.
+it is sticky for the run. So is an abort that ran out of time while a record was produced. The
+at-least-once source commit is the exception: confluent-kafka's synchronous commit takes no
+timeout, and made from another thread (while the worker's, which serves the rebalance callbacks,
+waits) it stalled cooperative rebalances for minutes, so it runs on the worker's thread, after
+acknowledgements that are bounded.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ class Committer:
                     self._produce_changelog(txn.partition, prepared[txn.partition])
             self._deliver_and_commit_offsets(offsets)
         except CallTimedOut as timed_out:
-            raise self._timed_out(timed_out) from timed_out
+            raise self.timed_out(timed_out) from timed_out
         except CommitDeferred as deferred:
             log.info(
                 "Commit of %s partitions %s deferred: %s",
@@ -215,6 +217,18 @@ class Committer:
         if damaged:
             raise StoresDamaged(damaged, committed)
         return committed
+
+    def close(self, seconds: float) -> None:
+        """Let the producer go within `seconds`: under exactly-once abort what is left open (every
+        committed record was flushed by its commit; a fenced producer must not flush), else deliver
+        what is left. A failure is only logged (the run met it first)."""
+        if self.transactions is not None:
+            self.transactions.abort_quietly(seconds)
+            return
+        try:
+            self._producer.flush(seconds)
+        except KafkaException as error:
+            log.warning("Flushing the producer of the worker on %s while closing failed: %s", self._source_topic, error)
 
     def _track_metrics(self, transactions: list[PartitionTransaction]) -> None:
         for txn in transactions:
@@ -289,14 +303,22 @@ class Committer:
         partition: int | None = None,
     ) -> None:
         """Produce one record that the next commit depends on (inside the open transaction under
-        exactly-once); a full producer queue is waited out, serving delivery reports."""
-        if self.transactions is not None:
-            self.transactions.begin()
-        target = UNASSIGNED_PARTITION if partition is None else partition
+        exactly-once); a full producer queue is waited out, serving delivery reports. An abort that
+        runs out of time (a record was refused, and Kafka does not answer) raises `CommitTimeoutError`."""
+        try:
+            if self.transactions is not None:
+                self.transactions.begin()
+            self._produce_waiting(topic, key, value, headers, UNASSIGNED_PARTITION if partition is None else partition)
+        except CallTimedOut as timed_out:
+            raise self.timed_out(timed_out) from timed_out
+
+    def _produce_waiting(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None, partition: int
+    ) -> None:
         while True:
             try:
                 # Positional: confluent-kafka parses keyword arguments at about 1.5 µs per call.
-                self._producer.produce(topic, value, key, target, None, None, 0, headers)
+                self._producer.produce(topic, value, key, partition, None, None, 0, headers)
                 return
             except BufferError:
                 self._wait_for_room(topic)
@@ -325,12 +347,13 @@ class Committer:
     def _wait_for_room(self, topic: str) -> None:
         """Serve delivery reports until the full producer queue may take a record, up to the deadline."""
         if self._deadline.passed():
-            timed_out = CallTimedOut(f"producing a record to {topic}", "the producer's queue stayed full")
-            raise self._timed_out(timed_out) from timed_out
+            raise CallTimedOut(f"producing a record to {topic}", "the producer's queue stayed full")
         self._producer.poll(self._deadline.bound(0.1))
 
-    def _timed_out(self, timed_out: CallTimedOut) -> CommitTimeoutError:
-        """The run's failure once a commit (or a record) gave up at the deadline, naming the commit's partitions."""
+    def timed_out(self, timed_out: CallTimedOut) -> CommitTimeoutError:
+        """The run's failure once a commit, a record or an abort gave up at the deadline, naming the
+        commit's partitions (those processed since the last commit, outside a commit); nothing more
+        is committed in this run."""
         committed = {txn.partition: txn.committed_offset for txn in self._committing}
         uncommitted = {txn.partition: txn.offset_to_commit for txn in self._committing}
         before = {p: "none" if offset is None else offset for p, offset in committed.items()}

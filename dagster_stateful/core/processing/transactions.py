@@ -15,7 +15,8 @@ must stop without committing; a refused ACL (the transactional id's, or a topic'
 lets wait for an absent coordinator whatever its timeout, runs bounded (`kafka.bounded.BoundedCalls`);
 past the deadline a call raises `CallTimedOut` and the transaction stays open until it is aborted
 (by `abort`, by the broker after `transaction.timeout.ms`, or by the next worker with this
-transactional id).
+transactional id). An abort is retried like any call; one that runs out of time stays pending
+(`aborting`), and librdkafka refuses a new transaction until it is resumed, which `begin` does.
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ class KafkaTransactions:
         self._deadline = deadline or Deadline(None)
         self._calls = BoundedCalls("transactional producer")
         self.open = False
+        self.aborting = False
+        """True while an abort that timed out is pending (see `abort`)."""
         self.aborted = 0
         """Transactions aborted in this run (each one's messages were processed again)."""
 
@@ -150,7 +153,10 @@ class KafkaTransactions:
         self._call("initializing transactions", lambda timeout: self._producer.init_transactions(timeout))
 
     def begin(self) -> None:
-        """Open a transaction unless one is open; records produced from here on belong to it."""
+        """Open a transaction unless one is open; records produced from here on belong to it. An
+        abort that timed out is resumed first (librdkafka refuses a new transaction until it ends)."""
+        if self.aborting:
+            self.abort()
         if not self.open:
             try:
                 self._producer.begin_transaction()
@@ -172,27 +178,34 @@ class KafkaTransactions:
 
     def abort(self, seconds: float | None = None) -> None:
         """Abort the open transaction (nothing of it becomes visible to `read_committed` readers),
-        waiting at most `seconds` (default: the transaction timeout, up to the deadline)."""
+        trying again while Kafka says a retry may succeed, for at most `seconds` (default: the
+        transaction timeout), never past the deadline. An abort that runs out of time raises
+        `CallTimedOut` and stays pending (`aborting`): librdkafka resumes it on the next call, and
+        refuses to begin a transaction until then."""
         if not self.open:
             return
-        timeout = self._deadline.bound(self._timeout) if seconds is None else seconds
-        try:
-            self._producer.abort_transaction(max(0.1, timeout))
-        except KafkaException as error:
-            kafka_error = _kafka_error(error)
-            if kafka_error is not None and kafka_error.fatal():
-                raise ProducerFencedError(_fenced_message("aborting the transaction", kafka_error)) from error
-            raise
-        finally:
-            self.open = False
+        self.aborting = True
+        self._call("aborting the transaction", self._abort_serving_reports, within=seconds, failed=self._abort_failed)
+        self.aborting = self.open = False
         self.aborted += 1
+
+    def _abort_serving_reports(self, timeout: float) -> None:
+        # The abort waits for every outstanding record's delivery report, which a poll serves.
+        self._producer.poll(0)
+        self._producer.abort_transaction(max(0.1, timeout))
+
+    def _abort_failed(self, doing: str, kafka_error: KafkaError | None, error: KafkaException) -> NoReturn:
+        self.aborting = self.open = False
+        if kafka_error is not None and kafka_error.fatal():
+            raise ProducerFencedError(_fenced_message(doing, kafka_error)) from error
+        raise error
 
     def abort_quietly(self, seconds: float | None = None) -> None:
         """Abort the open transaction of a run that stops without its final commit; a failure is only
         logged (the broker aborts the transaction after its timeout, or when the worker restarts)."""
         try:
             self.abort(seconds)
-        except (KafkaException, DeliveryError) as error:
+        except (KafkaException, DeliveryError, CallTimedOut) as error:
             log.warning("Aborting the open transaction failed (%s); the broker aborts it", error)
 
     def raise_if_fenced(self, doing: str, error: KafkaException) -> None:
@@ -213,21 +226,31 @@ class KafkaTransactions:
             self.abort()
             raise TransactionAborted(f"{doing} failed: {kafka_error.str()}") from error
 
-    def _call(self, doing: str, call: Callable[[float], _T], bounded: bool = False) -> _T:
-        """`call(timeout)` in tries of `ATTEMPT_SECONDS`, tried again within the transaction timeout
-        while Kafka says a retry may succeed, never past the deadline (then `CallTimedOut`).
+    def _call(
+        self,
+        doing: str,
+        call: Callable[[float], _T],
+        bounded: bool = False,
+        within: float | None = None,
+        failed: Callable[[str, KafkaError | None, KafkaException], NoReturn] | None = None,
+    ) -> _T:
+        """`call(timeout)` in tries of `ATTEMPT_SECONDS`, tried again within `within` seconds (default:
+        the transaction timeout) while Kafka says a retry may succeed, never past the deadline (then
+        `CallTimedOut`); any other failure goes to `failed` (default: classified as Kafka Streams does).
         bounded: the call may ignore its timeout (it waits for a broker that is down), so it runs
         in a thread waited for until the transaction timeout or the deadline, and the margin."""
-        until = time.monotonic() + self._timeout
+        allowed = self._timeout if within is None else within
+        until = time.monotonic() + allowed
+        deadline = self._deadline if within is None else Deadline(until)
         last = "no try"
         while True:
             left = max(MIN_CALL_SECONDS, until - time.monotonic())
-            seconds = self._deadline.bound(min(ATTEMPT_SECONDS, left))
+            seconds = deadline.bound(min(ATTEMPT_SECONDS, left))
             if seconds <= 0:
-                raise CallTimedOut(doing, f"the worker's deadline passed (last try: {last})")
+                raise CallTimedOut(doing, f"its time ran out (last try: {last})")
             try:
                 if bounded:
-                    wait = self._deadline.bound(left + CALL_MARGIN_SECONDS)
+                    wait = deadline.bound(left + CALL_MARGIN_SECONDS)
                     return self._calls.call(doing, partial(call, seconds), wait)
                 return call(seconds)
             except KafkaException as error:
@@ -235,10 +258,10 @@ class KafkaTransactions:
                 if kafka_error is not None and kafka_error.retriable():
                     last = kafka_error.str()
                     if time.monotonic() >= until:  # still retriable, out of time: what a broker outage looks like
-                        raise CallTimedOut(doing, f"Kafka kept answering {last} for {self._timeout:.0f} s") from error
+                        raise CallTimedOut(doing, f"Kafka kept answering {last} for {allowed:.0f} s") from error
                     log.info("%s failed (%s); retrying", doing.capitalize(), last)
                     continue
-                self._raise_classified(doing, kafka_error, error)
+                (failed or self._raise_classified)(doing, kafka_error, error)
 
     def _raise_classified(self, doing: str, kafka_error: KafkaError | None, error: KafkaException) -> NoReturn:
         if kafka_error is not None and is_authorization_failure(kafka_error):

@@ -23,10 +23,10 @@ import os
 import time
 from functools import partial
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.kafka.bounded import BoundedCalls
+from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.provisioning import provision
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
@@ -330,27 +330,14 @@ class Worker:
 
     def _commit_before_closing(self, assignments: PartitionAssignments) -> None:
         """Commit what the held partitions processed since the last commit, as their revocation would
-        (a failure is only logged: the run's own error, if any, is the one raised)."""
-        if assignments.dirty or not assignments.transactions:
+        (a failure is only logged: the run's own error, if any, is the one raised); nothing once a
+        commit or a delivery failed, after which the run commits nothing more."""
+        if assignments.dirty or not assignments.transactions or self._committer.failed:
             return
         try:
             self._commit()
         except Exception:
             log.exception("Committing the partitions of %r before closing failed", self.config.name)
-
-    def _close_producer(self) -> None:
-        producer = getattr(self, "_producer", None)
-        if producer is None:
-            return
-        committer = getattr(self, "_committer", None)
-        if committer is not None and committer.transactions is not None:
-            # Every committed record was flushed by its commit; a fenced producer must not flush.
-            committer.transactions.abort_quietly(self._close_time())
-        else:
-            try:
-                producer.flush(self._close_time())
-            except KafkaException as error:  # a fatal producer error (the run met it first): not the run's error
-                log.warning("Flushing the producer of %r while closing failed: %s", self.config.name, error)
 
     def _caches_overflow(self) -> bool:
         """Evict what the record caches hold past `cache_max_bytes`; True when only a commit can help."""
@@ -386,7 +373,10 @@ class Worker:
         """Partitions were lost: abort the transaction holding their records, rewind the others."""
         transactions = self._committer.transactions
         if transactions is not None and transactions.open:
-            transactions.abort()
+            try:
+                transactions.abort()
+            except CallTimedOut as timed_out:
+                raise self._committer.timed_out(timed_out) from timed_out
             self._rewind()
 
     def _rewind(self) -> None:
@@ -443,7 +433,9 @@ class Worker:
                 BoundedCalls(what).close(
                     f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
                 )
-        self._close_producer()  # last: delivering what is left may take the rest of the time
+        committer = getattr(self, "_committer", None)
+        if committer is not None:  # last: delivering what is left may take the rest of the time
+            committer.close(self._close_time())
         if close_error is not None:
             if not failed:
                 raise close_error

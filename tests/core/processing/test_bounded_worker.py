@@ -6,7 +6,9 @@ naming what was and was not committed; a later run processes the uncommitted mes
 three times in a row, under exactly-once with a 6 s session timeout: each run either recovers and
 ends caught up or ends within its bound with that error, and afterwards a fresh run's totals
 (recomputed from the source topic) are exact and every output appears once for a `read_committed`
-reader. The tests run a broker of their own, which they freeze, stop and start again.
+reader. A transaction abort that runs out of time in an outage ends the run with that error too,
+and stays pending until it is resumed: no transaction begins before it ended. The tests run a
+broker of their own, which they freeze, stop and start again.
 """
 
 from __future__ import annotations
@@ -32,12 +34,17 @@ from core_helpers import (
     running_sums,
     totals_in_store,
 )
-from kafka_helpers import create_topic, produce, read_messages, wait_for
+from kafka_helpers import create_topic, produce, read_committed, read_messages, wait_for
 
 from dagster_stateful.core import App, State
+from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
+from dagster_stateful.core.processing.client_settings import worker_producer_config
+from dagster_stateful.core.processing.commit import Committer
+from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS, Deadline
+from dagster_stateful.core.processing.transactions import exactly_once_transactions
 from dagster_stateful.errors import CommitTimeoutError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
@@ -248,3 +255,55 @@ def test_an_exactly_once_worker_rides_out_or_ends_cleanly_through_three_broker_o
             assert run.report is not None and run.report.stop_reason == "caught_up", run.report
     log.info("Runs through the outages: %s", outcomes)
     assert_exact(app, bootstrap, source, output)
+
+
+def test_an_abort_that_runs_out_of_time_ends_the_run_clearly_and_is_resumed_before_the_next_transaction(
+    own_broker, unique_name, tmp_path
+):
+    """A record that timed out in an outage leaves the transaction needing an abort, and with the
+    broker still down the abort runs out of time. That must end the run as `CommitTimeoutError`
+    (not a raw Kafka error), and no transaction may begin until the pending abort ended (librdkafka
+    refuses it with _CONFLICT). The worker's own producer settings, with a 3 s transaction timeout."""
+    bootstrap = own_broker.bootstrap
+    topic = unique_name("outputs")
+    create_topic(bootstrap, topic, 1)
+    app = App(
+        name=unique_name("abort"),
+        source=topic,
+        state_dir=tmp_path,
+        kafka=KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0}),
+        processing_guarantee="exactly-once",
+        commit_interval=0.5,
+        producer_config={"transaction.timeout.ms": 3_000},
+    )
+    config = app.config
+    tracker = DeliveryTracker()
+    producer = app.kafka.producer(worker_producer_config(config, unique_name("worker"), tracker))
+    consumer = app.kafka.consumer({"group.id": config.consumer_group})
+    transactions = exactly_once_transactions(config, producer, consumer, Deadline(None))
+    assert transactions is not None
+    committer = Committer(consumer, producer, tracker, topic, None, 3.0, transactions)
+    try:
+        producer.init_transactions(60)  # longer than the transaction timeout: a new broker loads its transaction log
+        committer.produce(topic, b"k", b"aborted-1")
+        assert producer.flush(10) == 0, "the first record is delivered before the outage"
+        own_broker.freeze()  # the next record is sent and never answered: it may be written, so the abort is required
+        try:
+            committer.produce(topic, b"k", b"aborted-2")
+            wait_for(lambda: producer.poll(0.1) is not None and tracker.errors, 30, "the record's delivery timeout")
+            with pytest.raises(CommitTimeoutError, match="aborting the transaction") as raised:
+                committer.produce(topic, b"k", b"refused")
+            assert "Not committed" in str(raised.value) and committer.failed, raised.value
+            assert transactions.aborting, "the abort is still pending"
+            with pytest.raises(CallTimedOut, match="aborting the transaction"):
+                transactions.begin()
+        finally:
+            own_broker.thaw()
+        transactions.abort(60)
+        assert not transactions.aborting and transactions.aborted == 1
+        transactions.begin()
+        producer.produce(topic, b"committed", b"k")
+        transactions.commit([])
+        assert [message.value() for message in read_committed(bootstrap, topic)] == [b"committed"]
+    finally:
+        consumer.close()
