@@ -286,7 +286,8 @@ def _kafka_error(error: KafkaException) -> KafkaError | None:
 def _fenced_message(doing: str, error: KafkaError) -> str:
     return (
         f"{doing} failed fatally ({error.str()}): another worker with the same transactional id started, so this "
-        "one is a zombie and was fenced. Nothing more is committed by it; its open transaction is aborted by the "
-        "broker and the other worker processes those messages. If no other worker should be running, check that "
-        "each worker has its own state directory or group_instance_id."
+        "one is a zombie and was fenced; or its transaction stayed open past transaction.timeout.ms (the brokers "
+        "unreachable that long), and the broker aborted it and fenced it. Nothing more is committed by it; its "
+        "open transaction is aborted and the next worker processes those messages again. If no other worker should "
+        "be running, check that each worker has its own state directory or group_instance_id."
     )

@@ -43,8 +43,8 @@ from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.client_settings import worker_producer_config
 from dagster_stateful.core.processing.commit import Committer
 from dagster_stateful.core.processing.delivery import DeliveryTracker
-from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS, Deadline
-from dagster_stateful.core.processing.transactions import exactly_once_transactions
+from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
+from dagster_stateful.core.processing.transactions import KafkaTransactions
 from dagster_stateful.errors import CommitTimeoutError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 
@@ -263,7 +263,9 @@ def test_an_abort_that_runs_out_of_time_ends_the_run_clearly_and_is_resumed_befo
     """A record that timed out in an outage leaves the transaction needing an abort, and with the
     broker still down the abort runs out of time. That must end the run as `CommitTimeoutError`
     (not a raw Kafka error), and no transaction may begin until the pending abort ended (librdkafka
-    refuses it with _CONFLICT). The worker's own producer settings, with a 3 s transaction timeout."""
+    refuses it with _CONFLICT). The worker's own producer settings, with records and transactional
+    calls that give up after 3 s; the transaction timeout stays long, so that the broker does not
+    abort the transaction itself (which fences the producer) while the test holds it open."""
     bootstrap = own_broker.bootstrap
     topic = unique_name("outputs")
     create_topic(bootstrap, topic, 1)
@@ -274,17 +276,16 @@ def test_an_abort_that_runs_out_of_time_ends_the_run_clearly_and_is_resumed_befo
         kafka=KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0}),
         processing_guarantee="exactly-once",
         commit_interval=0.5,
-        producer_config={"transaction.timeout.ms": 3_000},
+        producer_config={"delivery.timeout.ms": 3_000},
     )
     config = app.config
     tracker = DeliveryTracker()
     producer = app.kafka.producer(worker_producer_config(config, unique_name("worker"), tracker))
     consumer = app.kafka.consumer({"group.id": config.consumer_group})
-    transactions = exactly_once_transactions(config, producer, consumer, Deadline(None))
-    assert transactions is not None
+    transactions = KafkaTransactions(producer, consumer, timeout_seconds=3.0)
     committer = Committer(consumer, producer, tracker, topic, None, 3.0, transactions)
     try:
-        producer.init_transactions(60)  # longer than the transaction timeout: a new broker loads its transaction log
+        producer.init_transactions(60)  # a new broker first loads its transaction log
         committer.produce(topic, b"k", b"aborted-1")
         assert producer.flush(10) == 0, "the first record is delivered before the outage"
         own_broker.freeze()  # the next record is sent and never answered: it may be written, so the abort is required
