@@ -2,9 +2,11 @@
 
 Owns `decode_field` and `fold_by_key`, the native half of the vectorized aggregations
 (`vectorized.VectorizedBatchProcessor`): Arrow's JSON reader decodes one field of every value of
-a batch into one column (no Python object per message), and Arrow's hash aggregation folds that
-column per message key into one partial per distinct key (its count, sum, min or max, and the
-offset of its last message). Decoding refuses, with None, any batch it cannot decode exactly as
+a batch into one column (no Python object per message), Arrow's hashing numbers the distinct
+message keys, and NumPy folds the column per key into one partial per distinct key (its count,
+sum, min or max, and the offset of its last message). Arrow's own group-by is not used: its
+engine imports `pyarrow.dataset`, which imports pandas, and that took a second of every worker's
+start. Decoding refuses, with None, any batch it cannot decode exactly as
 the per-message path would: a value that is not one JSON object on one line, that orjson would
 refuse (invalid UTF-8, a byte-order mark, NaN or Infinity), whose field is missing, null or not a
 number, or whose numbers a float64 column would round. The caller then processes that batch
@@ -16,6 +18,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -23,10 +26,13 @@ import pyarrow.json as pajson
 from dagster_stateful.core.processing.aggregations import Columnar
 
 __all__ = [
-    "ARROW_AGGREGATIONS",
     "KeyPartials",
+    "binary_column",
     "decode_field",
     "fold_by_key",
+    "key_codes",
+    "last_of",
+    "numbers",
     "partials_of",
     "valid_utf8_keys",
     "warm_up",
@@ -104,39 +110,63 @@ def decode_field(values: list[bytes], field: str) -> pa.Array | None:
     return None
 
 
-ARROW_AGGREGATIONS: dict[Columnar, list[tuple[str, str]]] = {
-    "count": [("offset", "count")],
-    "sum": [("value", "sum")],
-    "min": [("value", "min")],
-    "max": [("value", "max")],
-    "mean": [("value", "sum"), ("value", "count")],
-}
-
-
 def fold_by_key(kind: Columnar, keys: list[bytes], offsets: list[int], column: pa.Array | None) -> KeyPartials:
-    """One partial of `kind` per distinct key of the batch (keys in the order Arrow groups them),
-    with its last offset; `column` is the decoded field (None for a count)."""
-    table = {"key": pa.array(keys, pa.binary()), "offset": pa.array(offsets, pa.int64())}
-    if column is not None:
-        table["value"] = column
-    grouped = (
-        pa.table(table).group_by("key", use_threads=False).aggregate([("offset", "max"), *ARROW_AGGREGATIONS[kind]])
-    )
-    return grouped.column("key").to_pylist(), partials_of(kind, grouped), grouped.column("offset_max").to_pylist()
+    """One partial of `kind` per distinct key of the batch (keys in the order of their first
+    message), with its last offset; `column` is the decoded field (None for a count). The keys are
+    hashed by Arrow's `dictionary_encode`, and each group folded by NumPy's unbuffered `ufunc.at`,
+    in message order."""
+    groups, distinct = key_codes(keys)
+    values = None if column is None else numbers(column)
+    partials = partials_of(kind, groups, len(distinct), values)
+    return distinct, partials, last_of(groups, len(distinct), np.array(offsets, np.int64))
 
 
-def partials_of(kind: Columnar, grouped: pa.Table) -> list[Any]:
-    """Each group's partial of `kind`, from the columns of Arrow's `ARROW_AGGREGATIONS[kind]`."""
+def key_codes(keys: list[bytes]) -> tuple[np.ndarray, list[bytes]]:
+    """Each message's key as the index of its distinct key, and the distinct keys (in the order of
+    their first message)."""
+    encoded = pc.dictionary_encode(binary_column(keys))
+    return numbers(encoded.indices), encoded.dictionary.to_pylist()
+
+
+def last_of(groups: np.ndarray, count: int, offsets: np.ndarray) -> list[int]:
+    """The greatest offset in each of `count` groups (its last message's, offsets rising)."""
+    last = np.full(count, -1, np.int64)
+    np.maximum.at(last, groups, offsets)
+    return last.tolist()
+
+
+def partials_of(kind: Columnar, groups: np.ndarray, count: int, values: np.ndarray | None) -> list[Any]:
+    """Each of `count` groups' partial of `kind`: its count, the sum, least or greatest of its
+    values, or [sum, count] for a mean; `groups` gives each message's group."""
     if kind == "count":
-        return grouped.column("offset_count").to_pylist()
-    if kind == "mean":
-        return [
-            list(pair)
-            for pair in zip(
-                grouped.column("value_sum").to_pylist(), grouped.column("value_count").to_pylist(), strict=True
-            )
-        ]
-    return grouped.column(f"value_{kind}").to_pylist()
+        return np.bincount(groups, minlength=count).tolist()
+    assert values is not None
+    if kind == "min" or kind == "max":
+        folded = np.empty(count, values.dtype)
+        folded[groups] = values  # each group starts from one of its own values
+        (np.minimum if kind == "min" else np.maximum).at(folded, groups, values)
+        return folded.tolist()
+    sums = np.zeros(count, values.dtype)
+    np.add.at(sums, groups, values)
+    if kind == "sum":
+        return sums.tolist()
+    counts = np.bincount(groups, minlength=count).tolist()
+    return [[total, messages] for total, messages in zip(sums.tolist(), counts, strict=True)]
+
+
+def numbers(column: pa.Array) -> np.ndarray:
+    """A numeric Arrow column without nulls as a NumPy array over the same memory (`to_numpy`
+    imports pandas the first time, as `pa.array` does)."""
+    dtype = np.dtype(column.type.to_pandas_dtype())
+    return np.frombuffer(column.buffers()[1], dtype, len(column), column.offset * dtype.itemsize)
+
+
+def binary_column(values: list[bytes]) -> pa.Array:
+    """`values` as an Arrow binary column, built from its buffers: `pa.array` on a Python list
+    imports pandas (about a second) the first time, to look for pandas objects in it."""
+    lengths = np.fromiter(map(len, values), np.int32, len(values))
+    ends = np.concatenate((np.zeros(1, np.int32), np.cumsum(lengths, dtype=np.int32)))
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(ends), pa.py_buffer(b"".join(values))])
 
 
 def warm_up() -> None:

@@ -2,7 +2,7 @@
 
 Owns `fold_by_window`, the windowed counterpart of `columns.fold_by_key`, for the columnar path of
 a windowed aggregation (`vectorized.VectorizedBatchProcessor`). From the messages' timestamps and
-the stream time before the batch, Arrow computes what a message at a time would: the stream time
+the stream time before the batch, NumPy computes what a message at a time would: the stream time
 each message sees (the running maximum of event times), the windows each message falls in
 (`Windows.starts`), and which of them had already closed when it came (`WindowState.update` skips
 those). It then folds the rest per (message key, window start) into one partial each, with the
@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dagster_stateful.core.processing.aggregations import Columnar
-from dagster_stateful.core.processing.columns import ARROW_AGGREGATIONS, partials_of
+from dagster_stateful.core.processing.columns import key_codes, last_of, numbers, partials_of
 from dagster_stateful.core.processing.windows import Windows
 
 __all__ = ["WindowPartials", "fold_by_window"]
@@ -58,38 +58,36 @@ def fold_by_window(
     """One partial of `kind` per (message key, window) of the batch's windows that were open when
     their messages came; None when the batch must go message by message (see the module's docstring).
     `column` is the decoded field (None for a count); `stream_time` the partition's before the batch."""
-    times = pa.array(timestamps, pa.int64())
-    latest = pc.max(times).as_py()
-    if pc.min(times).as_py() < 0:
+    times = np.array(timestamps, np.int64)
+    if times.min() < 0:
         return None
-    seen = pc.max_element_wise(pc.cumulative_max(times), pa.scalar(stream_time, pa.int64()))
+    latest = int(times.max())
+    seen = np.maximum(np.maximum.accumulate(times), stream_time)
     size, step, grace = windows.size, windows.step, windows.grace
-    last_start = pc.multiply(pc.divide(times, step), step)  # event times are not negative: division floors
-    if pc.any(pc.less_equal(pc.add(last_start, size + grace), seen)).as_py():
+    last_start = times // step * step
+    if np.any(last_start + (size + grace) <= seen):
         return None  # a message's latest window closes last: it was closed, so the message is late
-    rows = {"key": pa.array(keys, pa.binary()), "offset": pa.array(offsets, pa.int64())}
-    if column is not None:
-        rows["value"] = column
-    pieces = [pa.table({**rows, "start": last_start})]
+    codes, distinct = key_codes(keys)
+    values = None if column is None else numbers(column)
+    rows = [np.arange(len(keys))]
+    starts = [last_start]
     for back in range(1, (size - 1) // step + 1):  # a hopping window's earlier windows
-        start = pc.subtract(last_start, back * step)
-        open_then = pc.and_(
-            pc.and_(pc.greater_equal(start, 0), pc.greater(pc.add(start, size), times)),
-            pc.greater(pc.add(start, size + grace), seen),
-        )
-        pieces.append(pa.table({**rows, "start": start}).filter(open_then))
-    table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-    grouped = table.group_by(["key", "start"], use_threads=False).aggregate(
-        [("offset", "max"), *ARROW_AGGREGATIONS[kind]]
+        start = last_start - back * step
+        open_then = (start >= 0) & (start + size > times) & (start + (size + grace) > seen)
+        rows.append(np.flatnonzero(open_then))
+        starts.append(start[open_then])
+    row, window_start = np.concatenate(rows), np.concatenate(starts)
+    start_values, start_codes = np.unique(window_start, return_inverse=True)
+    windows_found, groups = np.unique(
+        codes[row].astype(np.int64) * len(start_values) + start_codes, return_inverse=True
     )
-    advanced_by = None
-    if latest > stream_time:
-        advanced_by = offsets[pc.index(times, latest).as_py()]  # the first to reach it is the last to move it
+    count = len(windows_found)
+    advanced_by = offsets[int(np.argmax(times))] if latest > stream_time else None  # the first to reach it moved it
     return WindowPartials(
-        grouped.column("key").to_pylist(),
-        grouped.column("start").to_pylist(),
-        partials_of(kind, grouped),
-        grouped.column("offset_max").to_pylist(),
+        [distinct[code] for code in (windows_found // len(start_values)).tolist()],
+        start_values[windows_found % len(start_values)].tolist(),
+        partials_of(kind, groups, count, None if values is None else values[row]),
+        last_of(groups, count, np.array(offsets, np.int64)[row]),
         max(stream_time, latest),
         advanced_by,
     )
