@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from dagster_stateful.core.processing.aggregations import Columnar
-from dagster_stateful.core.processing.columns import key_codes, last_of, numbers, partials_of
+from dagster_stateful.core.processing.columns import key_codes, last_of, partials_of
 from dagster_stateful.core.processing.windows import Windows
 
 __all__ = ["WindowPartials", "fold_by_window"]
@@ -51,7 +50,7 @@ def fold_by_window(
     keys: list[bytes],
     offsets: list[int],
     timestamps: list[int],
-    column: pa.Array | None,
+    column: np.ndarray | None,
     windows: Windows,
     stream_time: int,
 ) -> WindowPartials | None:
@@ -68,7 +67,6 @@ def fold_by_window(
     if np.any(last_start + (size + grace) <= seen):
         return None  # a message's latest window closes last: it was closed, so the message is late
     codes, distinct = key_codes(keys)
-    values = None if column is None else numbers(column)
     rows = [np.arange(len(keys))]
     starts = [last_start]
     for back in range(1, (size - 1) // step + 1):  # a hopping window's earlier windows
@@ -86,7 +84,7 @@ def fold_by_window(
     return WindowPartials(
         [distinct[code] for code in (windows_found // len(start_values)).tolist()],
         start_values[windows_found % len(start_values)].tolist(),
-        partials_of(kind, groups, count, None if values is None else values[row]),
+        partials_of(kind, groups, count, None if column is None else column[row]),
         last_of(groups, count, np.array(offsets, np.int64)[row]),
         max(stream_time, latest),
         advanced_by,
