@@ -133,8 +133,8 @@ def binary_column(values: list[bytes]) -> pa.Array:
 
 
 def warm_up() -> None:
-    """Load what Arrow loads on first use (its hash-aggregation engine, about half a second), so that
-    a worker pays for it while starting rather than in its first batch."""
+    """Run the fold once (Arrow's compute functions and NumPy's ufuncs set up on first use), so that a
+    worker pays for it while starting rather than in its first batch."""
     fold_by_key("sum", [b"k"], [0], decode_field([b'{"v": 1}'], "v"))
 
 
