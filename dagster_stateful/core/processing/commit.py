@@ -305,29 +305,28 @@ class Committer:
         """Produce one record that the next commit depends on (inside the open transaction under
         exactly-once); a full producer queue is waited out, serving delivery reports. An abort that
         runs out of time (a record was refused, and Kafka does not answer) raises `CommitTimeoutError`."""
+        target = UNASSIGNED_PARTITION if partition is None else partition
         try:
             if self.transactions is not None:
                 self.transactions.begin()
-            self._produce_waiting(topic, key, value, headers, UNASSIGNED_PARTITION if partition is None else partition)
+            while True:
+                try:
+                    # Positional: confluent-kafka parses keyword arguments at about 1.5 µs per call.
+                    self._producer.produce(topic, value, key, target, None, None, 0, headers)
+                    return
+                except BufferError:
+                    self._wait_for_room(topic)
+                except KafkaException as error:
+                    self._raise_produce_failure(error, topic)
         except CallTimedOut as timed_out:
             raise self.timed_out(timed_out) from timed_out
 
-    def _produce_waiting(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None, partition: int
-    ) -> None:
-        while True:
-            try:
-                # Positional: confluent-kafka parses keyword arguments at about 1.5 µs per call.
-                self._producer.produce(topic, value, key, partition, None, None, 0, headers)
-                return
-            except BufferError:
-                self._wait_for_room(topic)
-            except KafkaException as error:
-                if self.transactions is not None:
-                    self.transactions.raise_if_fenced(f"producing a record to {topic}", error)
-                    self.transactions.raise_if_aborting(f"producing a record to {topic}", error)
-                self._raise_refusal(error, topic)
-                raise
+    def _raise_produce_failure(self, error: KafkaException, topic: str) -> NoReturn:
+        if self.transactions is not None:
+            self.transactions.raise_if_fenced(f"producing a record to {topic}", error)
+            self.transactions.raise_if_aborting(f"producing a record to {topic}", error)
+        self._raise_refusal(error, topic)
+        raise error
 
     def _raise_refusal(self, error: KafkaException, topic: str) -> None:
         """When the producer failed fatally because Kafka refused an ACL (an idempotent producer's
