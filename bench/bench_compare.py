@@ -25,7 +25,12 @@ peak RSS of each system's process is reported too.
 
 Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py).
 
-Output: a table on stdout (the machine and settings first), and `results.json` and
+Targets (bench/targets.py): the columnar aggregation at least 1.5x Kafka Streams' single thread
+with 10k keys and 2x with 1M keys, the restore at least 1x, and peak RSS no higher than Kafka
+Streams', each printed as met or missed. For a missed rate the engine runs once more under cProfile
+on that workload (its totals checked too; --no-profile skips it) and the profile is printed.
+
+Output: a table on stdout (the machine and settings first), then the targets, and `results.json` and
 `results.png` (a bar chart) in --out. Run from the repository root:
 
     .venv/bin/python bench/bench_compare.py                      # everything, about 30 minutes
@@ -54,6 +59,7 @@ from bench_restore import bench_broker
 from ceilings import consume_only, parse_and_total, with_changelog
 from confluent_kafka import Producer
 from quix_venv import quix_python
+from targets import Verdict, print_verdicts, verdicts
 
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("engine", "engine-aggregate", "quix", "kafka-streams", "kafka-streams-N")
@@ -257,10 +263,16 @@ def processing(systems: Systems, names: list[str], workload: Workload, label: st
 
 
 def restores(
-    systems: Systems, bootstrap: str, groups: dict[str, str], workload: Workload, runs: int, appended_count: int
+    systems: Systems,
+    bootstrap: str,
+    groups: dict[str, str],
+    workload: Workload,
+    runs: int,
+    appended_count: int,
+    appended: list[list[tuple[str, int]]],
 ) -> list[Figure]:
+    """`runs` rounds of restores of `groups`' stores; each round appends to `appended` what it appended."""
     figures = {name: Figure(name, "restore") for name in groups}
-    appended: list[list[tuple[str, int]]] = []
     for run in range(runs):
         appended.append(append_orders(bootstrap, workload, appended_count, run))
         expected = workload.expected(appended)
@@ -359,7 +371,9 @@ def ratio(by: dict[tuple[str, str], Figure], engine: str, peer: str, workload: s
     return f"{ours.median / theirs.median:.2f}x" if ours and theirs else "-"
 
 
-def write_outputs(out: Path, figures: list[Figure], ceiling_rows: list[dict], args: argparse.Namespace) -> None:
+def write_outputs(
+    out: Path, figures: list[Figure], ceiling_rows: list[dict], found: list[Verdict], args: argparse.Namespace
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     document = {
         "machine": machine(),
@@ -369,6 +383,7 @@ def write_outputs(out: Path, figures: list[Figure], ceiling_rows: list[dict], ar
             for f in figures
         ],
         "ceilings": ceiling_rows,
+        "targets": [{"target": v.what, "measured": v.measured, "met": v.met, "profile": v.profile} for v in found],
     }
     (out / "results.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     plot(out / "results.png", figures, ceiling_rows)
@@ -419,6 +434,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--no-ceilings", action="store_true", help="skip the plain confluent-kafka loops")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="do not profile the engine on the workloads whose targets it missed"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where the JSON and PNG go")
     args = parser.parse_args()
     if min(args.messages, args.keys, args.distinct_keys, args.restore_messages, args.partitions, args.runs) <= 0:
@@ -456,14 +474,48 @@ def main() -> None:
             ceiling_rows = ceilings(bootstrap, few, many, args)
         if "10k keys" in args.workloads:
             figures += processing(systems, args.systems, few, "10k keys", args.runs)
+        appended: list[list[tuple[str, int]]] = []
+        groups: dict[str, str] = {}
         if "1M keys" in args.workloads:
             many_figures = processing(systems, args.systems, many, "1M keys", args.runs)
             figures += many_figures
             if "restore" in args.workloads:
                 groups = {f.system: f.last_group for f in many_figures if f.system in RESTORING_SYSTEMS}
-                figures += restores(systems, bootstrap, groups, many, args.runs, args.restore_messages)
+                figures += restores(systems, bootstrap, groups, many, args.runs, args.restore_messages, appended)
+        found = verdicts(figures)
+        if not args.no_profile:
+            workloads = {"10k keys": few, "1M keys": many}
+            profile_missed(systems, found, workloads, groups.get("engine"), appended)
     print_table(figures, ceiling_rows)
-    write_outputs(args.out, figures, ceiling_rows, args)
+    print_verdicts(found)
+    write_outputs(args.out, figures, ceiling_rows, found, args)
+
+
+def profile_missed(
+    systems: Systems,
+    found: list[Verdict],
+    workloads: dict[str, Workload],
+    restored_group: str | None,
+    appended: list[list[tuple[str, int]]],
+) -> None:
+    """Run the engine once more under cProfile for each missed throughput target (the restore: its
+    local state deleted once more), check that run's totals, and keep its profile in the verdict."""
+    for verdict in found:
+        target = verdict.target
+        if verdict.met or target is None:
+            continue
+        if target.workload == "restore":
+            if restored_group is None:
+                continue
+            workload, group, messages, restore = workloads["1M keys"], restored_group, 0, True
+            systems.delete_state(group)
+        else:
+            workload, restore = workloads[target.workload], False
+            group, messages = f"bench-profile-{uuid.uuid4().hex[:6]}", workload.messages
+        print(f"profiling {target.system} on {target.workload} (missed: {verdict.measured})")
+        result, _ = systems.run(target.system, workload, group, messages, restore, engine_options=["--profile"])
+        check_totals(result, workload.expected(appended if restore else []), f"{target.system}, profiled")
+        verdict.profile = result["profile"]
 
 
 def prepare_topic(bootstrap: str, workload: Workload, args: argparse.Namespace) -> Workload:

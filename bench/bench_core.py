@@ -318,19 +318,22 @@ def describe_marks(marks: dict[str, float], wall: float) -> str:
 
 
 def print_profile(profiler: cProfile.Profile, label: str, top: int = 15) -> None:
-    out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("cumulative").print_stats(r"dagster_stateful", top)
-    print(f"-- cProfile of {label}: top {top} engine functions by cumulative time")
-    lines = out.getvalue().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
-    print("\n".join(lines[start:]).rstrip())
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
-    print(f"-- cProfile of {label}: top {top} functions (any module) by own time")
-    lines = out.getvalue().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
-    print("\n".join(lines[start:]).rstrip())
+    print(profile_text(profiler, label, top))
+
+
+def profile_text(profiler: cProfile.Profile, label: str, top: int = 15) -> str:
+    """The engine's functions by cumulative time, then any module's by own time, `top` of each."""
+    sections = []
+    for order, only, title in (
+        ("cumulative", r"dagster_stateful", "engine functions by cumulative time"),
+        ("tottime", r"", "functions (any module) by own time"),
+    ):
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(only, top)
+        lines = out.getvalue().splitlines()
+        start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+        sections.append(f"-- cProfile of {label}: top {top} {title}\n" + "\n".join(lines[start:]).rstrip())
+    return "\n".join(sections)
 
 
 def check_report(report: WorkerReport, expected_messages: int, what: str) -> None:

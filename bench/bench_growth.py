@@ -108,7 +108,7 @@ def restore_curve(systems: Systems, bootstrap: str, args: argparse.Namespace) ->
         load = workload(bootstrap, keys, keys, args.partitions)
         built = processing(systems, restoring, load, f"{keys}-keys-store", 1)
         groups = {figure.system: figure.last_group for figure in built}
-        for figure in restores(systems, bootstrap, groups, load, args.runs, APPENDED):
+        for figure in restores(systems, bootstrap, groups, load, args.runs, APPENDED, appended=[]):
             points.append(point(figure, "restore", load))
     return points
 

@@ -17,7 +17,8 @@ appended. The whole store is then read back and written, with the timings, as JS
 "seconds" runs from just before the worker starts (group join included, as for the other
 systems) until its loop saw it was caught up; "seconds_closed" until run_worker returned (final
 commit and close); "seconds_until_processing" until the worker entered RUNNING (partitions
-assigned and restored). Run from the repository root with the project's venv:
+assigned and restored). With --profile the worker runs under cProfile (slower), and the JSON also
+has "profile": where its time went, as text. Run from the repository root with the project's venv:
 
     .venv/bin/python bench/engine_totals.py --bootstrap 127.0.0.1:9092 --source orders \\
         --partitions 6 --group bench-engine-1 --state-dir /tmp/state --messages 1000000 \
@@ -27,6 +28,7 @@ assigned and restored). Run from the repository root with the project's venv:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import time
 from pathlib import Path
 
@@ -75,9 +77,7 @@ def make_app(args: argparse.Namespace) -> App:
         state_dir=args.state_dir,
         kafka=args.bootstrap,
         commit_interval=args.commit_interval,
-        consumer_config={"max.partition.fetch.bytes": args.partition_fetch_bytes}
-        if args.partition_fetch_bytes
-        else None,
+        consumer_config=dict(args.consumer_setting) or None,
     )
     if args.aggregate:
         app.dataframe().aggregate(Sum("amount"), name=TOTAL)
@@ -113,8 +113,13 @@ def run(args: argparse.Namespace) -> dict:
     app.add_state_listener(note)
     restores = RestoreClock()
     app.add_restore_listener(restores)
+    profiler = cProfile.Profile() if args.profile else None
     began = time.monotonic()
+    if profiler is not None:
+        profiler.enable()
     report = app.run_worker(until_caught_up=True)
+    if profiler is not None:
+        profiler.disable()
     closed = time.monotonic() - began
     if report.total_processed != args.messages or report.total_lag:
         raise SystemExit(
@@ -131,7 +136,21 @@ def run(args: argparse.Namespace) -> dict:
         "restored_records": sum(restore.records_applied for restore in report.restores),
         "restore_seconds": restores.seconds,
         "totals": read_totals(app, args.partitions),
+        **({"profile": profile_of(profiler, args.group)} if profiler is not None else {}),
     }
+
+
+def profile_of(profiler: cProfile.Profile, group: str) -> str:
+    from bench_core import profile_text  # imports the broker's tooling: only when profiling
+
+    return profile_text(profiler, f"the worker of {group}", top=20)
+
+
+def consumer_setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def parse_args() -> argparse.Namespace:
@@ -146,11 +165,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--result", type=Path, required=True, help="where the JSON result is written")
     parser.add_argument("--aggregate", action="store_true", help='keep the totals with aggregate(Sum("amount"))')
     parser.add_argument(
-        "--partition-fetch-bytes",
-        type=int,
-        default=None,
-        help="the consumer's max.partition.fetch.bytes (default: the app's)",
+        "--consumer-setting",
+        type=consumer_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a librdkafka setting of the worker's consumer over the app's (repeatable), e.g. "
+        "max.partition.fetch.bytes=2097152",
     )
+    parser.add_argument("--profile", action="store_true", help="run the worker under cProfile (slower)")
     return parser.parse_args()
 
 

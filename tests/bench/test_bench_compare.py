@@ -6,7 +6,8 @@ in a thread count) runs every workload
 once (the aggregating engine processing only), against the session's broker; the harness itself
 checks each run's final state against the totals recomputed from the source. What a user
 would look at is then checked here: the exit status, one figure per system and workload in
-results.json, the ceilings, and a PNG chart.
+results.json, the ceilings, a PNG chart, and the targets' verdicts, with the profile of each
+missed rate.
 """
 
 from __future__ import annotations
@@ -50,3 +51,12 @@ def test_every_system_runs_every_workload_and_is_checked(kafka_bootstrap, tmp_pa
     assert {ceiling["name"] for ceiling in document["ceilings"]} >= {"consume only"}
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert finished.stdout.count("(checked;") == len(expected)
+    targets = document["targets"]
+    assert len(targets) == 6, "a rate and a peak RSS verdict for each of the three targets"
+    for verdict in targets:
+        rate = "rate" in verdict["target"]
+        assert ("MISSED" if not verdict["met"] else "met") in finished.stdout
+        assert bool(verdict["profile"]) == (rate and not verdict["met"]), "a missed rate, and only that, is profiled"
+        if verdict["profile"]:
+            assert "engine functions by cumulative time" in verdict["profile"]
+            assert "dagster_stateful" in verdict["profile"]

@@ -20,13 +20,18 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
 from dagster_stateful.core.processing.transactions import transactional_config
 
-__all__ = ["PARTITION_FETCH_BYTES", "worker_consumer_config", "worker_producer_config"]
+__all__ = ["FETCH_QUEUE_BACKOFF_MS", "PARTITION_FETCH_BYTES", "worker_consumer_config", "worker_producer_config"]
 
 PARTITION_FETCH_BYTES = 2 * 1024 * 1024
 """Bytes one fetch takes from a partition (librdkafka's default is 1 MiB): fewer, larger fetches let
 a Python consumer take more small messages per second (bench/ceilings.py). Measured on the worker
 (bench/bench_fetch_size.py): 1 MiB cost a quarter of the rate with 10k keys, and 5 MiB, the size
 before, was no faster than 2 MiB but cost 130 MiB more at the peak."""
+
+FETCH_QUEUE_BACKOFF_MS = 20
+"""How long librdkafka waits before fetching again for a partition whose prefetched queue is past
+its thresholds (1 s by default). A columnar worker empties a queue of 100,000 messages in a few
+tenths of a second and then sat idle for the rest of that second (bench/bench_fetch_size.py)."""
 
 
 def worker_consumer_config(config: AppConfig, client_id: str) -> dict[str, Any]:
@@ -38,6 +43,7 @@ def worker_consumer_config(config: AppConfig, client_id: str) -> dict[str, Any]:
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
         "max.partition.fetch.bytes": PARTITION_FETCH_BYTES,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
         **({"isolation.level": "read_committed"} if config.exactly_once else {}),
         **config.consumer_config,

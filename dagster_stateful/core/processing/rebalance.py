@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -25,7 +25,7 @@ from dagster_stateful.core.processing.background_restores import BackgroundResto
 from dagster_stateful.core.processing.commit_metadata import decode_stream_times
 from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition, suspend_started
 from dagster_stateful.core.processing.standbys import StandbyReplicas
-from dagster_stateful.core.processing.starting_offsets import StartingOffsets
+from dagster_stateful.core.processing.starting_offsets import StartingOffsets, reset_position
 from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
@@ -208,13 +208,29 @@ class PartitionAssignments:
             self.config.store_ttls,
             restored.stream_times,
         )
-        offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
-        if offsets:
-            consumer.seek(TopicPartition(self.config.source, restored.partition, min(offsets)))
+        start = self._start_of(restored)
+        if restored.committed is None and start is not None and start >= 0:
+            self.transactions[restored.partition].next_offset = start  # caught up there, and committed there
         consumer.resume([TopicPartition(self.config.source, restored.partition)])
+        if start is not None:
+            # After the resume: librdkafka fetches a resumed partition from its broker thread's next
+            # wake-up, up to a second later (bench/README.md); a seek starts the fetch at once.
+            consumer.seek(TopicPartition(self.config.source, restored.partition, start))
         log.info("Partition %d is up to date; processing resumes", restored.partition)
         if not self.restorations:
             self._listeners.transition(AppState.RUNNING)
+
+    def _start_of(self, restored: RestoringPartition) -> int | None:
+        """Where a restored partition's processing starts: its committed (or rewound) offset, else
+        where `auto.offset.reset` says, the end read now (a position the lag check can count from)."""
+        offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
+        if offsets:
+            return min(offsets)
+        start = reset_position(self.config)
+        if start == OFFSET_END:
+            marks = self._kafka.watermarks(self.config.source, [restored.partition], committed=self.config.exactly_once)
+            return marks[restored.partition][1]
+        return start
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         starts = self.take(partitions)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from dagster_stateful.core.config import AppConfig, MissingOffsets
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -21,7 +21,7 @@ from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
-__all__ = ["COMMITTED_TIMEOUT", "COMMITTED_WAIT", "StartingOffsets", "committed_wait_seconds"]
+__all__ = ["COMMITTED_TIMEOUT", "COMMITTED_WAIT", "StartingOffsets", "committed_wait_seconds", "reset_position"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,19 @@ COMMITTED_WAIT = 45.0
 TRANSACTION_CLEANUP_SECONDS = 10.0
 """How late after its timeout the broker may abort a transaction (Kafka's default
 `transaction.abort.timed.out.transaction.cleanup.interval.ms`)."""
+
+
+RESET_POSITIONS = {
+    **dict.fromkeys(("earliest", "smallest", "beginning"), OFFSET_BEGINNING),
+    **dict.fromkeys(("latest", "largest", "end"), OFFSET_END),
+}
+"""The logical offset each `auto.offset.reset` setting starts a partition without a committed offset at."""
+
+
+def reset_position(config: AppConfig) -> int | None:
+    """Where the worker's consumer starts a partition that has no committed offset, as a logical
+    offset to seek to (None for `auto.offset.reset=error`: it fails instead)."""
+    return RESET_POSITIONS.get(str(config.consumer_config.get("auto.offset.reset", "earliest")))
 
 
 def committed_wait_seconds(config: AppConfig) -> float:

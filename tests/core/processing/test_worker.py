@@ -58,3 +58,22 @@ def test_outputs_filters_and_max_messages(kafka_bootstrap, unique_name, tmp_path
         outputs.append((k, orjson.loads(v)))
     assert outputs == emitted
     assert report.lag == {0: 40}
+
+
+def test_a_group_without_committed_offsets_starts_where_auto_offset_reset_says(kafka_bootstrap, unique_name, tmp_path):
+    orders = make_orders(120, customers=6)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 3, orders)
+    at_end = {"auto.offset.reset": "latest"}
+    latest = totals_app(kafka_bootstrap, source, tmp_path / "latest", unique_name("latest"), consumer_config=at_end)
+    earliest = totals_app(kafka_bootstrap, source, tmp_path / "earliest", unique_name("earliest"))
+
+    skipped, processed = latest.run_worker(max_seconds=120), earliest.run_worker(max_seconds=120)
+
+    assert skipped.stop_reason == "caught_up" and skipped.total_processed == 0 and skipped.total_lag == 0
+    assert totals_in_store(latest, 3) == {}, "the messages before the worker started are not processed"
+    assert processed.total_processed == 120 and totals_in_store(earliest, 3) == expected_totals(orders)
+    later = make_orders(30, customers=6, start=120)
+    produce(kafka_bootstrap, source, later)
+    resumed = latest.run_worker(max_seconds=120)
+    assert resumed.total_processed == 30, "the first run committed where it started: the end"
+    assert totals_in_store(latest, 3) == expected_totals(later)
