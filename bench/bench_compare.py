@@ -504,17 +504,20 @@ def profile_missed(
         target = verdict.target
         if verdict.met or target is None:
             continue
-        if target.workload == "restore":
+        restore = target.workload == "restore"
+        workload = workloads["1M keys" if restore else target.workload]
+        rounds = appended if workload is workloads["1M keys"] else []  # the restores appended to its topic
+        if restore:
             if restored_group is None:
                 continue
-            workload, group, messages, restore = workloads["1M keys"], restored_group, 0, True
+            group, messages = restored_group, 0
             systems.delete_state(group)
         else:
-            workload, restore = workloads[target.workload], False
-            group, messages = f"bench-profile-{uuid.uuid4().hex[:6]}", workload.messages
+            group = f"bench-profile-{uuid.uuid4().hex[:6]}"
+            messages = workload.messages + sum(map(len, rounds))
         print(f"profiling {target.system} on {target.workload} (missed: {verdict.measured})")
         result, _ = systems.run(target.system, workload, group, messages, restore, engine_options=["--profile"])
-        check_totals(result, workload.expected(appended if restore else []), f"{target.system}, profiled")
+        check_totals(result, workload.expected(rounds), f"{target.system}, profiled")
         verdict.profile = result["profile"]
 
 
