@@ -255,9 +255,10 @@ class VectorizedBatchProcessor:
         store_keys = list(map(memo.get, message_keys))
         if None not in store_keys:
             return store_keys  # type: ignore[return-value]
-        if len(memo) + len(message_keys) > STORE_KEYS_REMEMBERED:
-            memo.clear()
         unknown = [key for key, known in zip(message_keys, store_keys, strict=True) if known is None]
+        if len(memo) + len(unknown) > STORE_KEYS_REMEMBERED:
+            memo.clear()
+            unknown = message_keys  # the keys known a moment ago are forgotten too
         memo.update(zip(unknown, scoped_keys(unknown, state_key), strict=True))
         return [memo[key] for key in message_keys]
 

@@ -23,6 +23,7 @@ from core_helpers import (
 from kafka_helpers import create_topic, produce, read_committed, read_messages
 
 from dagster_stateful.core import App, Sum
+from dagster_stateful.core.processing import vectorized
 from dagster_stateful.errors import ProcessingError
 
 PARTITIONS = 3
@@ -139,3 +140,19 @@ def test_bad_messages_among_good_ones_keep_their_policy_on_the_columnar_path(
     assert totals_in_store(raising, PARTITIONS) == expected_totals(before), (
         "what was committed holds each good message once"
     )
+
+
+def test_columnar_totals_stay_exact_when_the_worker_forgets_the_store_keys_it_remembered(
+    kafka_bootstrap, unique_name, tmp_path, monkeypatch
+):
+    # Runs of 37 messages over 50 customers, 60 store keys remembered: a run holds known and new keys
+    # when the memo is full, and the memo starts again.
+    monkeypatch.setattr(vectorized, "STORE_KEYS_REMEMBERED", 60)
+    orders = make_orders(2000, customers=50)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 1, orders)
+    app = summing_app(kafka_bootstrap, source, tmp_path, unique_name("totals"), "at-least-once", commit_every=37)
+
+    report = app.run_worker(max_seconds=120)
+
+    assert report.stop_reason == "caught_up" and report.total_processed == 2000
+    assert totals_in_store(app, 1) == expected_totals(orders)
