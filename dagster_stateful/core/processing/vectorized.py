@@ -63,8 +63,10 @@ NATIVE_MERGES: dict[str, Callable[[Any, Any], Any]] = {
 one map(); on a tie `min` and `max` keep their first argument, the aggregate, as the aggregators do."""
 SPLIT_DOWN_TO = 32
 """A run the columns refuse is halved until its halves are this short, then goes message by message."""
-STORE_KEYS_REMEMBERED = 1_000_000
-"""Message keys whose store key is remembered; past that the memo starts again."""
+STORE_KEYS_REMEMBERED = 100_000
+"""Message keys whose store key is remembered. Once the memo is full, a batch with a key it does not
+hold has its store keys built afresh. Remembering up to a million (the limit before) held 50-95 MiB
+more at the peak with 1M keys and was no faster (bench_core.py --aggregate, alternating pairs)."""
 
 _partition_of = Message.partition
 """`Message.partition` itself: `operator.methodcaller` cost 76 ns per message, the method descriptor 17 ns."""
@@ -257,8 +259,7 @@ class VectorizedBatchProcessor:
             return store_keys  # type: ignore[return-value]
         unknown = [key for key, known in zip(message_keys, store_keys, strict=True) if known is None]
         if len(memo) + len(unknown) > STORE_KEYS_REMEMBERED:
-            memo.clear()
-            unknown = message_keys  # the keys known a moment ago are forgotten too
+            return scoped_keys(message_keys, state_key)  # full: new keys are not remembered
         memo.update(zip(unknown, scoped_keys(unknown, state_key), strict=True))
         return [memo[key] for key in message_keys]
 

@@ -142,13 +142,14 @@ def test_bad_messages_among_good_ones_keep_their_policy_on_the_columnar_path(
     )
 
 
-def test_columnar_totals_stay_exact_when_the_worker_forgets_the_store_keys_it_remembered(
-    kafka_bootstrap, unique_name, tmp_path, monkeypatch
+@pytest.mark.parametrize("customers", [50, 100])
+def test_columnar_totals_stay_exact_as_the_memo_of_store_keys_fills(
+    kafka_bootstrap, unique_name, tmp_path, monkeypatch, customers
 ):
-    # Runs of 37 messages over 50 customers, 60 store keys remembered: a run holds known and new keys
-    # when the memo is full, and the memo starts again.
+    # Runs of 37 messages, 60 store keys remembered: runs mix keys the memo knows with new ones as it
+    # fills (50 customers) and once it is full (100).
     monkeypatch.setattr(vectorized, "STORE_KEYS_REMEMBERED", 60)
-    orders = make_orders(2000, customers=50)
+    orders = make_orders(2000, customers=customers)
     source = orders_topic(kafka_bootstrap, unique_name("orders"), 1, orders)
     app = summing_app(kafka_bootstrap, source, tmp_path, unique_name("totals"), "at-least-once", commit_every=37)
 
