@@ -23,7 +23,9 @@ def slow_app(bootstrap, source, state_dir, name):
 
 
 def test_two_workers_split_partitions_and_survive_join_and_leave(kafka_bootstrap, unique_name, tmp_path):
-    orders = make_orders(2400, customers=30)
+    # A takes 3 s per consumed batch of 1,000 and gives partitions away only when it consumes again:
+    # 6,000 orders (1,400 or more per partition) leave work in a partition it gives B, whichever it gives.
+    orders = make_orders(6000, customers=30)
     source = orders_topic(kafka_bootstrap, unique_name("orders"), 4, orders)
     name = unique_name("totals")
     app_a = slow_app(kafka_bootstrap, source, tmp_path / "a", name)
@@ -54,7 +56,7 @@ def test_two_workers_split_partitions_and_survive_join_and_leave(kafka_bootstrap
     assert report_a.total_processed + report_b.total_processed >= len(orders)
 
     # B leaves; new orders arrive; A alone takes every partition back and restores what B changed.
-    more = make_orders(400, customers=30, start=2400)
+    more = make_orders(400, customers=30, start=6000)
     produce(kafka_bootstrap, source, more)
     states: list[AppState] = []
     final = totals_app(kafka_bootstrap, source, tmp_path / "a", name)
