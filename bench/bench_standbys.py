@@ -82,9 +82,7 @@ def main() -> None:
         f"{args.commit_interval} s, the first member SIGKILLed once everything is committed"
     )
     with bench_broker("bench-standbys-") as (bootstrap, work):
-        source = f"bench-standbys-orders-{uuid.uuid4().hex[:8]}"
-        produce_orders(bootstrap, source, args.keys, args.partitions)
-        figures = [run_variant(args, bootstrap, work, source, standbys) for standbys in (0, 1)]
+        figures = [run_variant(args, bootstrap, work, standbys) for standbys in (0, 1)]
     print()
     print(
         "| standbys | seconds from the kill until assigned | until processing resumed | restoring | records restored |"
@@ -98,9 +96,14 @@ def main() -> None:
         )
 
 
-def produce_orders(bootstrap: str, topic: str, keys: int, partitions: int) -> None:
+def create_source(bootstrap: str, partitions: int) -> str:
+    topic = f"bench-standbys-orders-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    return topic
+
+
+def produce_orders(bootstrap: str, topic: str, keys: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1 << 20})
     began = time.monotonic()
     for i in range(keys):
@@ -118,11 +121,16 @@ def amount(i: int) -> int:
     return 1 + i % 7
 
 
-def run_variant(args: argparse.Namespace, bootstrap: str, work: Path, source: str, standbys: int) -> Figure:
+def run_variant(args: argparse.Namespace, bootstrap: str, work: Path, standbys: int) -> Figure:
+    """The orders are produced once both members hold partitions, so that each processes its own (a
+    member alone would process them all and keep every partition's state)."""
     name = f"bench-standbys-{standbys}-{uuid.uuid4().hex[:6]}"
     kafka = KafkaClients({"bootstrap.servers": bootstrap})
+    source = create_source(bootstrap, args.partitions)
     members = [start_member(args, bootstrap, source, name, work / name / f"member-{i}", standbys) for i in (0, 1)]
     try:
+        wait(lambda: _both_assigned(kafka, name, source), "both members to hold partitions")
+        produce_orders(bootstrap, source, args.keys)
         began = time.monotonic()
         group = wait(lambda: _settled(kafka, name, source, args.partitions), "the group to commit every order")
         print(f"[standbys {standbys}] both members processed {args.keys:,} orders in {time.monotonic() - began:.1f} s")
@@ -161,6 +169,11 @@ def start_member(
     member = Member(process)
     threading.Thread(target=member.read, daemon=True).start()
     return member
+
+
+def _both_assigned(kafka: KafkaClients, group_name: str, source: str) -> bool:
+    group = kafka.describe_group(group_name, source)
+    return group.state == "STABLE" and len([m for m in group.members if m.partitions]) == 2
 
 
 def _settled(kafka: KafkaClients, group_name: str, source: str, partitions: int):
