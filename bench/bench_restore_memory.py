@@ -30,26 +30,35 @@ from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS
 
 TOPIC = f"bench-restore-memory-{uuid.uuid4().hex[:8]}-state-changelog"
 MIB = 1 << 20
+LIBRDKAFKA_QUEUE_BACKOFF_MS = 1000
+"""librdkafka's default `fetch.queue.backoff.ms`."""
 
 
 @dataclass(frozen=True)
 class Variant:
     chunk_records: int
     partition_fetch_bytes: int
+    queue_backoff_ms: int
 
     @property
     def name(self) -> str:
-        return f"chunk {self.chunk_records:,} keys, partition fetch {self.partition_fetch_bytes // MIB} MiB"
+        return (
+            f"chunk {self.chunk_records:,} keys, partition fetch {self.partition_fetch_bytes // MIB} MiB, "
+            f"queue backoff {self.queue_backoff_ms} ms"
+        )
 
 
-DEFAULTS = Variant(FULL_RESTORE_CHUNK_RECORDS, int(str(RESTORE_CONSUMER_CONFIG["max.partition.fetch.bytes"])))
+DEFAULTS = Variant(
+    FULL_RESTORE_CHUNK_RECORDS,
+    int(str(RESTORE_CONSUMER_CONFIG["max.partition.fetch.bytes"])),
+    int(str(RESTORE_CONSUMER_CONFIG.get("fetch.queue.backoff.ms", LIBRDKAFKA_QUEUE_BACKOFF_MS))),
+)
 OTHERS = [
-    Variant(500_000, 16 * MIB),
-    Variant(250_000, 16 * MIB),
-    Variant(500_000, 8 * MIB),
-    Variant(250_000, 8 * MIB),
-    Variant(100_000, 8 * MIB),
-    Variant(250_000, 4 * MIB),
+    Variant(250_000, 8 * MIB, LIBRDKAFKA_QUEUE_BACKOFF_MS),
+    Variant(250_000, 8 * MIB, 20),
+    Variant(250_000, 2 * MIB, 20),
+    Variant(250_000, 1 * MIB, 20),
+    Variant(100_000, 1 * MIB, 20),
 ]
 
 RESTORE_IN_A_FRESH_PROCESS = """
@@ -63,7 +72,11 @@ from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.verification import partition_digest
 bootstrap, topic, state_dir, variant = sys.argv[1], sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4])
 kafka = KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0})
-settings = {**RESTORE_CONSUMER_CONFIG, "max.partition.fetch.bytes": variant["partition_fetch_bytes"]}
+settings = {
+    **RESTORE_CONSUMER_CONFIG,
+    "max.partition.fetch.bytes": variant["partition_fetch_bytes"],
+    "fetch.queue.backoff.ms": variant["queue_backoff_ms"],
+}
 consumer = kafka.consumer({"group.id": "bench-" + state_dir.name, **settings})
 store = open_partition(state_dir, topic, 0)
 began = time.perf_counter()
@@ -78,7 +91,11 @@ print(json.dumps({"seconds": seconds, "peak_kib": peak, "digest": [digest.sha256
 
 
 def restore(bootstrap: str, state_dir: Path, variant: Variant) -> dict:
-    settings = {"chunk_records": variant.chunk_records, "partition_fetch_bytes": variant.partition_fetch_bytes}
+    settings = {
+        "chunk_records": variant.chunk_records,
+        "partition_fetch_bytes": variant.partition_fetch_bytes,
+        "queue_backoff_ms": variant.queue_backoff_ms,
+    }
     arguments = [bootstrap, TOPIC, str(state_dir), json.dumps(settings), str(Path(__file__).parent)]
     done = subprocess.run(
         [sys.executable, "-c", RESTORE_IN_A_FRESH_PROCESS, *arguments], check=True, capture_output=True, text=True
@@ -90,14 +107,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keys", type=int, default=3_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--compression", default="none", help="the changelog's compression (the engine's changelogs use none)"
+    )
     arguments = parser.parse_args()
     print_machine()
     variants = [DEFAULTS, *(variant for variant in OTHERS if variant != DEFAULTS)]
-    print(f"settings: {arguments.keys:,} records in one changelog partition, {arguments.rounds} rounds, restore")
-    print(f"consumer {RESTORE_CONSUMER_CONFIG} except its partition fetch; first variant: {DEFAULTS.name}")
+    print(
+        f"settings: {arguments.keys:,} records in one changelog partition ({arguments.compression} compression), "
+        f"{arguments.rounds} rounds, restore"
+    )
+    print(f"consumer {RESTORE_CONSUMER_CONFIG} except the variant's settings; first variant: {DEFAULTS.name}")
     with bench_broker("bench-restore-memory-") as (bootstrap, work):
         KafkaClients({"bootstrap.servers": bootstrap}).create_topic(TOPIC, 1, 1, {"cleanup.policy": "compact"})
-        produce_changelog(bootstrap, TOPIC, arguments.keys, 1)
+        produce_changelog(bootstrap, TOPIC, arguments.keys, 1, compression=arguments.compression)
         results: dict[Variant, list[dict]] = {variant: [] for variant in variants}
         for round_ in range(arguments.rounds):
             for index, variant in enumerate(variants):  # alternating: a slow moment hits every variant

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import orjson
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from dagster_stateful.core.kafka.clients import FETCH_QUEUE_BACKOFF_MS
+
 CONSUME_BATCH = 1000
 PARTITION_FETCH_BYTES = 5 * 1024 * 1024
 
@@ -52,6 +54,7 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, each_batch: Callab
             "group.id": group,
             "enable.auto.commit": False,
             "max.partition.fetch.bytes": PARTITION_FETCH_BYTES,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     try:

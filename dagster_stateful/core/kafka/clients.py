@@ -61,16 +61,25 @@ ADMIN_TIMEOUT = 30.0
 """Default of `KafkaClients(admin_timeout_seconds=...)`: how long an admin call waits out transient failures."""
 DEFAULT_REPLICATION = -1
 """`replication_factor` meaning the brokers' `default.replication.factor` (CreateTopics v4+)."""
+FETCH_QUEUE_BACKOFF_MS = 20
+"""How long librdkafka waits before fetching again for a partition whose prefetched queue is past
+its thresholds (`fetch.queue.backoff.ms`, 1 s by default). A consumer that empties its queue
+faster than that sits idle for the rest of the second: a columnar worker empties 100,000 queued
+messages in a few tenths of a second (bench/bench_fetch_size.py), and a restore reading one
+changelog partition ran at 111k records/s with the default, 620k with 20 ms
+(bench/bench_restore_memory.py)."""
 RESTORE_CONSUMER_CONFIG = {
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
     # Changelogs of exactly-once apps hold aborted transactions; at-least-once ones none at all.
     "isolation.level": "read_committed",
-    # Restores read to a known end: never wait on an idle partition, and fetch big chunks (measured
-    # here: 8 MiB partition fetches double the records/s of the 1 MiB default, as 16 MiB did, and
-    # 16 MiB ones cost a restoring process 200 MiB more at its peak: bench/bench_restore_memory.py).
+    # Restores read to a known end: never wait on an idle partition, and fetch again as soon as the
+    # restore has taken what was fetched. With that backoff, 1 MiB partition fetches (librdkafka's
+    # default) restored as fast as 8 MiB ones and cost 30 MiB less at the peak
+    # (bench/bench_restore_memory.py).
     "fetch.wait.max.ms": 10,
-    "max.partition.fetch.bytes": 8 * 1024 * 1024,
+    "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+    "max.partition.fetch.bytes": 1024 * 1024,
     "fetch.max.bytes": 64 * 1024 * 1024,
 }
 REBOOTSTRAP_AFTER_MS = 10_000

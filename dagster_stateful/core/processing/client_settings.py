@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.clients import FETCH_QUEUE_BACKOFF_MS
 from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
 from dagster_stateful.core.processing.transactions import transactional_config
 
@@ -27,11 +28,6 @@ PARTITION_FETCH_BYTES = 2 * 1024 * 1024
 a Python consumer take more small messages per second (bench/ceilings.py). Measured on the worker
 (bench/bench_fetch_size.py): 1 MiB cost a quarter of the rate with 10k keys, and 5 MiB, the size
 before, was no faster than 2 MiB but cost 130 MiB more at the peak."""
-
-FETCH_QUEUE_BACKOFF_MS = 20
-"""How long librdkafka waits before fetching again for a partition whose prefetched queue is past
-its thresholds (1 s by default). A columnar worker empties a queue of 100,000 messages in a few
-tenths of a second and then sat idle for the rest of that second (bench/bench_fetch_size.py)."""
 
 
 def worker_consumer_config(config: AppConfig, client_id: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.clients import FETCH_QUEUE_BACKOFF_MS, KafkaClients
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.errors import DeliveryError, StateTableError
 
@@ -45,6 +45,7 @@ def live_changelog_keys(kafka: KafkaClients, changelog: str, partitions: Iterabl
             "enable.auto.commit": False,
             "enable.partition.eof": True,  # the end may be a transaction marker or a tombstone compaction removed
             "isolation.level": "read_committed",
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     deadline = time.monotonic() + READ_TIMEOUT

@@ -122,3 +122,27 @@ def test_sorted_sst_writer_rotates_files_and_ingests_in_key_order(tmp_path):
         assert list(part.items()) == records
     finally:
         part.close()
+
+
+@pytest.mark.parametrize("with_deletes", [False, True], ids=["puts-only", "puts-and-deletes"])
+def test_ingested_changes_replace_and_delete_what_the_store_held(tmp_path, with_deletes):
+    before = {f"key-{i:04d}".encode(): b"old" for i in range(0, 20, 2)}
+    changes: list[tuple[bytes, bytes | None]] = [
+        (f"key-{i:04d}".encode(), None if with_deletes and i % 4 == 0 else f"new-{i}".encode()) for i in range(12)
+    ]
+    state = StateDirectory(tmp_path / "state", CONFIG)
+    part: StorePartition = state.partition("totals", 0)
+    part.open()
+    try:
+        part.db.ingest_files([file.path for file in _written(tmp_path / "before", sorted(before.items()))])
+        part.db.ingest_changes(changes, tmp_path / "changes")
+        expected = {**before, **dict(changes)}
+        assert dict(part.items()) == {key: value for key, value in expected.items() if value is not None}
+    finally:
+        part.close()
+
+
+def _written(directory: Path, records: list[tuple[bytes, bytes]]) -> list:
+    writer = SortedSstWriter(directory, "bulk")
+    writer.write_changes(records)
+    return writer.finish()
