@@ -26,6 +26,7 @@ from functools import partial
 from confluent_kafka import TopicPartition
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.gc_pause import gc_paused
 from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.provisioning import provision
@@ -294,29 +295,30 @@ class Worker:
             messages = self._consumer.consume(self._consume_batch, timeout=0.0 if busy else 0.2)
             self.kafka.check_security(consuming)
             self._assignments.raise_failure()
-            index = 0
-            while index < len(messages):
-                budget = config.commit_every - since_commit
-                if limits.max_messages is not None:
-                    budget = min(budget, limits.max_messages - processed)
-                try:
-                    index, done = self._batches.process(messages, index, budget)
-                except TransactionAborted:  # a record was refused: the transaction needed an abort
-                    self._rewind()
-                    break
-                processed += done
-                since_commit += done
-                if limits.max_messages is not None and processed >= limits.max_messages:
-                    return StopReason.MAX_MESSAGES
-                if since_commit >= config.commit_every:
-                    committed = self._commit()
+            with gc_paused():  # a batch and its commit allocate much, and free it by reference counting
+                index = 0
+                while index < len(messages):
+                    budget = config.commit_every - since_commit
+                    if limits.max_messages is not None:
+                        budget = min(budget, limits.max_messages - processed)
+                    try:
+                        index, done = self._batches.process(messages, index, budget)
+                    except TransactionAborted:  # a record was refused: the transaction needed an abort
+                        self._rewind()
+                        break
+                    processed += done
+                    since_commit += done
+                    if limits.max_messages is not None and processed >= limits.max_messages:
+                        return StopReason.MAX_MESSAGES
+                    if since_commit >= config.commit_every:
+                        committed = self._commit()
+                        since_commit, last_commit = 0, time.monotonic()
+                        if not committed:
+                            break  # the rest of this batch comes again from the rewound offsets
+                if time.monotonic() - last_commit >= config.commit_interval or self._caches_overflow():
+                    self._pass_markers()
+                    self._commit()
                     since_commit, last_commit = 0, time.monotonic()
-                    if not committed:
-                        break  # the rest of this batch comes again from the rewound offsets
-            if time.monotonic() - last_commit >= config.commit_interval or self._caches_overflow():
-                self._pass_markers()
-                self._commit()
-                since_commit, last_commit = 0, time.monotonic()
             if self._standbys is not None:
                 self._standbys.advance(self._assignments.held)
             if limits.until_caught_up and not messages and not restoring and time.monotonic() >= next_check:

@@ -92,11 +92,14 @@ class SstFilesTarget:
         raise RecoveryError("a replaying process runs full restores only, which write SST files")
 
     def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
-        listed = list(changes)
         writer = SortedSstWriter(self.directory, f"chunk-{len(self.chunks)}")
-        writer.write_changes(listed)
-        self._keys.update(key for key, value in listed if value is not None)
-        self._keys.difference_update(key for key, value in listed if value is None)
+        for key, value in changes:
+            if value is None:
+                writer.delete(key)
+                self._keys.discard(key)
+            else:
+                writer.put(key, value)
+                self._keys.add(key)
         self.chunks.append(writer.finish())
         self.position = changelog_offset
 

@@ -409,14 +409,8 @@ class SortedSstWriter:
         self._current += 1
 
     def write_changes(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Strictly ascending puts (value) and deletes (None); without deletes, as one `put_many`."""
-        listed = list(changes)
-        keys = [key for key, _ in listed]
-        values = [value for _, value in listed]
-        if None not in values:
-            self.put_many(keys, values)  # type: ignore[arg-type]  # no None among them
-            return
-        for key, value in listed:
+        """Strictly ascending puts (value) and deletes (None)."""
+        for key, value in changes:
             if value is None:
                 self.delete(key)
             else:

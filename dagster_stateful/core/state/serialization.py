@@ -107,6 +107,19 @@ def _compact_json(value: Any) -> bytes:
     return b"%b" % orjson.dumps(value)
 
 
+def _json_of_each(values: list[Any]) -> list[bytes] | None:
+    """Each value's JSON, as `_compact_json` gives it, from one encoding of them all as an array, split
+    at its commas: exact when the split finds one part per value, which holds when no value's JSON
+    holds a comma (numbers, the aggregates of a columnar worker). None when it does not hold, or when
+    orjson refuses a value. About a quarter of the time of one call per value."""
+    try:
+        array = orjson.dumps(values)
+    except orjson.JSONEncodeError:
+        return None
+    parts = array[1:-1].split(b",")
+    return parts if values and len(parts) == len(values) else None
+
+
 class LiveSerializer:
     """Encodes the aggregates a live record cache holds for store `store`: one (`__call__`), or a
     commit's worth at once (`many`, with no Python step per value when the serde takes them all).
@@ -130,6 +143,10 @@ class LiveSerializer:
 
     def many(self, keys: list[bytes], values: list[Any]) -> list[bytes]:
         """The encodings of `values` (none of them None), whose store keys are `keys`."""
+        if self._exact:
+            each = _json_of_each(values)
+            if each is not None:
+                return each
         try:
             encoded = list(map(self._dumps, values))
         except Exception as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import orjson
 import pytest
 
 from dagster_stateful.core import AppConfig, BytesSerde, IntSerde, JsonSerde, StrSerde
@@ -132,6 +133,22 @@ def test_a_commits_aggregates_are_serialized_together_and_a_refused_one_is_named
     with pytest.raises(StateSerializationError, match=r"store key b'b' of store 'totals'.*'json' state serializer"):
         serialize.many(keys, [1, {2, 3}, 4])
     assert LiveSerializer("counts", IntSerde()).many([b"a"], [7]) == [IntSerde().dumps(7)]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0, -7, 12_345_678_901, 2.5, -1e-9, True, None, "no comma"],
+        [1, "a, b", 3],
+        [[1, 2], {"sum": 4.5, "count": 2}, 3],
+        [{"x": "y"}],
+    ],
+    ids=["numbers", "a-string-with-a-comma", "containers", "one-object"],
+)
+def test_aggregates_serialized_together_are_each_values_own_json(values):
+    keys = [f"key-{i}".encode() for i in range(len(values))]
+
+    assert LiveSerializer("totals", JsonSerde()).many(keys, values) == [orjson.dumps(value) for value in values]
 
 
 def test_get_returns_a_new_object_so_in_place_changes_count_only_when_set(transaction):
