@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -114,7 +114,11 @@ class PartitionAssignments:
             times = decode_stream_times(topic_partition.metadata, f"{self.config.source}[{partition}]")
             warm = self._standbys is not None and self._standbys.release(partition)
             self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times, from_standby=warm))
-            starts.append(TopicPartition(self.config.source, partition, topic_partition.offset))
+            # Without a committed offset, assigned where `auto.offset.reset` says: librdkafka then starts
+            # the partition's fetch at once, instead of after asking the group coordinator again.
+            reset = reset_position(self.config)
+            at = topic_partition.offset if committed is not None or reset is None else reset
+            starts.append(TopicPartition(self.config.source, partition, at))
         log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
         return starts
 
@@ -213,12 +217,24 @@ class PartitionAssignments:
             self.transactions[restored.partition].next_offset = start  # caught up there, and committed there
         consumer.resume([TopicPartition(self.config.source, restored.partition)])
         if start is not None:
-            # After the resume: librdkafka fetches a resumed partition from its broker thread's next
-            # wake-up, up to a second later (bench/README.md); a seek starts the fetch at once.
-            consumer.seek(TopicPartition(self.config.source, restored.partition, start))
+            self._seek(consumer, restored, start)
         log.info("Partition %d is up to date; processing resumes", restored.partition)
         if not self.restorations:
             self._listeners.transition(AppState.RUNNING)
+
+    def _seek(self, consumer: Consumer, restored: RestoringPartition, start: int) -> None:
+        """Seek a resumed partition to `start`. After the resume: librdkafka fetches a resumed partition
+        from its broker thread's next wake-up, up to a second later (bench/README.md); a seek starts
+        the fetch at once. A partition without a committed offset was assigned at its reset position,
+        where librdkafka starts it anyway: if its fetch has not started yet (`_STATE`), that is kept."""
+        try:
+            consumer.seek(TopicPartition(self.config.source, restored.partition, start))
+        except KafkaException as error:
+            kafka_error = error.args[0] if error.args else None
+            optional = restored.committed is None and restored.rewind_to is None
+            if not (optional and isinstance(kafka_error, KafkaError) and kafka_error.code() == KafkaError._STATE):
+                raise
+            log.debug("%s[%d] starts where auto.offset.reset says: %s", self.config.source, restored.partition, error)
 
     def _start_of(self, restored: RestoringPartition) -> int | None:
         """Where a restored partition's processing starts: its committed (or rewound) offset, else
