@@ -285,14 +285,20 @@ class Committer:
             return {}
 
     def _produce_changelog(self, partition: int, changes_by_store: dict[str, list[Change]]) -> None:
+        """One changelog record per change (1M for a commit of 1M keys), handed to librdkafka in this
+        loop; a full queue or a refusal goes through `produce`, which waits or raises it clearly."""
         assert self._changelog_topics is not None
+        if self.transactions is not None:
+            self.transactions.begin()
+        send = self._producer.produce
         for store, changes in changes_by_store.items():
             topic = self._changelog_topics[store]
             for key, value, source_offset in changes:
-                self._produce(topic, key, value, partition, source_offset)
-
-    def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int, source_offset: int) -> None:
-        self.produce(topic, key, value, source_offset_header(source_offset), partition)
+                headers = source_offset_header(source_offset)
+                try:
+                    send(topic, value, key, partition, None, None, 0, headers)
+                except (BufferError, KafkaException):
+                    self.produce(topic, key, value, headers, partition)
 
     def produce(
         self,
