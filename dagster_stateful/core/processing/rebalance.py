@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.errors import kafka_error_of
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, WorkerReport
 from dagster_stateful.core.processing.background_restores import BackgroundRestores, ChildReplay
@@ -107,6 +108,7 @@ class PartitionAssignments:
         self._report.rebalances += 1
         starts = []
         now = time.monotonic()
+        reset = reset_position(self.config)
         for topic_partition in self._starts.committed(partitions):
             partition = topic_partition.partition
             committed = topic_partition.offset if topic_partition.offset >= 0 else None
@@ -116,7 +118,6 @@ class PartitionAssignments:
             self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times, from_standby=warm))
             # Without a committed offset, assigned where `auto.offset.reset` says: librdkafka then starts
             # the partition's fetch at once, instead of after asking the group coordinator again.
-            reset = reset_position(self.config)
             at = topic_partition.offset if committed is not None or reset is None else reset
             starts.append(TopicPartition(self.config.source, partition, at))
         log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
@@ -230,9 +231,9 @@ class PartitionAssignments:
         try:
             consumer.seek(TopicPartition(self.config.source, restored.partition, start))
         except KafkaException as error:
-            kafka_error = error.args[0] if error.args else None
+            kafka_error = kafka_error_of(error)
             optional = restored.committed is None and restored.rewind_to is None
-            if not (optional and isinstance(kafka_error, KafkaError) and kafka_error.code() == KafkaError._STATE):
+            if not (optional and kafka_error is not None and kafka_error.code() == KafkaError._STATE):
                 raise
             log.debug("%s[%d] starts where auto.offset.reset says: %s", self.config.source, restored.partition, error)
 
