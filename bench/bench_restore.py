@@ -254,7 +254,7 @@ def restore_with_spark(spark, kafka, topic, state_dir, snapshots, manifest, ends
 
     started = time.monotonic()
     output = tempfile.mkdtemp(prefix="sst-", dir=state_dir.parent)
-    written = write_sst_files(spark, snapshots, manifest, sorted(ends), output)
+    written = write_sst_files(spark, snapshots, manifest.snapshot_id, sorted(ends), output)
     written_at = time.monotonic()
     keys = 0
     consumer = kafka.consumer({"group.id": "bench-spark", **RESTORE_CONSUMER_CONFIG})

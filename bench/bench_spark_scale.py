@@ -190,7 +190,7 @@ def measure(
                 store: SnapshotStore, snapshot: SnapshotManifest, partitions: list[int], staging: str
             ) -> WrittenFiles:
                 began = time.monotonic()
-                written = write_sst_files(spark, store, snapshot, partitions, staging)
+                written = write_sst_files(spark, store, snapshot.snapshot_id, partitions, staging)
                 writing.append(time.monotonic() - began)
                 log.info("[%d worker(s)] restore: SST files written and uploaded in %.1f s", workers, writing[-1])
                 return written

@@ -213,6 +213,8 @@ def snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, An
         "partitions_cut_short": sum(1 for records in left.values() if records > 0),
         "records_left_to_replay": MetadataValue.json({str(p): n for p, n in left.items()}),
         "previous_snapshot": manifest.previous or "none",
+        "sst_image": bool(manifest.sst_image),
+        "sst_image_files": sum(len(files) for files in manifest.sst_image.values()),
         "seconds": manifest.extra.get("seconds", 0.0),
     }
 

@@ -182,7 +182,7 @@ class StatefulSparkResource(PySparkResource, SparkRunner):
 
         session = self.spark_session
         return lambda snapshots, manifest, partitions, staging: write_sst_files(
-            session, snapshots, manifest, partitions, staging
+            session, snapshots, manifest.snapshot_id, partitions, staging
         )
 
     def restore_cores(self) -> int:

@@ -86,7 +86,7 @@ def _sst(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext
         )
     partitions = sorted({int(p) for p in arguments.partitions.split(",") if p.strip()})
     staging = SstStaging(arguments.staging)
-    written = write_sst_files(spark, snapshots, found[arguments.snapshot_id], partitions, staging.location)
+    written = write_sst_files(spark, snapshots, arguments.snapshot_id, partitions, staging.location)
     staging.write_report(written)
     report = {"staging": staging.location, "files": {str(p): files for p, (files, _) in written.items()}}
     report["keys"] = {str(p): keys for p, (_, keys) in written.items()}

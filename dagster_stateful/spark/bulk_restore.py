@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging, WrittenFiles
 
 RESULT_SCHEMA = "partition int, path string, keys long"
@@ -27,11 +27,11 @@ _ARROW_RESULT_SCHEMA = pa.schema([("partition", pa.int32()), ("path", pa.string(
 
 
 def write_sst_files(
-    spark: SparkSession, snapshots: SnapshotStore, manifest: SnapshotManifest, partitions: list[int], staging: str
+    spark: SparkSession, snapshots: SnapshotStore, snapshot_id: str, partitions: list[int], staging: str
 ) -> WrittenFiles:
     """partition -> (staged SST files in key order, keys written), staged under `staging`."""
     rows = (
-        spark.read.parquet(snapshots.snapshot_location(manifest.snapshot_id))
+        spark.read.parquet(snapshots.snapshot_location(snapshot_id))
         .where(F.col("partition").isin(partitions))
         .select("partition", "key", "value")
         .repartition(max(1, len(partitions)), "partition")

@@ -9,9 +9,11 @@ processed-offset header is at or past the committed source offset): such records
 changelog replay that follows a snapshot load, which applies its own skip rule. Below the cut it
 keeps the latest value per key and partition (by offset), lets those rows replace the previous
 snapshot's (a tombstone removes the key), drops tombstones, and writes Parquet, one directory per
-Kafka partition with rows sorted by the raw key bytes. The manifest, written last, records the
-cut as the end offsets; older snapshots are pruned to `keep`. Runs unchanged on `local[*]` or a
-cluster.
+Kafka partition with rows sorted by the raw key bytes, then (unless `sst_image=False`) the same
+rows as RocksDB SST files, the snapshot's image (`snapshot_image`), written by Spark tasks as a
+bulk restore's are, so that loading a partition is a copy and an ingest. The manifest, written
+last, records the cut as the end offsets and lists the image's files; older snapshots are pruned
+to `keep`. Runs unchanged on `local[*]` or a cluster.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pyspark.sql import functions as F
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.recovery.changelog import SOURCE_OFFSET_HEADER
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.spark.bulk_restore import write_sst_files
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ def snapshot_changelog(
     changelog_topic: str,
     snapshots: SnapshotStore,
     keep: int = 3,
+    sst_image: bool = True,
 ) -> ChangelogSnapshot:
     """A new snapshot of `changelog_topic` up to its current end, cut where the group's commits end."""
     partitions = range(kafka.partition_count(changelog_topic) or 0)
@@ -58,7 +62,7 @@ def snapshot_changelog(
     # offsets are committed, and the snapshot stops at the first record of an uncommitted message.
     committed = kafka.committed_offsets(consumer_group, source, partitions)
     ends = {p: high for p, (_, high) in kafka.watermarks(changelog_topic, partitions, committed=True).items()}
-    manifest = build_snapshot(spark, kafka_options, changelog_topic, ends, committed, snapshots, keep)
+    manifest = build_snapshot(spark, kafka_options, changelog_topic, ends, committed, snapshots, keep, sst_image)
     return ChangelogSnapshot(manifest, ends, committed)
 
 
@@ -70,6 +74,7 @@ def build_snapshot(
     committed_offsets: Mapping[int, int | None],
     snapshots: SnapshotStore,
     keep: int = 3,
+    sst_image: bool = True,
 ) -> SnapshotManifest:
     """Fold the committed part of `changelog_topic` up to `end_offsets` (partition -> exclusive end)
     into a new snapshot.
@@ -79,6 +84,7 @@ def build_snapshot(
     absent: never committed), read before `end_offsets`. A partition's snapshot ends at its
     changelog end or at the first record in the range read whose processed source offset is at or
     past the committed one, whichever comes first; records without the header count as committed.
+    sst_image: also write the partitions as SST files, which a load ingests as they are.
     """
     previous = snapshots.latest()
     start_offsets = {p: (previous.end_offsets.get(p, 0) if previous else 0) for p in end_offsets}
@@ -89,6 +95,10 @@ def build_snapshot(
     finally:
         if records is not None:
             records.unpersist()
+    key_counts = snapshots.count_keys(snapshot_id, sorted(end_offsets))
+    imaged = time.monotonic()
+    image = _write_image(spark, snapshots, snapshot_id, key_counts) if sst_image else {}
+    image_seconds = time.monotonic() - imaged
     cut_short = {p: end_offsets[p] for p in sorted(cut) if cut[p] < end_offsets[p]}
     manifest = SnapshotManifest(
         app=snapshots.app,
@@ -97,14 +107,16 @@ def build_snapshot(
         snapshot_id=snapshot_id,
         created_at=time.time(),
         end_offsets=cut,
-        key_counts=snapshots.count_keys(snapshot_id, sorted(end_offsets)),
+        key_counts=key_counts,
         previous=previous.snapshot_id if previous else None,
+        sst_image=image,
         extra={
             "records_read_upper_bound": sum(end_offsets[p] - start_offsets[p] for p in end_offsets),
             "partitions_cut_short": len(cut_short),
             "changelog_end_offsets": {str(p): end for p, end in sorted(end_offsets.items())},
             "committed_source_offsets": {str(p): committed_offsets.get(p) for p in sorted(end_offsets)},
             "seconds_finding_cut": round(cut_seconds, 3),
+            "seconds_writing_image": round(image_seconds, 3),
             "seconds": round(time.monotonic() - started, 3),
         },
     )
@@ -161,6 +173,18 @@ def _write_snapshot(
         .parquet(snapshots.snapshot_location(snapshot_id))
     )
     return snapshot_id, cut, cut_seconds
+
+
+def _write_image(
+    spark: SparkSession, snapshots: SnapshotStore, snapshot_id: str, key_counts: dict[int, int]
+) -> dict[int, list[str]]:
+    """The snapshot's rows written again as SST files under its image location; the files' names per partition."""
+    image: dict[int, list[str]] = {partition: [] for partition in key_counts}
+    holding = [partition for partition, keys in sorted(key_counts.items()) if keys]
+    if holding:  # a snapshot without rows has no Parquet file for Spark to read
+        written = write_sst_files(spark, snapshots, snapshot_id, holding, snapshots.image_location(snapshot_id))
+        image |= {partition: [file.rsplit("/", 1)[-1] for file in files] for partition, (files, _) in written.items()}
+    return image
 
 
 def _changelog_records(

@@ -75,6 +75,8 @@ def test_snapshot_asset_materializes_with_spark(deployment, kafka_bootstrap):
     latest = SnapshotStore(resources["state_store"].snapshot_root, app.name, "last").latest()
     assert latest is not None, "the materialization wrote a snapshot"
     assert metadata["snapshot_id"].value == latest.snapshot_id
+    assert metadata["sst_image"].value is True
+    assert metadata["sst_image_files"].value == sum(len(files) for files in latest.sst_image.values()) > 0
     assert latest.end_offsets == {
         p: h for p, (_, h) in here.kafka.watermarks(app.changelog_topic("last"), range(PARTITIONS)).items()
     }

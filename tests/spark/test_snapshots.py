@@ -8,6 +8,7 @@ ordinary tail replay gives what a plain changelog replay gives.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 import pytest
@@ -18,9 +19,11 @@ from kafka_helpers import create_topic, produce, read_keyed
 from dagster_stateful.core import App, State
 from dagster_stateful.core.recovery.changelog import source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_image import fetch_image
+from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.keys import message_prefix
+from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.spark.snapshots import build_snapshot
 
 pytestmark = pytest.mark.spark
@@ -117,6 +120,33 @@ def test_snapshot_holds_the_latest_live_value_of_every_key(spark, kafka_bootstra
     assert manifest.end_offsets == ends
     assert manifest.key_counts == {p: sum(1 for (q, _) in rows if q == p) for p in range(PARTITIONS)}
     assert snapshots.latest() == manifest
+    assert image_rows(snapshots, manifest, tmp_path / "image") == rows, "the SST image holds the same rows"
+
+
+def test_a_snapshot_of_an_empty_changelog_has_an_empty_image(spark, kafka_bootstrap, unique_name, tmp_path):
+    topic = unique_name("empty-changelog")
+    create_topic(kafka_bootstrap, topic, partitions=PARTITIONS)
+    snapshots = SnapshotStore(str(tmp_path / "snapshots"), "app", "profiles")
+    ends = dict.fromkeys(range(PARTITIONS), 0)
+
+    manifest = build_snapshot(spark, {"kafka.bootstrap.servers": kafka_bootstrap}, topic, ends, {}, snapshots)
+
+    assert manifest.key_counts == dict.fromkeys(range(PARTITIONS), 0)
+    assert manifest.sst_image == {p: [] for p in range(PARTITIONS)}
+
+
+def image_rows(snapshots: SnapshotStore, manifest: SnapshotManifest, work: Path) -> dict[tuple[int, bytes], bytes]:
+    """Every partition's SST image, ingested into a fresh database, read back."""
+    rows: dict[tuple[int, bytes], bytes] = {}
+    for partition in range(PARTITIONS):
+        assert manifest.sst_image[partition], f"partition {partition} has SST files"
+        database = PartitionDatabase(work / f"db-{partition}")
+        try:
+            database.ingest_files(fetch_image(snapshots, manifest, partition, work / f"scratch-{partition}"))
+            rows |= {(partition, key): value for key, value in database.items()}
+        finally:
+            database.close()
+    return rows
 
 
 def test_incremental_snapshots_equal_a_full_one(spark, kafka_bootstrap, profiles, tmp_path):
@@ -137,7 +167,10 @@ def test_incremental_snapshots_equal_a_full_one(spark, kafka_bootstrap, profiles
     assert [m.snapshot_id for m in incremental.manifests()] == [second.snapshot_id], "older snapshots pruned"
 
 
-def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(spark, kafka_bootstrap, profiles, tmp_path):
+@pytest.mark.parametrize("sst_image", [True, False], ids=["sst-image", "parquet"])
+def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(
+    spark, kafka_bootstrap, profiles, tmp_path, sst_image
+):
     snapshots = SnapshotStore(str(tmp_path / "snapshots"), profiles.name, "profiles")
     manifest = build_snapshot(
         spark,
@@ -146,7 +179,9 @@ def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(spark, 
         changelog_ends(profiles),
         committed(profiles),
         snapshots,
+        sst_image=sst_image,
     )
+    assert bool(manifest.sst_image) is sst_image
     produce(kafka_bootstrap, profiles.source, events(600, 200, users=90, delete_every=3))
     profiles.run_worker(max_seconds=120)  # the changelog moves past the snapshot: a tail to replay
     restored = profiles.bind(state_dir=tmp_path / "restored")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.recovery.child_processes import balanced_groups, die_with_parent, last_words
+from dagster_stateful.core.recovery.snapshot_image import has_image
 from dagster_stateful.core.recovery.snapshot_load import (
     BULK_LOAD_DIRECTORY,
     ingest_snapshot_files,
@@ -50,10 +51,15 @@ def load_snapshot_partitions(
     processes: int | None = None,
 ) -> dict[int, RestoreReport]:
     """Replace each (open) store partition's state with the snapshot's, on up to `processes`
-    processes (None: one per core); returns what was loaded, per partition. Stores that are not
-    kept in RocksDB, and a single partition, load in this process."""
+    processes (None: one per core); returns what was loaded, per partition. Partitions the snapshot
+    carries as SST files (a copy and an ingest), stores that are not kept in RocksDB, and a single
+    partition load in this process."""
     processes = processes or os.cpu_count() or 1
-    in_files = {p: store for p, store in stores.items() if isinstance(store.db, PartitionDatabase)}
+    in_files = {
+        p: store
+        for p, store in stores.items()
+        if isinstance(store.db, PartitionDatabase) and not has_image(manifest, p)
+    }
     if processes < 2 or len(in_files) < 2:
         in_files = {}
     reports = {

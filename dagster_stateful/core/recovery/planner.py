@@ -1,8 +1,8 @@
 """The restore planner: which of the three restore paths to take for a partition, and why.
 
 Owns `plan_restore`. The paths: replay the changelog (tail, or everything without local state);
-load the latest snapshot locally (SST files from its sorted Parquet) and replay the tail after
-it; or have Spark write the SST files (worth it when state is large and Spark has many cores).
+load the latest snapshot locally (its SST image, or SST files from its sorted Parquet) and replay
+the tail after it; or have Spark write the SST files (worth it when state is large and Spark has many cores).
 Each is estimated in seconds from measured rates, the fastest wins, and the reason names the
 figures so a run's metadata says what was chosen and why.
 """
@@ -16,9 +16,11 @@ from dagster_stateful.core.recovery.snapshots import SnapshotManifest
 
 # Measured on a 2-core machine (bench/bench_restore.py): changelog replay ~195k records/s; snapshot
 # load (pyarrow read + SST write + ingest) ~1.2M keys/s in one process (more with several partitions,
-# which load in parallel); Spark local[2] ~250k keys/s after a ~10 s session start.
+# which load in parallel), and far more from the snapshot's SST image (a copy and an ingest); Spark
+# local[2] ~250k keys/s after a ~10 s session start.
 REPLAY_RECORDS_PER_SECOND = 200_000
 SNAPSHOT_KEYS_PER_SECOND = 1_000_000
+SNAPSHOT_IMAGE_KEYS_PER_SECOND = 10_000_000
 SPARK_KEYS_PER_SECOND_PER_CORE = 125_000
 SPARK_STARTUP_SECONDS = 10.0
 
@@ -75,15 +77,7 @@ def plan_restore(
         return RestorePlan(partition, RestorePath.CHANGELOG, f"{replay.reason}; {why_not}", replay.estimated_seconds)
     assert snapshot is not None
     keys, after = snapshot.key_counts.get(partition, 0), changelog_high - snapshot.end_offsets[partition]
-    candidates = [
-        replay,
-        RestorePlan(
-            partition,
-            RestorePath.SNAPSHOT,
-            f"load {keys} keys of snapshot {snapshot.snapshot_id} and replay {after} records",
-            keys / SNAPSHOT_KEYS_PER_SECOND + after / REPLAY_RECORDS_PER_SECOND,
-        ),
-    ]
+    candidates = [replay, _snapshot_plan(partition, snapshot, keys, after)]
     if spark_cores > 0:
         candidates.append(
             RestorePlan(
@@ -99,6 +93,19 @@ def plan_restore(
     others = ", ".join(f"{c.path} ~{c.estimated_seconds:.1f}s" for c in candidates if c is not best)
     return RestorePlan(
         partition, best.path, f"{best.reason} (~{best.estimated_seconds:.1f}s; {others})", best.estimated_seconds
+    )
+
+
+def _snapshot_plan(partition: int, snapshot: SnapshotManifest, keys: int, after: int) -> RestorePlan:
+    if partition in snapshot.sst_image:
+        how, rate = f"ingest the SST image of {keys} keys", SNAPSHOT_IMAGE_KEYS_PER_SECOND
+    else:
+        how, rate = f"load {keys} keys", SNAPSHOT_KEYS_PER_SECOND
+    return RestorePlan(
+        partition,
+        RestorePath.SNAPSHOT,
+        f"{how} of snapshot {snapshot.snapshot_id} and replay {after} records",
+        keys / rate + after / REPLAY_RECORDS_PER_SECOND,
     )
 
 

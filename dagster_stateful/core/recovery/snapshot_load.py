@@ -1,7 +1,9 @@
 """Bulk loading a store partition from a snapshot: sorted SST files ingested into a fresh database.
 
 Owns `load_snapshot_partition`: the partition's local state is replaced by the snapshot's rows
-(read with pyarrow, already sorted by key, so writing SST files is a straight copy), its stored
+(its SST image when it has one, ingested as is; otherwise its Parquet rows, read with pyarrow,
+already sorted by key, so writing SST files is a straight copy; a damaged image falls back to
+the Parquet rows with a warning), its stored
 changelog offset is set to the snapshot's end offset, and the ordinary recovery then replays only
 the changelog tail written after the snapshot; `load_snapshot_if_faster` does so when the
 planner says it beats the replay (a worker's own restores). Also `ingest_sst_files`, for SST files
@@ -18,10 +20,11 @@ from pathlib import Path
 
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.planner import RestorePath, plan_restore
+from dagster_stateful.core.recovery.snapshot_image import fetch_image, has_image
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
-from dagster_stateful.errors import RecoveryError
+from dagster_stateful.errors import RecoveryError, StateStoreError
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +43,34 @@ def load_snapshot_partition(
     scratch = store.path / BULK_LOAD_DIRECTORY
     try:
         if isinstance(store.db, PartitionDatabase):
+            if has_image(manifest, partition) and _ingest_image(store, snapshots, manifest, scratch):
+                return _loaded(store, manifest, end, manifest.key_counts.get(partition, 0), started)
             files = write_snapshot_files(snapshots, manifest.snapshot_id, partition, scratch)
             return ingest_snapshot_files(store, manifest, files, end, started)
         count = store.db.ingest_sorted(_pairs(snapshots.read_partition(manifest.snapshot_id, partition)), scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return _loaded(store, manifest, end, count, started)
+
+
+def _ingest_image(store: StorePartition, snapshots: SnapshotStore, manifest: SnapshotManifest, scratch: Path) -> bool:
+    """Ingest the partition's SST image into the (empty) store; False, with the store emptied again and
+    a warning saying why, when the image cannot be read or ingested."""
+    try:
+        store.db.ingest_files(fetch_image(snapshots, manifest, store.partition, scratch))
+        return True
+    except (RecoveryError, StateStoreError) as error:
+        log.warning(
+            "Store %r partition %d: the SST image of snapshot %s cannot be loaded (%s); loading the snapshot's "
+            "Parquet rows instead",
+            store.store,
+            store.partition,
+            manifest.snapshot_id,
+            error,
+        )
+    shutil.rmtree(scratch, ignore_errors=True)
+    store.start_fresh()
+    return False
 
 
 def ingest_snapshot_files(

@@ -6,7 +6,8 @@ every live key of Kafka partition p, sorted by the raw key bytes, with columns `
 `offset` (the changelog offset of that value); `_manifest.json`, written last, records the
 changelog end offset each partition covers, key counts and the creation time, so a snapshot
 without a manifest is an unfinished one and is ignored. `_table/` beside them holds the decoded
-table (`state_table`). `root` is a local path or a URI pyarrow
+table (`state_table`); `_sst_image/`, when the manifest lists it, the same rows as SST files ready
+for RocksDB to ingest (`snapshot_image`). `root` is a local path or a URI pyarrow
 reads (file://, s3://, gs://, hdfs://; Spark's s3a:// is read as s3://).
 """
 
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 MANIFEST = "_manifest.json"
 SNAPSHOT_PREFIX = "snapshot-"
 TABLE_DIR = "_table"
+IMAGE_DIR = "_sst_image"
 FORMAT_VERSION = 1
 
 
@@ -41,6 +43,10 @@ class SnapshotManifest:
     built, so it may stop short of the changelog's end; the replay after a load covers the rest."""
     key_counts: dict[int, int]
     previous: str | None = None
+    sst_image: dict[int, list[str]] = field(default_factory=dict)
+    """Per partition: the names of its SST files under `SnapshotStore.image_location`, in key order
+    (an empty list: the partition has no keys). A partition missing here has no image and is loaded
+    from the Parquet files."""
     format: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
 
@@ -52,6 +58,7 @@ class SnapshotManifest:
         data = asdict(self)
         data["end_offsets"] = {str(p): o for p, o in sorted(self.end_offsets.items())}
         data["key_counts"] = {str(p): n for p, n in sorted(self.key_counts.items())}
+        data["sst_image"] = {str(p): files for p, files in sorted(self.sst_image.items())}
         return json.dumps(data, indent=2)
 
     @classmethod
@@ -59,6 +66,7 @@ class SnapshotManifest:
         data = json.loads(text)
         data["end_offsets"] = {int(p): int(o) for p, o in data["end_offsets"].items()}
         data["key_counts"] = {int(p): int(n) for p, n in data["key_counts"].items()}
+        data["sst_image"] = {int(p): [str(name) for name in files] for p, files in data.get("sst_image", {}).items()}
         return cls(**data)
 
 
@@ -86,6 +94,10 @@ class SnapshotStore:
         """Where the snapshot's decoded table lives (`state_table`): Parquet files any engine reads,
         in a directory Spark's readers of the raw snapshot skip (a leading `_`)."""
         return f"{self.snapshot_location(snapshot_id)}/{TABLE_DIR}"
+
+    def image_location(self, snapshot_id: str) -> str:
+        """Where the snapshot's SST image lives: a directory Spark's readers of the raw snapshot skip."""
+        return f"{self.snapshot_location(snapshot_id)}/{IMAGE_DIR}"
 
     def filesystem_path(self, snapshot_id: str, *parts: str) -> tuple[pafs.FileSystem, str]:
         """The filesystem of the snapshots and the path in it of `parts` inside the snapshot."""

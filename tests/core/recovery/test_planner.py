@@ -1,5 +1,6 @@
 """The restore planner's choices (pure logic: a manifest and offsets in, a path and a reason out)."""
 
+import dataclasses
 import time
 
 from dagster_stateful.core.recovery.planner import plan_restore
@@ -56,3 +57,16 @@ def test_unusable_snapshots_fall_back_to_the_changelog_with_the_reason():
         0, None, 0, 10_000_000, manifest(end=9_000_000, keys=10, age_seconds=7200), max_snapshot_age_seconds=3600
     )
     assert stale.path == "changelog" and "older than 3600 s" in stale.reason
+
+
+def test_a_snapshot_image_wins_where_loading_its_parquet_rows_would_not():
+    # A local store 200k records behind: the replay takes ~1 s; loading 1M keys from Parquet takes longer.
+    rows = manifest(end=1_000_000, keys=1_000_000)
+    image = dataclasses.replace(rows, sst_image={0: ["p0-00000.sst"]})
+
+    without = plan_restore(0, 900_000, 0, 1_100_000, rows)
+    with_image = plan_restore(0, 900_000, 0, 1_100_000, image)
+
+    assert without.path == "changelog"
+    assert with_image.path == "snapshot" and "ingest the SST image of 1000000 keys" in with_image.reason
+    assert with_image.estimated_seconds < without.estimated_seconds
