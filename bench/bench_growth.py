@@ -14,9 +14,10 @@ against the source):
   processing resumed, and peak RSS (this engine's children included).
 
 - restore from a snapshot (unless --no-snapshot-paths), for each of --restore-keys N: bench_restore.py's
-  paths on a changelog of N keys (one Spark session for the whole run): the local snapshot (pyarrow
-  and SST ingest in a process per core, then the changelog's tail) and the Spark bulk restore (Spark
-  tasks write the SST files, then the tail), each checked by digest against a replay. Keys/s and
+  paths on a changelog of N keys (one Spark session for the whole run): the local snapshot from its
+  SST image (a copy and an ingest, then the changelog's tail), the same from its Parquet rows (pyarrow
+  and SST files written in a process per core, then the tail), and the Spark bulk restore (Spark tasks
+  write the SST files, then the tail), each checked by digest against a replay. Keys/s and
   seconds until processing could resume; their peak RSS is not measured (children and JVMs).
 
 --keep-processing-from FILE keeps the processing points of an earlier growth.json (with --keys left
@@ -113,6 +114,14 @@ def restore_curve(systems: Systems, bootstrap: str, args: argparse.Namespace) ->
     return points
 
 
+SNAPSHOT_PATHS = {
+    "local snapshot": "engine-snapshot",
+    "local snapshot (Parquet)": "engine-snapshot-parquet",
+    "spark": "engine-spark",
+}
+"""bench_restore.py's paths from a snapshot, and the system each is plotted as."""
+
+
 def snapshot_curve(bootstrap: str, work: Path, args: argparse.Namespace) -> list[Point]:
     """The local-snapshot and Spark restore paths (bench_restore.py) at each store size."""
     spark = start_spark("local[*]")
@@ -121,7 +130,7 @@ def snapshot_curve(bootstrap: str, work: Path, args: argparse.Namespace) -> list
         for keys in args.restore_keys:
             settings = Namespace(keys=keys, partitions=args.partitions, tail=APPENDED, load_processes=0)
             figures = restore_paths(settings, bootstrap, work, spark)
-            for path, system in (("local snapshot", "engine-snapshot"), ("spark", "engine-spark")):
+            for path, system in SNAPSHOT_PATHS.items():
                 figure = figures[path]
                 rate = figure.records / figure.seconds
                 points.append(Point(system, "restore", keys, keys, rate, None, figure.seconds, figure.seconds))
@@ -150,7 +159,7 @@ def print_table(points: list[Point]) -> None:
             if curve == "restore":
                 extra = f"  {p.seconds:6.1f} s  until processing {p.seconds_until_processing or 0:6.1f} s"
             rss = "    n/a" if p.peak_rss_mib is None else f"{p.peak_rss_mib:>7,.0f}"
-            print(f"{p.keys:>12,} keys  {p.system:<16} {p.rate:>12,.0f}  {rss} MiB{extra}")
+            print(f"{p.keys:>12,} keys  {p.system:<24} {p.rate:>12,.0f}  {rss} MiB{extra}")
         for keys in sorted({p.keys for p in rows}):
             ours = {p.system: p for p in rows if p.keys == keys}
             peer = ours.get("kafka-streams")

@@ -7,9 +7,10 @@ records update keys after the snapshot, and the store is rebuilt from scratch th
 into an empty state directory:
 
 1. changelog replay: the core's batched replay (`Restorer`), one partition after another;
-2. local snapshot + tail: the partitions are loaded from the snapshot with pyarrow + SST ingest,
-   their SST files written by --load-processes processes at once (`load_snapshot_partitions`),
-   then the tail is replayed;
+2. local snapshot + tail: the partitions are loaded from the snapshot's SST image (a copy and an
+   ingest per partition, `load_snapshot_partitions`), then the tail is replayed; the same again
+   from the snapshot's Parquet rows, as a snapshot without an image loads (pyarrow + SST files
+   written by --load-processes processes at once);
 3. Spark bulk restore + tail: Spark tasks write the SST files from the snapshot
    (`write_sst_files`), the driver ingests them and replays the tail.
 
@@ -24,6 +25,7 @@ the replayed store. The machine and all settings are printed first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import shutil
@@ -113,7 +115,8 @@ class PathFigure:
 
 def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = None) -> dict[str, PathFigure]:
     """Measure the three paths (see the module's docstring), in a Spark session of its own unless
-    given one; returns each path's figures, by name: "replay", "local snapshot", "spark"."""
+    given one; returns each path's figures, by name: "replay", "local snapshot", "local snapshot
+    (Parquet)", "spark"."""
     kafka = KafkaClients({"bootstrap.servers": bootstrap})
     app = f"{APP}-{uuid.uuid4().hex[:6]}"  # a changelog of its own for each run on one broker
     topic = changelog_of(app)
@@ -141,13 +144,17 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = 
     print(f"tail: {arguments.tail:,} records written after the snapshot (updates of existing keys)")
     ends = {p: high for p, (_, high) in kafka.watermarks(topic, range(arguments.partitions)).items()}
 
-    places = {name: work / f"{name}-{topic}" for name in ("replay", "local", "spark")}
+    places = {name: work / f"{name}-{topic}" for name in ("replay", "local", "parquet", "spark")}
     replayed, replay = restore_by_replay(kafka, topic, places["replay"], arguments.partitions)
     local, snapshot = restore_from_snapshot(
         kafka, topic, places["local"], snapshots, manifest, ends, arguments.load_processes
     )
+    without_image = dataclasses.replace(manifest, sst_image={})
+    from_rows, parquet = restore_from_snapshot(
+        kafka, topic, places["parquet"], snapshots, without_image, ends, arguments.load_processes
+    )
     bulk, spark_bulk = restore_with_spark(spark, kafka, topic, places["spark"], snapshots, manifest, ends)
-    for name, digests in (("local snapshot", local), ("spark bulk", bulk)):
+    for name, digests in (("local snapshot", local), ("local snapshot (Parquet)", from_rows), ("spark bulk", bulk)):
         assert digests == replayed, f"{name} restore differs from the changelog replay"
     print("check: every path gives the same digests as the changelog replay")
     for place in places.values():
@@ -155,7 +162,7 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = 
     kafka.admin().delete_topics([topic])[topic].result(timeout=60)
     if own_spark:
         spark.stop()
-    return {"replay": replay, "local snapshot": snapshot, "spark": spark_bulk}
+    return {"replay": replay, "local snapshot": snapshot, "local snapshot (Parquet)": parquet, "spark": spark_bulk}
 
 
 def produce_changelog(
@@ -241,8 +248,9 @@ def restore_from_snapshot(
         store.close()
     seconds = time.monotonic() - started
     consumer.close()
+    source = "SST image" if manifest.sst_image else f"Parquet, {processes or os.cpu_count()} processes"
     print(
-        f"2. local snapshot ({processes or os.cpu_count()} processes) + tail: {keys:,} keys and {tail:,} tail "
+        f"2. local snapshot ({source}) + tail: {keys:,} keys and {tail:,} tail "
         f"records in {seconds:.1f} s = {keys / seconds:,.0f} keys/s (snapshot load {loaded_at - started:.1f} s, "
         f"tail replay {seconds - (loaded_at - started):.1f} s); processing resumes after {seconds:.1f} s"
     )

@@ -33,7 +33,9 @@ def test_each_system_gets_a_checked_point_on_each_curve(kafka_bootstrap, tmp_pat
     assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
     points = orjson.loads((out / "growth.json").read_bytes())["points"]
     by = {(p["system"], p["curve"], p["keys"]): p for p in points}
-    snapshot_paths = {("engine-snapshot", "restore", 600), ("engine-spark", "restore", 600)}
+    snapshot_paths = {
+        (system, "restore", 600) for system in ("engine-snapshot", "engine-snapshot-parquet", "engine-spark")
+    }
     assert set(by) == {(s, "processing", 40) for s in SYSTEMS} | {(s, "restore", 600) for s in SYSTEMS} | snapshot_paths
     assert all(p["rate"] > 0 and (p["peak_rss_mib"] or 0) > 0 for p in points if p["system"] in SYSTEMS), points
     assert all(by[path]["rate"] > 0 and by[path]["seconds_until_processing"] > 0 for path in snapshot_paths)
