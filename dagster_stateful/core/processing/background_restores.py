@@ -11,6 +11,8 @@ has ended, `finish()` ingests the child's files. A child only makes a restore fa
 different: when one fails, the worker's own process replays its partitions from the start (a
 lasting cause then fails there, as it would have anyway). Suspending one of its restores
 (revocation, shutdown) ends the child; its other restores go back to the worker's process alike.
+A worker without local state starts its children ahead (`start_ahead`), while it joins its group,
+so that their start-up is not part of the restore.
 """
 
 from __future__ import annotations
@@ -172,6 +174,20 @@ class BackgroundRestores:
         if settings is not None:
             self._work = child_work(kafka, settings, group, batch_size, chunk_records)
         self._children: list[_Child] = []
+        self._waiting: list[ReplayChild] = []
+
+    def start_ahead(self) -> None:
+        """Start the child processes now, before any assignment (a worker without local state joining
+        its group): they wait for their jobs, and the first `launch` or `close` ends the unused ones."""
+        if self._work is not None:
+            self._waiting = [ReplayChild() for _ in range(self._processes - 1)]
+            log.debug("Started %d restore process(es) ahead of the first assignment", len(self._waiting))
+
+    def close(self) -> None:
+        """End the children started ahead that no restore needed."""
+        for process in self._waiting:
+            process.kill()
+        self._waiting = []
 
     def launch(self, pending: Iterable[list[ChangelogRestore | ChildReplay]]) -> None:
         """Move the full restores not started yet among the partitions' `pending` ones to children, as
@@ -181,12 +197,14 @@ class BackgroundRestores:
         self._children = [child for child in self._children if not child.ended]
         free = self._processes - 1 - len(self._children)
         if self._work is None or free < 1:
+            self.close()
             return
         waiting = [(replays, replay) for replays in pending for replay in _unstarted_full_restores(replays)]
         keep = 0 if _replaying_here(pending) else 1
         groups = balanced_groups(waiting, lambda item: item[1].records_left, min(len(waiting), free + keep))
         for group in groups[keep:]:
             self._start(group)
+        self.close()
 
     def _start(self, group: list[tuple[list[ChangelogRestore | ChildReplay], ChangelogRestore]]) -> None:
         assert self._work is not None
@@ -198,7 +216,9 @@ class BackgroundRestores:
             member = ChildReplay(replay, store, job, self._listeners)
             replays[replays.index(replay)] = member
             members.append(member)
-        self._children.append(_Child(ReplayChild(self._work, [member.job for member in members]), members))
+        process = self._waiting.pop() if self._waiting else ReplayChild()
+        process.give(self._work, [member.job for member in members])
+        self._children.append(_Child(process, members))
         log.info(
             "Replaying %s in a child process",
             ", ".join(f"store {m.store.store!r} partition {m.store.partition}" for m in members),

@@ -297,6 +297,8 @@ class PartitionAssignments:
         self.empty_since = None
 
     def close_all(self) -> None:
+        if self._background is not None:
+            self._background.close()
         self._close_partitions(list(self.held))
 
     def _close_partitions(self, partitions: list[int]) -> None:

@@ -231,13 +231,7 @@ class Worker:
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
             live_stores=self._dataframe.live_stores,
             standbys=self._standbys,
-            background=BackgroundRestores(
-                kafka,
-                config.restore_group,
-                self.listeners,
-                config.restore_processes or os.cpu_count() or 1,
-                config.restore_batch_size,
-            ),
+            background=self._background_restores(kafka),
         )
         self._transactions = self._assignments.transactions
         per_message = BatchProcessor(
@@ -252,6 +246,16 @@ class Worker:
         )
         self._batches, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
         self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
+
+    def _background_restores(self, kafka: KafkaClients) -> BackgroundRestores:
+        config = self.config
+        processes = config.restore_processes or os.cpu_count() or 1
+        background = BackgroundRestores(
+            kafka, config.restore_group, self.listeners, processes, config.restore_batch_size
+        )
+        if config.changelog_topics() and not any(self.state.local_partitions(store) for store in config.stores):
+            background.start_ahead()  # full restores are likely: their processes start while the group forms
+        return background
 
     def _assign_manually(self, source_partitions: int) -> None:
         unknown = sorted(set(self.partitions or ()) - set(range(source_partitions)))

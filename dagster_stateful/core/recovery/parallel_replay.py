@@ -26,10 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, overload
+
+from confluent_kafka import Consumer
 
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
@@ -130,7 +133,8 @@ def replay_partitions(
     work = child_work(kafka, settings, group, batch_size, chunk_records)
     children = [ReplayChild(work, group_jobs) for group_jobs in groups[1:]]
     try:
-        replayed = {job.partition: _replay(kafka, group, job, batch_size, chunk_records) for job in groups[0]}
+        with _restore_consumer(kafka, group) as consumer:
+            replayed = {job.partition: _replay(consumer, group, job, batch_size, chunk_records) for job in groups[0]}
         for child in children:
             replayed.update({job.partition: result for job, result in zip(child.jobs, child.result(), strict=True)})
         reports = {
@@ -181,18 +185,24 @@ def portable_settings(settings: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _replay(kafka: KafkaClients, group: str, job: ReplayJob, batch_size: int, chunk_records: int) -> ReplayedPartition:
-    target = SstFilesTarget(job.store, job.partition, job.topic, Path(job.directory))
+@contextmanager
+def _restore_consumer(kafka: KafkaClients, group: str) -> Iterator[Consumer]:
+    """One restore consumer for a process's replays, one after another (each assigns its partition)."""
     consumer = kafka.consumer({"group.id": group, **RESTORE_CONSUMER_CONFIG})
     try:
-        replay = ChangelogRestore(
-            consumer, Listeners(), target, job.committed, job.start, job.end, batch_size, chunk_records, group
-        )
-        while not replay.done:
-            replay.step()
-        report = replay.finish()
+        yield consumer
     finally:
         consumer.close()
+
+
+def _replay(consumer: Consumer, group: str, job: ReplayJob, batch_size: int, chunk_records: int) -> ReplayedPartition:
+    target = SstFilesTarget(job.store, job.partition, job.topic, Path(job.directory))
+    replay = ChangelogRestore(
+        consumer, Listeners(), target, job.committed, job.start, job.end, batch_size, chunk_records, group
+    )
+    while not replay.done:
+        replay.step()
+    report = replay.finish()
     assert target.position is not None, "finish() records the position"
     return ReplayedPartition(job.partition, target.chunks, target.position, report)
 
@@ -211,10 +221,13 @@ def ingest_replayed(
 
 class ReplayChild:
     """A child process replaying a group of jobs. Its output goes to temporary files, never to pipes,
-    so that a parent that only polls it (`result(wait=False)`) cannot block it on a full pipe."""
+    so that a parent that only polls it (`result(wait=False)`) cannot block it on a full pipe.
 
-    def __init__(self, work: dict[str, Any], jobs: list[ReplayJob]) -> None:
-        self.jobs = jobs
+    Without `jobs` the child starts and waits for them (`give`): started ahead, while the worker
+    joins its group, its interpreter and imports are ready when the assignment comes."""
+
+    def __init__(self, work: dict[str, Any] | None = None, jobs: list[ReplayJob] | None = None) -> None:
+        self.jobs: list[ReplayJob] = []
         self._outputs = Path(tempfile.mkdtemp(prefix="dagster-stateful-replay-"))
         with (self._outputs / "stdout").open("wb") as output, (self._outputs / "stderr").open("wb") as errors:
             self._process = subprocess.Popen(
@@ -224,6 +237,12 @@ class ReplayChild:
                 stderr=errors,
                 preexec_fn=die_with_parent,
             )
+        if work is not None and jobs:
+            self.give(work, jobs)
+
+    def give(self, work: dict[str, Any], jobs: list[ReplayJob]) -> None:
+        """Hand the (waiting) child its jobs."""
+        self.jobs = jobs
         assert self._process.stdin is not None
         with self._process.stdin as stdin:  # the settings may hold secrets: never in a file or an argument
             stdin.write(json.dumps({**work, "jobs": [asdict(job) for job in jobs]}).encode())
@@ -273,13 +292,17 @@ def _decoded(result: dict[str, Any]) -> ReplayedPartition:
 
 def main() -> None:
     """A child's work: the job on stdin, the replayed partitions on stdout, a failure on stderr."""
-    work = json.loads(sys.stdin.read())
+    given = sys.stdin.read()
+    if not given:
+        return  # started ahead and not needed
+    work = json.loads(given)
     kafka = KafkaClients(work["kafka"], work["admin_timeout"])
     try:
-        replayed = [
-            _encoded(_replay(kafka, work["group"], ReplayJob(**job), work["batch_size"], work["chunk_records"]))
-            for job in work["jobs"]
-        ]
+        with _restore_consumer(kafka, work["group"]) as consumer:
+            replayed = [
+                _encoded(_replay(consumer, work["group"], ReplayJob(**job), work["batch_size"], work["chunk_records"]))
+                for job in work["jobs"]
+            ]
     except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it with its context
         sys.stderr.write(f"{type(error).__name__}: {error}\n")
         sys.exit(1)

@@ -2,7 +2,7 @@
 partitions in a child process while it replays others itself, and ends with the totals recomputed
 from the source under both guarantees; a child that dies hands its partitions back to the worker,
 which replays them itself; a stop ends the child and leaves nothing behind, and the next worker
-restores exactly."""
+restores exactly. A worker without local state starts the child while it joins its group."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def app_with_changelog(
         bootstrap, source, tmp_path, unique_name("totals"), processing_guarantee=guarantee, restore_processes=2
     )
     assert app.run_worker(max_seconds=120).stop_reason == "caught_up"
+    assert replay_children() == [], "the process started ahead of a first start, with nothing to restore, ended"
     app.clear_state()
     return app, orders
 
@@ -95,6 +96,22 @@ def test_a_worker_without_local_state_restores_on_two_cores_and_ends_exact(
     assert sum(r.records_applied for r in restored.restores) >= CUSTOMERS
     assert restored.stop_reason == "caught_up" and restored.total_processed == len(more)
     assert totals_in_store(app, PARTITIONS) == expected_totals(orders + more)
+    assert replay_directories(app) == [] and replay_children() == []
+
+
+def test_a_worker_without_local_state_has_its_restore_process_running_before_the_first_restore(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    app, orders = app_with_changelog(kafka_bootstrap, unique_name, tmp_path, "at-least-once")
+    running: list[list[int]] = []
+    restarting = app.bind()
+    restarting.add_restore_listener(OnRestoreStart(lambda: running.append(replay_children())))
+
+    report = restarting.run_worker(max_seconds=120)
+
+    assert len(running) == 1 and len(running[0]) == 1, "the replaying process was up when the first restore began"
+    assert report.stop_reason == "caught_up"
+    assert totals_in_store(app, PARTITIONS) == expected_totals(orders)
     assert replay_directories(app) == [] and replay_children() == []
 
 
