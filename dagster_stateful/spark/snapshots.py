@@ -181,10 +181,21 @@ def _write_image(
     """The snapshot's rows written again as SST files under its image location; the files' names per partition."""
     image: dict[int, list[str]] = {partition: [] for partition in key_counts}
     holding = [partition for partition, keys in sorted(key_counts.items()) if keys]
-    if holding:  # a snapshot without rows has no Parquet file for Spark to read
-        written = write_sst_files(spark, snapshots, snapshot_id, holding, snapshots.image_location(snapshot_id))
-        image |= {partition: [file.rsplit("/", 1)[-1] for file in files] for partition, (files, _) in written.items()}
-    return image
+    if not holding:  # a snapshot without rows has no Parquet file for Spark to read
+        return image
+    location = snapshots.image_location(snapshot_id)
+    try:
+        written = write_sst_files(spark, snapshots, snapshot_id, holding, location)
+    except Exception as error:  # noqa: BLE001 - the snapshot is complete without its image; loads then read the Parquet
+        log.warning(
+            "Writing the SST image of snapshot %s at %s failed (%s); the snapshot is published without it, and loads "
+            "read its Parquet rows. Spark's executors need rocksdict installed to write images.",
+            snapshot_id,
+            location,
+            str(error).splitlines()[0] if str(error) else type(error).__name__,
+        )
+        return {}
+    return image | {partition: [file.rsplit("/", 1)[-1] for file in files] for partition, (files, _) in written.items()}
 
 
 def _changelog_records(

@@ -7,6 +7,7 @@ ordinary tail replay gives what a plain changelog replay gives.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,32 @@ def test_snapshot_holds_the_latest_live_value_of_every_key(spark, kafka_bootstra
     assert manifest.key_counts == {p: sum(1 for (q, _) in rows if q == p) for p in range(PARTITIONS)}
     assert snapshots.latest() == manifest
     assert image_rows(snapshots, manifest, tmp_path / "image") == rows, "the SST image holds the same rows"
+
+
+def test_a_snapshot_whose_image_cannot_be_written_is_published_without_it(
+    spark, kafka_bootstrap, profiles, tmp_path, monkeypatch, caplog
+):
+    def executors_without_rocksdict(*_: object) -> None:
+        raise RuntimeError("PythonException: ModuleNotFoundError: No module named 'rocksdict'")
+
+    monkeypatch.setattr("dagster_stateful.spark.snapshots.write_sst_files", executors_without_rocksdict)
+    snapshots = SnapshotStore(str(tmp_path / "snapshots"), profiles.name, "profiles")
+
+    with caplog.at_level(logging.WARNING, logger="dagster_stateful.spark.snapshots"):
+        manifest = build_snapshot(
+            spark,
+            {"kafka.bootstrap.servers": kafka_bootstrap},
+            profiles.changelog_topic("profiles"),
+            changelog_ends(profiles),
+            committed(profiles),
+            snapshots,
+        )
+
+    assert manifest.sst_image == {} and snapshots.latest() == manifest
+    assert {key: value for (_, key), value in snapshot_rows(snapshots, manifest.snapshot_id).items()} == (
+        live_changelog(kafka_bootstrap, profiles)
+    )
+    assert any("published without it" in m and "rocksdict" in m for m in caplog.messages), caplog.messages
 
 
 def test_a_snapshot_of_an_empty_changelog_has_an_empty_image(spark, kafka_bootstrap, unique_name, tmp_path):
