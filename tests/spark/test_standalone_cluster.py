@@ -118,4 +118,10 @@ def test_the_spark_jobs_on_a_standalone_cluster_through_pipes(kafka_bootstrap, u
     assert {m.metadata["restore_path"].value for m in restored} == {"spark"}
     here = state_store.bind(app, kafka_resource)
     assert stored(here) == stored(app)
-    assert not list((tmp_path / "cluster").rglob("*.sst")), "staged SST files are deleted after the restore"
+    staged = [path for path in (tmp_path / "cluster").rglob("*.sst") if "_sst" in path.parent.parts]
+    assert not staged, "staged SST files are deleted after the restore"
+    assert latest.sst_image and all(
+        (Path(on_cluster.image_location(snapshot_id).removeprefix("file://")) / name).is_file()
+        for names in latest.sst_image.values()
+        for name in names
+    ), "the cluster's executors wrote the snapshot's SST image"
