@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagster_stateful.core.monitoring.report import RestoreReport
-from dagster_stateful.core.recovery.child_processes import balanced_groups, die_with_parent, last_words
+from dagster_stateful.core.recovery.child_processes import balanced_groups, child_command, last_words
 from dagster_stateful.core.recovery.snapshot_image import has_image
 from dagster_stateful.core.recovery.snapshot_load import (
     BULK_LOAD_DIRECTORY,
@@ -144,11 +144,10 @@ def _start_child(snapshots: SnapshotStore, snapshot_id: str, group: list[Snapsho
         "jobs": [[job.partition, str(job.directory)] for job in group],
     }
     return subprocess.Popen(
-        [sys.executable, "-c", f"from {__name__} import main; main()", json.dumps(job)],
+        [*child_command(__name__), json.dumps(job)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=die_with_parent,
     )
 
 

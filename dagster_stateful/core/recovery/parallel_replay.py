@@ -38,7 +38,7 @@ from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaCl
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
-from dagster_stateful.core.recovery.child_processes import balanced_groups, die_with_parent, last_words
+from dagster_stateful.core.recovery.child_processes import balanced_groups, child_command, last_words
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
 from dagster_stateful.errors import RecoveryError
@@ -231,11 +231,10 @@ class ReplayChild:
         self._outputs = Path(tempfile.mkdtemp(prefix="dagster-stateful-replay-"))
         with (self._outputs / "stdout").open("wb") as output, (self._outputs / "stderr").open("wb") as errors:
             self._process = subprocess.Popen(
-                [sys.executable, "-c", f"from {__name__} import main; main()"],
+                child_command(__name__),
                 stdin=subprocess.PIPE,
                 stdout=output,
                 stderr=errors,
-                preexec_fn=die_with_parent,
             )
         if work is not None and jobs:
             self.give(work, jobs)
