@@ -4,7 +4,8 @@ that die with their parent, and the end of a failed child's error output for the
 Kept apart from the restores themselves so that a child imports only what it runs. A child ties
 its life to its parent's itself, first thing (`child_command`), so that the parent starts it
 without a `preexec_fn`: Python then spawns it with vfork instead of forking a copy of the worker,
-after which the worker kept 100-200 MiB more resident memory (bench/README.md).
+whose librdkafka threads make a fork unsafe (Python's documentation: a child forked with
+`preexec_fn` in a threaded process may deadlock before it runs).
 """
 
 from __future__ import annotations
