@@ -179,9 +179,12 @@ class BackgroundRestores:
     def start_ahead(self) -> None:
         """Start the child processes now, before any assignment (a worker without local state joining
         its group): they wait for their jobs, and the first `launch` or `close` ends the unused ones."""
-        if self._work is not None:
-            self._waiting = [ReplayChild() for _ in range(self._processes - 1)]
-            log.debug("Started %d restore process(es) ahead of the first assignment", len(self._waiting))
+        for _ in range(self._processes - 1 if self._work is not None else 0):
+            process = self._spawn()
+            if process is None:
+                break
+            self._waiting.append(process)
+        log.debug("Started %d restore process(es) ahead of the first assignment", len(self._waiting))
 
     def close(self) -> None:
         """End the children started ahead that no restore needed."""
@@ -207,22 +210,64 @@ class BackgroundRestores:
         self.close()
 
     def _start(self, group: list[tuple[list[ChangelogRestore | ChildReplay], ChangelogRestore]]) -> None:
-        assert self._work is not None
+        """Hand the group's restores to a child; without one, they stay in this process."""
+        jobs = [
+            replay_job(_store_of(replay), replay.committed_source_offset, (replay.start, replay.end))
+            for _, replay in group
+        ]
+        process = self._process_for(jobs)
+        if process is None:
+            return
         members = []
-        for replays, replay in group:
-            store = replay.store
-            assert isinstance(store, StorePartition)
-            job = replay_job(store, replay.committed_source_offset, (replay.start, replay.end))
-            member = ChildReplay(replay, store, job, self._listeners)
+        for (replays, replay), job in zip(group, jobs, strict=True):
+            member = ChildReplay(replay, _store_of(replay), job, self._listeners)
             replays[replays.index(replay)] = member
             members.append(member)
-        process = self._waiting.pop() if self._waiting else ReplayChild()
-        process.give(self._work, [member.job for member in members])
         self._children.append(_Child(process, members))
         log.info(
             "Replaying %s in a child process",
             ", ".join(f"store {m.store.store!r} partition {m.store.partition}" for m in members),
         )
+
+    def _process_for(self, jobs: list[ReplayJob]) -> ReplayChild | None:
+        """A child given `jobs`: one started ahead, else a new one; None when none can be started."""
+        if self._work is None:
+            return None
+        if self._waiting:
+            process = self._waiting.pop()
+            if self._gave(process, jobs):
+                return process
+        spawned = self._spawn()
+        return spawned if spawned is not None and self._gave(spawned, jobs) else None
+
+    def _gave(self, process: ReplayChild, jobs: list[ReplayJob]) -> bool:
+        assert self._work is not None
+        try:
+            process.give(self._work, jobs)
+        except OSError as error:  # a child started ahead that has ended since
+            log.info("A restore process started ahead has ended (%s); starting another", error)
+            process.kill()
+            return False
+        return True
+
+    def _spawn(self) -> ReplayChild | None:
+        """A new child waiting for its jobs; None, with a warning and no more tries, when none can be
+        started (this worker then replays its full restores in its own process)."""
+        try:
+            return ReplayChild()
+        except OSError as error:
+            log.warning(
+                "Cannot start a restore process (%s): this worker replays its full restores in its own process",
+                error,
+            )
+            self._work = None
+            return None
+
+
+def _store_of(replay: ChangelogRestore) -> StorePartition:
+    store = replay.store
+    assert isinstance(store, StorePartition), "only full restores of store partitions move to children"
+    return store
 
 
 def _unstarted_full_restores(replays: list[ChangelogRestore | ChildReplay]) -> list[ChangelogRestore]:

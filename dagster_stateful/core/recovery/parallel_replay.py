@@ -229,13 +229,17 @@ class ReplayChild:
     def __init__(self, work: dict[str, Any] | None = None, jobs: list[ReplayJob] | None = None) -> None:
         self.jobs: list[ReplayJob] = []
         self._outputs = Path(tempfile.mkdtemp(prefix="dagster-stateful-replay-"))
-        with (self._outputs / "stdout").open("wb") as output, (self._outputs / "stderr").open("wb") as errors:
-            self._process = subprocess.Popen(
-                child_command(__name__),
-                stdin=subprocess.PIPE,
-                stdout=output,
-                stderr=errors,
-            )
+        try:
+            with (self._outputs / "stdout").open("wb") as output, (self._outputs / "stderr").open("wb") as errors:
+                self._process = subprocess.Popen(
+                    child_command(__name__),
+                    stdin=subprocess.PIPE,
+                    stdout=output,
+                    stderr=errors,
+                )
+        except OSError:
+            shutil.rmtree(self._outputs, ignore_errors=True)
+            raise
         if work is not None and jobs:
             self.give(work, jobs)
 

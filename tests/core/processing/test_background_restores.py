@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +112,24 @@ def test_a_worker_without_local_state_has_its_restore_process_running_before_the
 
     assert len(running) == 1 and len(running[0]) == 1, "the replaying process was up when the first restore began"
     assert report.stop_reason == "caught_up"
+    assert totals_in_store(app, PARTITIONS) == expected_totals(orders)
+    assert replay_directories(app) == [] and replay_children() == []
+
+
+def test_a_worker_that_cannot_start_a_restore_process_restores_in_its_own(
+    kafka_bootstrap, unique_name, tmp_path, caplog, monkeypatch
+):
+    app, orders = app_with_changelog(kafka_bootstrap, unique_name, tmp_path, "at-least-once")
+    unrunnable = tmp_path / "python"
+    unrunnable.write_text("")  # an interpreter this user may not execute, as for a worker run as another user
+    monkeypatch.setattr(sys, "executable", str(unrunnable))
+
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        report = app.bind().run_worker(max_seconds=120)
+
+    assert any("Cannot start a restore process" in message for message in caplog.messages), caplog.messages
+    assert report.stop_reason == "caught_up"
+    assert sorted(r.partition for r in report.restores if r.completed) == list(range(PARTITIONS))
     assert totals_in_store(app, PARTITIONS) == expected_totals(orders)
     assert replay_directories(app) == [] and replay_children() == []
 
