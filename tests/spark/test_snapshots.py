@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -82,6 +83,22 @@ def committed(app: App, partitions: int = PARTITIONS) -> dict[int, int | None]:
     return app.kafka.committed_offsets(app.consumer_group, app.source, range(partitions))
 
 
+def snapshot_profiles(
+    spark: Any, bootstrap: str, app: App, snapshots: SnapshotStore, sst_image: bool = True
+) -> SnapshotManifest:
+    """A snapshot of the profiles app's whole changelog, as the snapshot job takes it."""
+    topic = app.changelog_topic("profiles")
+    return build_snapshot(
+        spark,
+        {"kafka.bootstrap.servers": bootstrap},
+        topic,
+        changelog_ends(app),
+        committed(app),
+        snapshots,
+        sst_image=sst_image,
+    )
+
+
 def snapshot_rows(
     snapshots: SnapshotStore, snapshot_id: str, partitions: int = PARTITIONS
 ) -> dict[tuple[int, bytes], bytes]:
@@ -134,14 +151,7 @@ def test_a_snapshot_whose_image_cannot_be_written_is_published_without_it(
     snapshots = SnapshotStore(str(tmp_path / "snapshots"), profiles.name, "profiles")
 
     with caplog.at_level(logging.WARNING, logger="dagster_stateful.spark.snapshots"):
-        manifest = build_snapshot(
-            spark,
-            {"kafka.bootstrap.servers": kafka_bootstrap},
-            profiles.changelog_topic("profiles"),
-            changelog_ends(profiles),
-            committed(profiles),
-            snapshots,
-        )
+        manifest = snapshot_profiles(spark, kafka_bootstrap, profiles, snapshots)
 
     assert manifest.sst_image == {} and snapshots.latest() == manifest
     assert {key: value for (_, key), value in snapshot_rows(snapshots, manifest.snapshot_id).items()} == (
@@ -199,15 +209,7 @@ def test_local_snapshot_restore_equals_a_replay_and_the_worker_continues(
     spark, kafka_bootstrap, profiles, tmp_path, sst_image
 ):
     snapshots = SnapshotStore(str(tmp_path / "snapshots"), profiles.name, "profiles")
-    manifest = build_snapshot(
-        spark,
-        {"kafka.bootstrap.servers": kafka_bootstrap},
-        profiles.changelog_topic("profiles"),
-        changelog_ends(profiles),
-        committed(profiles),
-        snapshots,
-        sst_image=sst_image,
-    )
+    manifest = snapshot_profiles(spark, kafka_bootstrap, profiles, snapshots, sst_image=sst_image)
     assert bool(manifest.sst_image) is sst_image
     produce(kafka_bootstrap, profiles.source, events(600, 200, users=90, delete_every=3))
     profiles.run_worker(max_seconds=120)  # the changelog moves past the snapshot: a tail to replay

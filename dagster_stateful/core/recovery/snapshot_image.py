@@ -9,15 +9,11 @@ key. RocksDB ingests the copies, never the snapshot's own files, which later loa
 
 from __future__ import annotations
 
-import logging
-import shutil
 from pathlib import Path
 
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging
 from dagster_stateful.errors import RecoveryError
-
-log = logging.getLogger(__name__)
 
 
 def has_image(manifest: SnapshotManifest, partition: int) -> bool:
@@ -26,8 +22,8 @@ def has_image(manifest: SnapshotManifest, partition: int) -> bool:
 
 
 def fetch_image(snapshots: SnapshotStore, manifest: SnapshotManifest, partition: int, scratch: Path) -> list[str]:
-    """Local copies, in `scratch`, of the partition's SST files, in key order; raises `RecoveryError`
-    naming the file when one cannot be read."""
+    """Local copies, in `scratch`, of the partition's SST files, in key order (`SstStaging.fetch`);
+    raises `RecoveryError` naming the file when one cannot be read."""
     location = snapshots.image_location(manifest.snapshot_id)
     names = manifest.sst_image[partition]
     for name in names:
@@ -36,21 +32,6 @@ def fetch_image(snapshots: SnapshotStore, manifest: SnapshotManifest, partition:
                 f"snapshot {manifest.snapshot_id} lists SST file {name!r} for partition {partition}, which is not "
                 f"a file name inside its image {location}: the manifest is damaged; take a new snapshot"
             )
-    staging = SstStaging(location)
-    if not staging.in_place:
-        staged = [f"{location}/{name}" for name in names]
-        return staging.fetch({partition: (staged, manifest.key_counts.get(partition, 0))}, scratch)[partition][0]
-    scratch.mkdir(parents=True, exist_ok=True)
-    copies = []
-    for number, name in enumerate(names):
-        copy = scratch / f"image-{number:05d}-{name}"
-        try:
-            shutil.copyfile(Path(location) / name, copy)
-        except OSError as error:
-            raise RecoveryError(
-                f"SST file {location}/{name} of snapshot {manifest.snapshot_id}, partition {partition}, cannot be "
-                f"copied ({error}); the snapshot's image is incomplete"
-            ) from error
-        copies.append(str(copy))
-    log.debug("Copied %d SST files of partition %d from %s", len(copies), partition, location)
-    return copies
+    staged = [f"{location}/{name}" for name in names]
+    written = {partition: (staged, manifest.key_counts.get(partition, 0))}
+    return SstStaging(location).fetch(written, scratch, keep_originals=True)[partition][0]

@@ -6,8 +6,10 @@ ingesting worker alike (local Spark, a shared mount): tasks write their files th
 ingests them in place. A URI (`file://`, `s3://`, `s3a://`, `gs://`, `hdfs://`) needs no shared
 mount: each task writes into its own scratch directory and uploads, and the worker downloads
 exactly the files the successful tasks reported, never a listing (a failed attempt's leftovers are
-never ingested). The report itself can be staged too (`write_report`/`read_report`) for launchers
-whose writers run in another process (spark-submit through Dagster Pipes).
+never ingested). Files that must outlive the ingest (a snapshot's SST image) are copied into the
+worker's scratch directory either way (`fetch(..., keep_originals=True)`). The report itself can
+be staged too (`write_report`/`read_report`) for launchers whose writers run in another process
+(spark-submit through Dagster Pipes).
 """
 
 from __future__ import annotations
@@ -89,24 +91,26 @@ class SstStaging:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise RecoveryError(f"unreadable SST report {path} ({error}); run the restore again") from error
 
-    def fetch(self, written: WrittenFiles, scratch: Path) -> WrittenFiles:
-        """The reported files as local paths the worker can ingest, downloaded into `scratch` unless in place."""
+    def fetch(self, written: WrittenFiles, scratch: Path, keep_originals: bool = False) -> WrittenFiles:
+        """The reported files as local paths the worker can ingest, downloaded into `scratch` unless in
+        place; `keep_originals`: copied into `scratch` even in place, since ingesting moves a file."""
         fetched: WrittenFiles = {}
         copied = 0
-        if not self.in_place:
+        copying = keep_originals or not self.in_place
+        if copying:
             scratch.mkdir(parents=True, exist_ok=True)
         for partition, (files, keys) in written.items():
             local = []
             for staged in files:
                 self._check_inside(staged, partition)
-                if self.in_place:
+                if not copying:
                     local.append(staged)
                     continue
                 target = scratch / f"p{partition}-{len(local):05d}-{Path(staged).name}"
                 copied += self._download(staged, target, partition)
                 local.append(str(target))
             fetched[partition] = (local, keys)
-        if not self.in_place:
+        if copying:
             count = sum(len(files) for files, _ in written.values())
             log.info("Fetched %d SST files (%.1f MiB) from %s", count, copied / (1 << 20), self.location)
         return fetched
@@ -121,6 +125,8 @@ class SstStaging:
             log.warning("Could not delete the SST staging directory %s (%s); delete it by hand", self.location, error)
 
     def _download(self, staged: str, target: Path, partition: int) -> int:
+        if self.in_place:
+            return self._copy(staged, target, partition)
         try:
             source = self._fs.open_input_stream(self._path_of(staged))
         except FileNotFoundError as error:
@@ -130,6 +136,16 @@ class SstStaging:
             ) from error
         with source, open(target, "wb") as sink:
             shutil.copyfileobj(source, sink, _COPY_BUFFER)
+        return target.stat().st_size
+
+    def _copy(self, staged: str, target: Path, partition: int) -> int:
+        try:
+            shutil.copyfile(staged, target)  # in the kernel where the file system allows
+        except OSError as error:
+            raise RecoveryError(
+                f"SST file {staged} of partition {partition} cannot be copied from {self.location} ({error}): "
+                "it is missing or unreadable; run the restore again, or take a new snapshot"
+            ) from error
         return target.stat().st_size
 
     def _check_inside(self, staged: str, partition: int) -> None:

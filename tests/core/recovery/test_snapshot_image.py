@@ -1,8 +1,8 @@
 """Loading store partitions from a snapshot's SST image: the store holds exactly the snapshot's rows
 without its Parquet files being read, the image stays intact for the next load, and an image that
 cannot be read falls back to the Parquet rows with a warning. Snapshots and images are written here
-with pyarrow and the core's SST writer, in the layout the Spark snapshot job writes (no Spark, no
-Kafka)."""
+with `SnapshotStore.write_partition` and the core's SST writer, in the layout the Spark snapshot job
+writes (no Spark, no Kafka)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import logging
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from dagster_stateful.core.config import AppConfig
@@ -45,16 +43,7 @@ def snapshots(tmp_path: Path) -> SnapshotStore:
     image: dict[int, list[str]] = {}
     for partition in KEYS_PER_PARTITION:
         pairs = sorted(rows(partition).items())
-        directory = Path(store.snapshot_location(SNAPSHOT_ID)) / f"partition={partition}"
-        directory.mkdir(parents=True)
-        table = pa.table(
-            {
-                "key": pa.array([key for key, _ in pairs], pa.binary()),
-                "value": pa.array([value for _, value in pairs], pa.binary()),
-                "offset": pa.array(range(len(pairs)), pa.int64()),
-            }
-        )
-        pq.write_table(table, directory / "part-00000.parquet")
+        store.write_partition(SNAPSHOT_ID, partition, pairs, list(range(len(pairs))))
         writer = SortedSstWriter(store.image_location(SNAPSHOT_ID), f"p{partition}", RECORDS_PER_FILE)
         writer.put_many([key for key, _ in pairs], [value for _, value in pairs])
         image[partition] = [Path(file.path).name for file in writer.finish()]
