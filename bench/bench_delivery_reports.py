@@ -35,7 +35,7 @@ from bench_restore import bench_broker
 from confluent_kafka import Producer
 
 from dagster_stateful.core.processing.delivery import DeliveryTracker
-from dagster_stateful.core.recovery.changelog import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import source_offset_header
 
 VARIANTS = ("reports", "errors only")
 

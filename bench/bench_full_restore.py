@@ -56,11 +56,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="each measurement is repeated; the best is printed")
     parser.add_argument("--parallel-partitions", type=int, default=4, help="changelog partitions replayed in parallel")
     parser.add_argument("--processes", default="1,2", help="process counts of the parallel replay")
+    parser.add_argument(
+        "--key-order",
+        choices=("shuffled", "ascending"),
+        default="shuffled",
+        help="the changelog's keys shuffled (seed 1), as a worker's commits write them, or in ascending order",
+    )
     arguments = parser.parse_args()
     print_machine()
     print(
         f"settings: {arguments.keys:,} records, best of {arguments.rounds} rounds, restore consumer "
-        f"{RESTORE_CONSUMER_CONFIG}, full-restore chunk {FULL_RESTORE_CHUNK_RECORDS:,} keys"
+        f"{RESTORE_CONSUMER_CONFIG}, full-restore chunk {FULL_RESTORE_CHUNK_RECORDS:,} keys, keys {arguments.key_order}"
     )
     with bench_broker("bench-full-restore-") as (bootstrap, work):
         kafka = KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0})
@@ -70,7 +76,7 @@ def main() -> None:
 
 def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work: Path) -> None:
     kafka.create_topic(TOPIC, 1, 1, {"cleanup.policy": "compact"})
-    produce_changelog(bootstrap, TOPIC, arguments.keys, 1)
+    produce_changelog(bootstrap, TOPIC, arguments.keys, 1, shuffle_seed=shuffle_seed(arguments))
     end = kafka.watermarks(TOPIC, [0])[0][1]
     print(f"changelog: {end:,} records in one partition; consume batches of {BATCH:,}")
     measurements: list[tuple[str, Callable[[str], None]]] = [
@@ -94,7 +100,7 @@ def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work
 def run_parallel(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work: Path) -> None:
     partitions = list(range(arguments.parallel_partitions))
     kafka.create_topic(PARALLEL_TOPIC, len(partitions), 1, {"cleanup.policy": "compact"})
-    produce_changelog(bootstrap, PARALLEL_TOPIC, arguments.keys, len(partitions))
+    produce_changelog(bootstrap, PARALLEL_TOPIC, arguments.keys, len(partitions), shuffle_seed=shuffle_seed(arguments))
     marks = kafka.watermarks(PARALLEL_TOPIC, partitions, committed=True)
     records = sum(high - low for low, high in marks.values())
     print(f"parallel replay: {records:,} records in {len(partitions)} partitions, restore batches of {BATCH:,}")
@@ -111,6 +117,10 @@ def run_parallel(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: 
         assert digests is None or found == digests, f"{processes} process(es) restored other state"
         digests = found
     print("check: every run's stores have the first run's digests")
+
+
+def shuffle_seed(arguments: argparse.Namespace) -> int | None:
+    return 1 if arguments.key_order == "shuffled" else None
 
 
 def parallel_replay(

@@ -28,12 +28,13 @@ import argparse
 import dataclasses
 import os
 import platform
+import random
 import shutil
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ from confluent_kafka import Producer
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer, source_offset_header
+from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
@@ -166,11 +168,18 @@ def run(arguments: argparse.Namespace, bootstrap: str, work: Path, spark: Any = 
 
 
 def produce_changelog(
-    bootstrap: str, topic: str, keys: int, partitions: int, update: int = 0, compression: str = "lz4"
+    bootstrap: str,
+    topic: str,
+    keys: int,
+    partitions: int,
+    update: int = 0,
+    compression: str = "lz4",
+    shuffle_seed: int | None = None,
 ) -> None:
     """One record for each of the first `keys` keys; `update` > 0 writes new values for them, at
     processed offsets past the earlier rounds'. The engine writes its changelogs uncompressed
-    (`compression="none"`); lz4 makes this bench's topics smaller."""
+    (`compression="none"`); lz4 makes this bench's topics smaller. Keys go in ascending order, or
+    shuffled with `shuffle_seed`, as a worker's changelog holds them (in the order its commits met them)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -180,7 +189,10 @@ def produce_changelog(
             "partitioner": "murmur2_random",
         }
     )
-    for i in range(keys):
+    order: Iterable[int] = range(keys)
+    if shuffle_seed is not None:
+        order = random.Random(shuffle_seed).sample(range(keys), keys)
+    for n, i in enumerate(order):
         key = message_prefix(f"customer-{i:09d}".encode()) + b"total"
         while True:
             try:
@@ -189,12 +201,12 @@ def produce_changelog(
                     key=key,
                     value=orjson.dumps({"total": (i + update) % 9973}),
                     partition=i % partitions,
-                    headers=source_offset_header(update * (1 << 32) + i // partitions),
+                    headers=source_offset_header(update * (1 << 32) + n // partitions),
                 )
                 break
             except BufferError:
                 producer.poll(0.05)
-        if i % 20_000 == 0:
+        if n % 20_000 == 0:
             producer.poll(0)
     producer.flush()
 

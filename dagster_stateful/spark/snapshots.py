@@ -29,7 +29,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.recovery.changelog import SOURCE_OFFSET_HEADER
+from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.spark.bulk_restore import write_sst_files
 
@@ -260,7 +260,7 @@ def _first_uncommitted(records: DataFrame | None) -> dict[int, int]:
 def _uncommitted(headers: Column, committed: Column) -> Column:
     """True for a record of a message the group has not committed.
 
-    Such a record's first `source_offset` header (as `changelog.processed_offset` reads it) holds
+    Such a record's first `source_offset` header (as `changelog_format.processed_offset` reads it) holds
     a processed offset at or past the committed one (`committed`: its 8 big-endian bytes; null
     when the group never committed). The engine writes exactly 8 bytes of a non-negative offset,
     so comparing the bytes compares the numbers, with no conversion per record; a value of any

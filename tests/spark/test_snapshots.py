@@ -19,7 +19,7 @@ from core_helpers import store_content
 from kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
-from dagster_stateful.core.recovery.changelog import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.snapshot_image import fetch_image
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore

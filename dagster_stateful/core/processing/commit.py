@@ -64,7 +64,7 @@ from dagster_stateful.core.processing.commit_metadata import encode_stream_times
 from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
-from dagster_stateful.core.recovery.changelog import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
 from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StatefulError, StoreCorruptedError
 

@@ -1,7 +1,6 @@
 """Changelog replay: bring a store partition up to date from its changelog, in steps.
 
-Owns the changelog record format the commit path writes (the `source_offset` header: the source
-offset of the message whose processing wrote the record), `ChangelogRestore` (one partition's
+Owns `ChangelogRestore` (one partition's
 replay, advanced one batch at a time so that a worker keeps polling between batches, and
 interruptible without losing what it restored) and `Restorer` (the assign-only consumer restores
 read through; `restore()` runs one to the end). A partition without local state replays the
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import itemgetter
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -34,18 +34,17 @@ from dagster_stateful.core.kafka.authorization import (
     is_authorization_failure,
 )
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.kafka.records import position as record_position
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, processed_bytes
 from dagster_stateful.core.recovery.restore_target import RestoreTarget
-from dagster_stateful.core.recovery.uncommitted import OFFSET_BYTES, UncommittedFilter
+from dagster_stateful.core.recovery.uncommitted import UncommittedFilter
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
 
-SOURCE_OFFSET_HEADER = "source_offset"
 STALL_TIMEOUT = 60.0
 BATCH_WAIT = 0.5
 """Seconds a restore step waits for its batch before the worker's loop gets the thread back."""
@@ -57,17 +56,7 @@ PROGRESS_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
 RESTORE_REPORT_FIELD = "restore_report"
 _error_of = Message.error
-
-
-def source_offset_header(offset: int) -> Headers:
-    return [(SOURCE_OFFSET_HEADER, offset.to_bytes(8, "big", signed=True))]
-
-
-def processed_offset(headers: Headers | None) -> int | None:
-    for name, value in headers or ():
-        if name == SOURCE_OFFSET_HEADER and isinstance(value, bytes):
-            return int.from_bytes(value, "big", signed=True)
-    return None
+_first = itemgetter(0)
 
 
 class ChangelogRestore:
@@ -149,7 +138,7 @@ class ChangelogRestore:
                 self._ingest_chunk()
         else:
             applied = len(self._batch)
-            self.store.write_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
+            self.store.write_restored(_in_key_order(self._batch), self.filter.resume_offset(self.position))
             self._batch = {}
         self.report.records_applied += applied
         self._listeners.batch_restored(self.store.partition, self.store.store, self.position, applied)
@@ -190,7 +179,7 @@ class ChangelogRestore:
         """A full restore's gathered keys into the store, as SST files, with the position they reach."""
         if self._batch:
             with gc_paused():
-                self.store.ingest_restored(sorted(self._batch.items()), self.filter.resume_offset(self.position))
+                self.store.ingest_restored(_in_key_order(self._batch), self.filter.resume_offset(self.position))
             self._batch = {}
 
     def _begin(self) -> None:
@@ -240,7 +229,7 @@ class ChangelogRestore:
                 if len(headers) == 1 and name == SOURCE_OFFSET_HEADER and isinstance(raw, bytes) and len(raw) == 8:
                     processed = raw
                 else:
-                    processed = _processed_bytes(headers)
+                    processed = processed_bytes(headers)
             if processed is not None and processed >= committed_bytes:
                 offset = message.offset()
                 if not uncommitted.admit_uncommitted(key, offset if offset is not None else self.position):
@@ -436,15 +425,7 @@ class Restorer:
         return replay.finish()
 
 
-def _processed_bytes(headers: object) -> bytes | None:
-    """The processed-offset header as 8 big-endian bytes (None: the record has none).
-
-    Runs once per changelog record: the common case (the one header the commit path writes) is
-    checked first."""
-    if not isinstance(headers, list) or not headers:
-        return None
-    name, value = headers[0]
-    if name == SOURCE_OFFSET_HEADER and len(headers) == 1 and isinstance(value, bytes):
-        return value if len(value) == OFFSET_BYTES else None
-    offset = processed_offset(headers)
-    return None if offset is None else offset.to_bytes(OFFSET_BYTES, "big", signed=True)
+def _in_key_order(batch: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
+    """The batch's records sorted by key. Its keys are unique, so comparing the keys alone orders it;
+    comparing the (key, value) tuples took about 2.5 times as long on keys in changelog order."""
+    return sorted(batch.items(), key=_first)

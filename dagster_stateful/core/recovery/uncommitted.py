@@ -1,7 +1,7 @@
 """Which changelog records of uncommitted messages a restore applies: the at-least-once rule.
 
 Owns `UncommittedFilter`. Each changelog record carries the source offset of the message that
-wrote it (see `changelog.source_offset_header`); a record whose offset is at or past the group's
+wrote it (see `changelog_format`); a record whose offset is at or past the group's
 committed source offset belongs to a message that was not committed (a crash between delivering
 the changelog and committing the source, or a commit still in flight) and that will be processed
 again. Skipping such a record is exact whenever the key's committed value is known, and that is

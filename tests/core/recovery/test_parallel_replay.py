@@ -16,7 +16,7 @@ from kafka_helpers import create_topic
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.recovery.changelog import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.recovery.parallel_replay import replay_directory, replay_partitions
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition

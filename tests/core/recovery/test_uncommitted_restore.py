@@ -16,7 +16,7 @@ import pytest
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from kafka_helpers import produce, read_messages, wait_for
 
-from dagster_stateful.core.recovery.changelog import processed_offset
+from dagster_stateful.core.recovery.changelog_format import processed_offset
 from dagster_stateful.core.state.keys import message_prefix
 
 TESTS = Path(__file__).resolve().parents[2]

@@ -1,0 +1,41 @@
+"""The changelog record format: what the commit path writes and every restore reads.
+
+A changelog record's key and value are the store's key and value (no value: the key was deleted);
+its one header, `source_offset`, holds the source offset of the message whose processing wrote the
+record, as 8 big-endian signed bytes. Restores compare it with the group's committed offset to
+tell records of committed messages from the rest (`uncommitted.UncommittedFilter`).
+"""
+
+from __future__ import annotations
+
+from dagster_stateful.core.kafka.records import Headers
+from dagster_stateful.core.recovery.uncommitted import OFFSET_BYTES, encode_processed_offset
+
+SOURCE_OFFSET_HEADER = "source_offset"
+
+
+def source_offset_header(offset: int) -> Headers:
+    """The headers of a changelog record written by processing the message at source `offset`."""
+    return [(SOURCE_OFFSET_HEADER, encode_processed_offset(offset))]
+
+
+def processed_offset(headers: Headers | None) -> int | None:
+    """The source offset a record's headers name (None: the record has no such header)."""
+    for name, value in headers or ():
+        if name == SOURCE_OFFSET_HEADER and isinstance(value, bytes):
+            return int.from_bytes(value, "big", signed=True)
+    return None
+
+
+def processed_bytes(headers: object) -> bytes | None:
+    """The processed-offset header as 8 big-endian bytes (None: the record has none).
+
+    Runs once per changelog record: the common case (the one header the commit path writes) is
+    checked first."""
+    if not isinstance(headers, list) or not headers:
+        return None
+    name, value = headers[0]
+    if name == SOURCE_OFFSET_HEADER and len(headers) == 1 and isinstance(value, bytes):
+        return value if len(value) == OFFSET_BYTES else None
+    offset = processed_offset(headers)
+    return None if offset is None else encode_processed_offset(offset)
