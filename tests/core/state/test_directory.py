@@ -142,6 +142,29 @@ def test_ingested_changes_replace_and_delete_what_the_store_held(tmp_path, with_
         part.close()
 
 
+@pytest.mark.parametrize("records_per_file", [1, 2, 3, 1000])
+def test_changes_written_across_file_boundaries_keep_every_put_and_delete(tmp_path, records_per_file):
+    """Runs of puts between deletes are written in bulk: every put and delete lands, whatever file it falls in."""
+    before = {f"key-{i:04d}".encode(): b"old" for i in range(12)}
+    changes: list[tuple[bytes, bytes | None]] = [
+        (f"key-{i:04d}".encode(), None if i in (0, 3, 4, 11) else f"new-{i}".encode()) for i in range(12)
+    ]
+    writer = SortedSstWriter(tmp_path / "changes", "changes", records_per_file=records_per_file)
+    writer.write_changes(changes)
+    files = writer.finish()
+    state = StateDirectory(tmp_path / "state", CONFIG)
+    part: StorePartition = state.partition("totals", 0)
+    part.open()
+    try:
+        part.db.ingest_files([file.path for file in _written(tmp_path / "before", sorted(before.items()))])
+        part.db.ingest_files([file.path for file in files])
+        assert dict(part.items()) == {key: value for key, value in changes if value is not None}
+        assert sum(file.records for file in files) == len(changes)
+        assert all(file.records <= records_per_file for file in files)
+    finally:
+        part.close()
+
+
 def _written(directory: Path, records: list[tuple[bytes, bytes]]) -> list:
     writer = SortedSstWriter(directory, "bulk")
     writer.write_changes(records)
