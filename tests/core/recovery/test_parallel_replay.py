@@ -17,7 +17,7 @@ from kafka_helpers import create_topic
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.recovery.changelog_format import source_offset_header
-from dagster_stateful.core.recovery.parallel_replay import replay_directory, replay_partitions
+from dagster_stateful.core.recovery.parallel_replay import SstFilesTarget, replay_directory, replay_partitions
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
@@ -116,3 +116,16 @@ def test_a_restore_run_replays_partitions_without_local_state_in_parallel_to_the
     assert totals_in_store(parallel, 4) == totals_in_store(sequential, 4) == expected_totals(orders)
     for restored in (in_parallel, one_by_one):
         assert [report.kind for result in restored for report in result.reports] == ["full"] * 4
+
+
+def test_a_replaying_process_knows_which_keys_its_chunks_hold(tmp_path):
+    """The at-least-once rule asks a full restore whether it restored a key already (`holds`): after
+    each chunk, exactly the keys put and not deleted since."""
+    target = SstFilesTarget("totals", 0, "app-totals-changelog", tmp_path / "replay")
+    target.ingest_restored([(b"a", b"1"), (b"b", b"2"), (b"c", None)], 3)
+    assert [target.holds(key) for key in (b"a", b"b", b"c")] == [True, True, False]
+
+    target.ingest_restored([(b"a", None), (b"c", b"3"), (b"d", b"4")], 6)
+
+    assert [target.holds(key) for key in (b"a", b"b", b"c", b"d")] == [False, True, True, True]
+    assert target.position == 6 and len(target.chunks) == 2
