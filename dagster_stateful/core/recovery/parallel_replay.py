@@ -29,8 +29,6 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from itertools import compress, repeat
-from operator import is_, itemgetter, not_
 from pathlib import Path
 from typing import Any, overload
 
@@ -97,13 +95,14 @@ class SstFilesTarget:
         raise RecoveryError("a replaying process runs full restores only, which write SST files")
 
     def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None:
-        pairs = list(changes)
         writer = SortedSstWriter(self.directory, f"chunk-{len(self.chunks)}")
-        writer.write_changes(pairs)
-        keys = list(map(itemgetter(0), pairs))
-        deleted = list(map(is_, map(itemgetter(1), pairs), repeat(None)))
-        self._keys.update(compress(keys, map(not_, deleted)))
-        self._keys.difference_update(compress(keys, deleted))
+        for key, value in changes:
+            if value is None:
+                writer.delete(key)
+                self._keys.discard(key)
+            else:
+                writer.put(key, value)
+                self._keys.add(key)
         self.chunks.append(writer.finish())
         self.position = changelog_offset
 

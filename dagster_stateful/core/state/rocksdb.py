@@ -19,9 +19,8 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from rocksdict import (
     AccessType,
@@ -410,20 +409,12 @@ class SortedSstWriter:
         self._current += 1
 
     def write_changes(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Strictly ascending puts (value) and deletes (None); the puts between deletes go through `put_many`."""
-        pairs = list(changes)
-        keys: list[bytes] = list(map(itemgetter(0), pairs))
-        values: list[Any] = list(map(itemgetter(1), pairs))
-        start = 0
-        while start < len(keys):
-            try:
-                deleted = values.index(None, start)
-            except ValueError:
-                deleted = len(keys)
-            self.put_many(keys[start:deleted], values[start:deleted])
-            if deleted < len(keys):
-                self.delete(keys[deleted])
-            start = deleted + 1
+        """Strictly ascending puts (value) and deletes (None)."""
+        for key, value in changes:
+            if value is None:
+                self.delete(key)
+            else:
+                self.put(key, value)
 
     def _file(self) -> SstFileWriter:
         if self._writer is None or self._current >= self._records_per_file:
