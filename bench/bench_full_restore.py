@@ -11,7 +11,9 @@ processed-offset header) and measures, on the same data:
    dedup, one WriteBatch per batch without the WAL, an atomic flush at the end), forced here by
    giving the empty store a changelog position of 0;
 4. the engine's full restore: the same reading, the last value per key gathered over chunks of
-   `FULL_RESTORE_CHUNK_RECORDS` keys, each chunk written as sorted SST files and ingested.
+   `FULL_RESTORE_CHUNK_RECORDS` keys, each chunk written as sorted SST files and ingested;
+5. the same, below the changelog end the group's last commit recorded (`commit_metadata`): no
+   record's header is read.
 
 Each line prints records/s and seconds, then the SST files each restored store holds (the
 WriteBatch path leaves memtable flushes that RocksDB still has to compact); the two stores are
@@ -84,17 +86,21 @@ def run(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work
         ("2. consume + key, value, headers", lambda tag: read_all(kafka, tag, end, touch=True)),
         ("3. replay through WriteBatches", lambda tag: replay(kafka, tag, work, as_partial=True)),
         ("4. the engine's full restore (SST chunks)", lambda tag: replay(kafka, tag, work, as_partial=False)),
+        (
+            "5. the same below the last commit's recorded end (no headers read)",
+            lambda tag: replay(kafka, tag, work, as_partial=False, committed_end=end),
+        ),
     ]
     for name, measure in measurements:
         best = min(timed(measure, f"{name[0]}-{round_}") for round_ in range(arguments.rounds))
         print(f"{name}: {end / best:,.0f} records/s ({best:.2f} s)")
-    for row in ("3", "4"):
+    for row in ("3", "4", "5"):
         files = sorted((work / f"{row}-0").rglob("*.sst"))
         size = sum(file.stat().st_size for file in files)
         print(f"row {row}'s store on disk right after the restore: {len(files)} SST files, {size / 2**20:,.0f} MiB")
-    replayed, from_sst = (digest_of(work / f"{path}-0") for path in ("3", "4"))
-    assert replayed == from_sst, f"the two restores differ: {replayed} != {from_sst}"
-    print("check: the SST-built store has the WriteBatch-built store's digest")
+    replayed, from_sst, below_end = (digest_of(work / f"{path}-0") for path in ("3", "4", "5"))
+    assert replayed == from_sst == below_end, f"the restores differ: {replayed}, {from_sst}, {below_end}"
+    print("check: the SST-built stores have the WriteBatch-built store's digest")
 
 
 def run_parallel(arguments: argparse.Namespace, kafka: KafkaClients, bootstrap: str, work: Path) -> None:
@@ -178,13 +184,13 @@ def read_all(kafka: KafkaClients, tag: str, end: int, touch: bool) -> None:
     consume_all(kafka, tag, end, fields)
 
 
-def replay(kafka: KafkaClients, tag: str, work: Path, as_partial: bool) -> None:
+def replay(kafka: KafkaClients, tag: str, work: Path, as_partial: bool, committed_end: int | None = None) -> None:
     consumer = kafka.consumer({"group.id": f"bench-{tag}", **RESTORE_CONSUMER_CONFIG})
     store = open_partition(work / tag, TOPIC, 0)
     if as_partial:
         store.write_restored((), 0)
     try:
-        report = Restorer(kafka, consumer, Listeners(), BATCH).restore(store, COMMITTED)
+        report = Restorer(kafka, consumer, Listeners(), BATCH).restore(store, COMMITTED, committed_end)
         assert report is not None and report.kind == ("partial" if as_partial else "full"), report
     finally:
         store.close()

@@ -47,7 +47,7 @@ from dagster_stateful.core import Aggregate, App, Mean, RestoreListener, State, 
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor
-from dagster_stateful.core.recovery.changelog import RESTORE_REPORT_FIELD
+from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD
 from dagster_stateful.core.state.keys import message_prefix, split_store_key
 from dagster_stateful.errors import StatefulError
 

@@ -57,6 +57,11 @@ class RestoreReport:
     seconds: float = 0.0
     completed: bool = True
     """False when the restore was suspended (revocation, shutdown); the next owner continues it."""
+    records_below_committed_end: int = 0
+    """Records taken without reading their header: below the changelog end that the group's last
+    commit recorded as holding only records of committed messages (`processing.commit_metadata`)."""
+    uncommitted_processed_up_to: int | None = None
+    """The highest source offset among the records of uncommitted messages read (None: none read)."""
 
 
 @dataclass

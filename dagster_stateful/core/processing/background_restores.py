@@ -26,12 +26,7 @@ from typing import Any
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreReport
-from dagster_stateful.core.recovery.changelog import (
-    FULL_RESTORE_CHUNK_RECORDS,
-    RESTORE_REPORT_FIELD,
-    ChangelogRestore,
-    log_restored,
-)
+from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
 from dagster_stateful.core.recovery.child_processes import balanced_groups
 from dagster_stateful.core.recovery.parallel_replay import (
     ReplayChild,
@@ -43,6 +38,7 @@ from dagster_stateful.core.recovery.parallel_replay import (
     replay_job,
     replayable,
 )
+from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
@@ -88,6 +84,7 @@ class ChildReplay:
         """Ingest the child's SST files into the store, with the position its restore reached."""
         assert self.replayed is not None, "finish() follows done"
         report = ingest_replayed(self.store, self.replayed, self.in_process.committed_source_offset, self._launched)
+        self.store.changelog_prefix = self.in_process.committed_prefix(report.uncommitted_processed_up_to)
         shutil.rmtree(self.job.directory, ignore_errors=True)
         self.report = report
         partition, store = self.store.partition, self.store.store
@@ -212,7 +209,9 @@ class BackgroundRestores:
     def _start(self, group: list[tuple[list[ChangelogRestore | ChildReplay], ChangelogRestore]]) -> None:
         """Hand the group's restores to a child; without one, they stay in this process."""
         jobs = [
-            replay_job(_store_of(replay), replay.committed_source_offset, (replay.start, replay.end))
+            replay_job(
+                _store_of(replay), replay.committed_source_offset, (replay.start, replay.end), replay.committed_end
+            )
             for _, replay in group
         ]
         process = self._process_for(jobs)

@@ -8,7 +8,8 @@ would not fit, which the commit then carries like any change):
 2. waits until Kafka acknowledged every changelog and output record (a failure stops here:
    nothing is committed, and the messages will be processed again);
 3. commits the source offsets, with the stream time of each store that keeps one in the commit's
-   metadata (`commit_metadata`);
+   metadata (`commit_metadata`) and, at-least-once, where each store's changelog ends when every
+   record below is known to be committed (`changelog_positions`);
 4. writes each store partition's changes with both offsets in one RocksDB WriteBatch, then its
    `.checkpoint` file (a store found damaged here is reported by `StoresDamaged` once every other
    partition is written: its commit is in the changelog, so it is restored, not lost).
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -60,7 +61,8 @@ from dagster_stateful.core.kafka.authorization import (
 from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.monitoring.store_metrics import RunStoreMetrics
-from dagster_stateful.core.processing.commit_metadata import encode_stream_times
+from dagster_stateful.core.processing.changelog_positions import ChangelogEnds, ChangelogPositions, Prepared
+from dagster_stateful.core.processing.commit_metadata import encode_commit_metadata
 from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
@@ -74,10 +76,6 @@ UNASSIGNED_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
 FLUSH_MARGIN_SECONDS = 5.0
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
-END_QUERY_SECONDS = 2.0
-"""How long a commit waits for the broker to say where its changelog partitions end."""
-ChangelogEnds = Callable[[str, list[int], float], dict[int, int]]
-"""(topic, partitions, timeout in seconds) -> where each partition ends (see `KafkaClients.ends`)."""
 _RETRIABLE_COMMIT_ERRORS = {
     KafkaError.REBALANCE_IN_PROGRESS,
     KafkaError.ILLEGAL_GENERATION,
@@ -140,7 +138,6 @@ class Committer:
         changelog partitions end (`KafkaClients.ends`), for a producer that reports errors only
         (None: stores keep their changelog offset unless deliveries were reported)."""
         self._consumer = consumer
-        self._changelog_ends = changelog_ends
         self._group = group
         self._deadline = deadline or Deadline(None)
         self._committing: list[PartitionTransaction] = []
@@ -153,6 +150,7 @@ class Committer:
         self._changelog_topics = changelog_topics
         """Changelog topic per store; None when changelogs are off."""
         self._failure: StatefulError | None = None
+        self._positions = ChangelogPositions(tracker, changelog_topics, changelog_ends, self._deadline)
         self.metrics = RunStoreMetrics()
         """The run's store metrics: `metrics.summary()` once its stores are closed."""
 
@@ -182,30 +180,25 @@ class Committer:
         for txn in pending:
             txn.prepare_commit()
         prepared = {txn.partition: {store: txn.changes(store) for store in txn.stores} for txn in pending}
-        offsets = [
-            TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit, self._metadata(txn))
-            for txn in pending
-        ]
         self._committing = pending
         try:
             if self._changelog_topics is not None:
                 for txn in pending:
-                    self._produce_changelog(txn.partition, prepared[txn.partition])
-            self._deliver_and_commit_offsets(offsets)
+                    self._produce_changelog(txn, prepared[txn.partition])
+            ends = self._deliver_and_commit_offsets(pending, prepared)
         except CallTimedOut as timed_out:
             raise self.timed_out(timed_out) from timed_out
         except CommitDeferred as deferred:
             log.info(
                 "Commit of %s partitions %s deferred: %s",
                 self._source_topic,
-                [tp.partition for tp in offsets],
+                [txn.partition for txn in pending],
                 deferred,
             )
             return {}
         finally:
             self._committing = []
         damaged: dict[int, StoreCorruptedError] = {}
-        ends = self._changelog_positions(prepared)
         for txn in pending:
             try:
                 self._write_stores(txn, prepared[txn.partition], ends)
@@ -235,9 +228,16 @@ class Committer:
             for store, partition in txn.stores.items():
                 self.metrics.track(store, txn.partition, partition.metrics)
 
-    @staticmethod
-    def _metadata(txn: PartitionTransaction) -> str:
-        return encode_stream_times(txn.stream_times_to_commit())
+    def _offsets(
+        self, pending: list[PartitionTransaction], positions: dict[tuple[str, int], int]
+    ) -> list[TopicPartition]:
+        """The source offsets to commit, with their metadata (at-least-once: the committed changelog ends)."""
+        offsets = []
+        for txn in pending:
+            ends = self._positions.committed_ends(txn, positions) if self.transactions is None else {}
+            metadata = encode_commit_metadata(txn.stream_times_to_commit(), txn.offset_to_commit, ends)
+            offsets.append(TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit, metadata))
+        return offsets
 
     def _write_stores(
         self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]], ends: dict[tuple[str, int], int]
@@ -247,49 +247,15 @@ class Committer:
                 ((key, value) for key, value, _ in changes), ends.get((store, txn.partition)), txn.offset_to_commit
             )
 
-    def _changelog_positions(self, prepared: dict[int, dict[str, list[Change]]]) -> dict[tuple[str, int], int]:
-        """Where each changed changelog partition ends once the commit's records are acknowledged:
-        after its last record, from that record's delivery report when the producer reports
-        deliveries, else as the broker tells it, in one query per changelog (the worker is the
-        partition's only writer; under exactly-once the end may include the commit's marker). A
-        partition missing from the result (the broker did not answer in time) keeps its store's
-        previous changelog offset: a restore replays these records again, to the same values."""
-        if self._changelog_topics is None:
-            return {}
-        positions: dict[tuple[str, int], int] = {}
-        asked: dict[str, list[int]] = {}
-        for partition, changes_by_store in prepared.items():
-            for store in (store for store, changes in changes_by_store.items() if changes):
-                reported = self._tracker.next_offset(self._changelog_topics[store], partition)
-                if reported is None:
-                    asked.setdefault(store, []).append(partition)
-                else:
-                    positions[(store, partition)] = reported
-        for store, partitions in asked.items():
-            ends = self._query_ends(self._changelog_topics[store], partitions)
-            positions.update(((store, partition), end) for partition, end in ends.items())
-        return positions
-
-    def _query_ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
-        if self._changelog_ends is None:
-            return {}
-        try:
-            return self._changelog_ends(topic, partitions, self._deadline.bound(END_QUERY_SECONDS))
-        except (KafkaException, TimeoutError) as error:
-            log.warning(
-                "Could not read where %s partitions %s end (%s); their stores keep their changelog offsets",
-                topic,
-                partitions,
-                str(error) or type(error).__name__,
-            )
-            return {}
-
-    def _produce_changelog(self, partition: int, changes_by_store: dict[str, list[Change]]) -> None:
+    def _produce_changelog(self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
         """One changelog record per change (1M for a commit of 1M keys), handed to librdkafka in this
         loop; a full queue or a refusal goes through `produce`, which waits or raises it clearly."""
         assert self._changelog_topics is not None
+        partition = txn.partition
         if self.transactions is not None:
             self.transactions.begin()
+        else:
+            self._positions.produced(txn, changes_by_store)
         send = self._producer.produce
         for store, changes in changes_by_store.items():
             topic = self._changelog_topics[store]
@@ -417,14 +383,25 @@ class Committer:
         )
         raise self._failure
 
-    def _deliver_and_commit_offsets(self, offsets: list[TopicPartition]) -> None:
+    def _deliver_and_commit_offsets(
+        self, pending: list[PartitionTransaction], prepared: Prepared
+    ) -> dict[tuple[str, int], int]:
+        """Deliver the commit's records and commit its source offsets; returns where each changed
+        changelog partition ends (at-least-once, known before the offsets are committed, whose
+        metadata records it)."""
         if self.transactions is not None:
             try:
-                self.transactions.commit(offsets)
+                self.transactions.commit(self._offsets(pending, {}))
             except TransactionAborted:
                 self._tracker.errors.clear()  # the aborted transaction's records are gone with it
                 raise
-            return
+            return self._positions.after_delivery(prepared)
+        self._await_acknowledgements([txn.partition for txn in pending])
+        positions = self._positions.after_delivery(prepared)
+        self._commit_offsets(self._offsets(pending, positions))
+        return positions
+
+    def _await_acknowledgements(self, partitions: list[int]) -> None:
         if self._deadline.passed():
             raise CallTimedOut("committing the source offsets", "the worker's deadline passed")
         waited = self._delivery_timeout + FLUSH_MARGIN_SECONDS
@@ -433,7 +410,9 @@ class Committer:
         if remaining and allowed < waited:
             raise CallTimedOut(f"waiting for Kafka to acknowledge {remaining} records", "the worker's deadline passed")
         if remaining or self._tracker.errors:
-            self._fail(remaining, [tp.partition for tp in offsets])
+            self._fail(remaining, partitions)
+
+    def _commit_offsets(self, offsets: list[TopicPartition]) -> None:
         try:
             # On the worker's own thread: a commit made from another one while this thread waits
             # (serving no rebalance callback) stalled a cooperative rebalance for minutes.

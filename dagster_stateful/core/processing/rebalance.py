@@ -23,7 +23,7 @@ from dagster_stateful.core.kafka.errors import kafka_error_of
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, WorkerReport
 from dagster_stateful.core.processing.background_restores import BackgroundRestores, ChildReplay
-from dagster_stateful.core.processing.commit_metadata import decode_stream_times
+from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition, suspend_started
 from dagster_stateful.core.processing.standbys import StandbyReplicas
 from dagster_stateful.core.processing.starting_offsets import StartingOffsets, reset_position
@@ -113,9 +113,11 @@ class PartitionAssignments:
             partition = topic_partition.partition
             committed = topic_partition.offset if topic_partition.offset >= 0 else None
             self._starts.check_source_offset(partition, committed)
-            times = decode_stream_times(topic_partition.metadata, f"{self.config.source}[{partition}]")
+            metadata = decode_commit_metadata(topic_partition.metadata, committed, f"{self.config.source}[{partition}]")
             warm = self._standbys is not None and self._standbys.release(partition)
-            self.restorations.add(RestoringPartition(partition, committed, now, stream_times=times, from_standby=warm))
+            restoring = RestoringPartition(partition, committed, now, stream_times=metadata.stream_times)
+            restoring.from_standby, restoring.changelog_ends = warm, metadata.changelog_ends
+            self.restorations.add(restoring)
             # Without a committed offset, assigned where `auto.offset.reset` says: librdkafka then starts
             # the partition's fetch at once, instead of after asking the group coordinator again.
             at = topic_partition.offset if committed is not None or reset is None else reset
@@ -155,7 +157,8 @@ class PartitionAssignments:
             aside,
         )
         self._report.stores_recovered += 1
-        restoring.pending = self._replays(restoring.stores, restoring.committed)
+        restoring.from_standby = False
+        restoring.pending = self._replays(restoring)
 
     def recover_corrupted(self, consumer: Consumer, partition: int, error: StoreCorruptedError) -> None:
         """A store was found damaged while processing `partition`: never the message's fault. Drop
@@ -379,7 +382,7 @@ class PartitionAssignments:
         try:
             restoring.committed = self._starts.starting_offset(partition, restoring.committed, restoring.stores)
             self._starts.wipe_ahead(partition, restoring.committed, restoring.stores)
-            restoring.pending = self._replays(restoring.stores, restoring.committed, restoring.from_standby)
+            restoring.pending = self._replays(restoring)
         except BaseException:
             self.restorations.suspend(partition)
             for store in restoring.stores.values():
@@ -394,17 +397,15 @@ class PartitionAssignments:
                 restoring.records_left,
             )
 
-    def _replays(
-        self, stores: dict[str, StorePartition], start: int | None, from_standby: bool = False
-    ) -> list[ChangelogRestore | ChildReplay]:
+    def _replays(self, restoring: RestoringPartition) -> list[ChangelogRestore | ChildReplay]:
         if self._restorer is None:
             return []
         replays: list[ChangelogRestore | ChildReplay] = []
-        for store in stores.values():
-            warm = from_standby or store.kept_by_standby
+        for store in restoring.stores.values():
+            warm = restoring.from_standby or store.kept_by_standby
             if self._snapshots is not None and not warm:
                 self._load_snapshot_if_faster(store)
-            replay = self._restorer.begin(store, start)
+            replay = self._restorer.begin(store, restoring.committed, restoring.changelog_ends.get(store.store))
             if warm:
                 self._note_standby_restore(store, replay)
             if replay is not None:

@@ -36,6 +36,8 @@ class RestoringPartition:
     """The first offset of this partition that arrived while it was restoring (not processed)."""
     from_standby: bool = False
     """Its stores were this worker's standby replicas until the assignment."""
+    changelog_ends: dict[str, int] = field(default_factory=dict)
+    """Per store, the changelog end the group's last commit recorded (`processing.commit_metadata`)."""
 
     def note_arrival(self, offset: int) -> None:
         if self.rewind_to is None or offset < self.rewind_to:

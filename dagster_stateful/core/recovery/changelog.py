@@ -12,9 +12,7 @@ changelog position; a full restore gathers the last value per key over many batc
 up to `FULL_RESTORE_CHUNK_RECORDS` keys) and ingests each chunk as sorted SST files, so the
 rebuilt store is written once, already compacted, instead of through the memtable.
 Inconsistencies an operator must decide on (a stored offset beyond the changelog's end) are
-raised with the options. The log record of each restore's end or suspension carries its
-`RestoreReport` as the attribute `restore_report` (`RESTORE_REPORT_FIELD`), for log handlers that
-keep structured fields.
+raised with the options. Each restore's end or suspension is logged through `restore_log`.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from operator import itemgetter
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -38,8 +37,10 @@ from dagster_stateful.core.kafka.records import position as record_position
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, processed_bytes
+from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
 from dagster_stateful.core.recovery.restore_target import RestoreTarget
 from dagster_stateful.core.recovery.uncommitted import UncommittedFilter
+from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
@@ -54,8 +55,8 @@ FULL_RESTORE_CHUNK_RECORDS = 250_000
 as many were no faster: bench/bench_restore_memory.py)."""
 PROGRESS_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
-RESTORE_REPORT_FIELD = "restore_report"
 _error_of = Message.error
+_key_of, _value_of, _offset_of = Message.key, Message.value, Message.offset
 _first = itemgetter(0)
 
 
@@ -77,10 +78,17 @@ class ChangelogRestore:
         batch_size: int,
         chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
         group: str = "",
+        committed_end: int | None = None,
+        clean_base: bool = False,
     ) -> None:
-        """group: the consumer's group id (assigned, never joined), named when Kafka refuses it."""
+        """group: the consumer's group id (assigned, never joined), named when Kafka refuses it.
+        committed_end: the changelog end the group's last commit recorded (`commit_metadata`): the
+        records below it are taken without reading their header. clean_base: the store's own state
+        (if any) lies below that end, so that a finished restore knows the changelog's committed
+        prefix (`committed_prefix`)."""
         self.store = store
         self._group = group
+        self.committed_end, self.clean_base = committed_end, clean_base
         self.committed_source_offset = committed_source_offset
         self.start, self.end, self.position = start, end, start
         kind = RestoreKind.FULL if store.changelog_offset is None else RestoreKind.PARTIAL
@@ -151,6 +159,7 @@ class ChangelogRestore:
         self._ingest_chunk()
         self._complete_report()
         self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
+        self.store.changelog_prefix = self.committed_prefix(self.report.uncommitted_processed_up_to)
         self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
         log_restored(self.report, self.store.changelog_topic, str(self.report.kind), self.filter.gap_at, self.log_level)
         return self.report
@@ -191,7 +200,18 @@ class ChangelogRestore:
         if self._started is not None:
             self._consumer.unassign()
 
+    def committed_prefix(self, uncommitted_up_to: int | None) -> ChangelogPrefix | None:
+        """What a finished restore knows of the changelog below its end (None: nothing, its store's
+        own state came from elsewhere), given the highest processed offset of the uncommitted records
+        it read."""
+        if not self.clean_base:
+            return None
+        floor = self.committed_source_offset or 0
+        return ChangelogPrefix(self.end, floor if uncommitted_up_to is None else max(floor, uncommitted_up_to + 1))
+
     def _complete_report(self) -> None:
+        up_to = self.filter.processed_up_to
+        self.report.uncommitted_processed_up_to = None if up_to is None else int.from_bytes(up_to, "big", signed=True)
         self.report.records_skipped = self.filter.skipped
         self.report.records_uncommitted_applied = self.filter.applied_uncommitted
         self.report.seconds = time.monotonic() - self._started if self._started is not None else 0.0
@@ -211,6 +231,15 @@ class ChangelogRestore:
         path writes (one, an 8-byte big-endian offset) is compared as bytes, which orders like the
         offsets, and the filter is consulted only where it has something to decide or remember.
         """
+        last = _offset_of(messages[-1])
+        if self.committed_end is not None and last is not None and last < self.committed_end:
+            keys: list[Any] = list(map(_key_of, messages))
+            if None not in keys:
+                values = list(map(_value_of, messages))
+                self.filter.admit_committed_batch(keys, values)
+                self._batch.update(zip(keys, values, strict=True))
+                self.report.records_below_committed_end += len(keys)
+                return
         batch, uncommitted = self._batch, self.filter
         committed_bytes = uncommitted.committed_bytes
         remember_committed = uncommitted.remembers_committed_keys
@@ -232,7 +261,7 @@ class ChangelogRestore:
                     processed = processed_bytes(headers)
             if processed is not None and processed >= committed_bytes:
                 offset = message.offset()
-                if not uncommitted.admit_uncommitted(key, offset if offset is not None else self.position):
+                if not uncommitted.admit_uncommitted(key, offset if offset is not None else self.position, processed):
                     continue
             elif remember_committed or value is None:
                 uncommitted.admit_committed(key, value)
@@ -293,40 +322,6 @@ class ChangelogRestore:
         )
 
 
-def log_restored(
-    report: RestoreReport, changelog_topic: str, how: str, gap_at: int | None = None, level: int = logging.INFO
-) -> None:
-    """Log a finished restore at `level`, with its report attached (`RESTORE_REPORT_FIELD`), and warn
-    when it applied records of uncommitted messages (`gap_at`: where compaction left the first gap, if known)."""
-    log.log(
-        level,
-        "Restored store %r partition %d (%s) from %s offsets %d..%d: %d records applied (%d of uncommitted "
-        "messages), %d skipped, %.2f s",
-        report.store,
-        report.partition,
-        how,
-        changelog_topic,
-        report.start_offset,
-        report.end_offset,
-        report.records_applied,
-        report.records_uncommitted_applied,
-        report.records_skipped,
-        report.seconds,
-        extra={RESTORE_REPORT_FIELD: report},
-    )
-    if report.records_uncommitted_applied:
-        where = f"in {changelog_topic}" if gap_at is None else f"from offset {gap_at} of {changelog_topic} on"
-        log.warning(
-            "Store %r partition %d: applied %d changelog records of uncommitted messages whose committed record "
-            "compaction may have removed (%s); the messages they came from will be processed again, so those keys "
-            "may count them twice (at-least-once)",
-            report.store,
-            report.partition,
-            report.records_uncommitted_applied,
-            where,
-        )
-
-
 def _recreated_changelog_error(store: StorePartition, stored: int, high: int) -> RecoveryError:
     topic, partition = store.changelog_topic, store.partition
     return RecoveryError(
@@ -363,10 +358,25 @@ class Restorer:
         self._chunk_records = chunk_records
         self._known_topics: set[str] = set()
 
-    def begin(self, store: StorePartition, committed_source_offset: int | None) -> ChangelogRestore | None:
-        """The replay the (open) store partition needs; None when it is up to date (nothing to read)."""
+    def begin(
+        self, store: StorePartition, committed_source_offset: int | None, committed_end: int | None = None
+    ) -> ChangelogRestore | None:
+        """The replay the (open) store partition needs; None when it is up to date (nothing to read).
+        committed_end: the changelog end the group's last commit recorded (`commit_metadata`), if any."""
         topic, partition = store.changelog_topic, store.partition
+        store.changelog_prefix = None
         low, high = self._kafka.watermarks(topic, [partition], committed=True)[partition]
+        if committed_end is not None and committed_end > high:
+            log.warning(
+                "The last commit of store %r partition %d recorded changelog end %d, past the end (%d) of %s; "
+                "reading every record's header",
+                store.store,
+                partition,
+                committed_end,
+                high,
+                topic,
+            )
+            committed_end = None
         stored = store.changelog_offset
         if stored is not None and stored > high:
             raise _recreated_changelog_error(store, stored, high)
@@ -382,9 +392,12 @@ class Restorer:
             store.start_fresh()
             stored = None
         start = stored if stored is not None else low
+        clean_base = stored is None or (committed_end is not None and stored <= committed_end)
         if start >= high:
             if stored is None or store.source_offset != committed_source_offset:
                 store.finish_restore(high, committed_source_offset)
+            if clean_base:
+                store.changelog_prefix = ChangelogPrefix(high, committed_source_offset or 0)
             return None
         self._learn_topic(topic)
         return ChangelogRestore(
@@ -397,6 +410,8 @@ class Restorer:
             self._batch_size,
             self._chunk_records,
             self._group,
+            committed_end,
+            clean_base,
         )
 
     def _learn_topic(self, topic: str) -> None:
@@ -411,9 +426,11 @@ class Restorer:
             return
         self._known_topics.add(topic)
 
-    def restore(self, store: StorePartition, committed_source_offset: int | None) -> RestoreReport | None:
+    def restore(
+        self, store: StorePartition, committed_source_offset: int | None, committed_end: int | None = None
+    ) -> RestoreReport | None:
         """Replay what the store lacks, to the end; None when it was already up to date."""
-        replay = self.begin(store, committed_source_offset)
+        replay = self.begin(store, committed_source_offset, committed_end)
         if replay is None:
             return None
         try:

@@ -39,6 +39,7 @@ from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
 from dagster_stateful.core.recovery.child_processes import balanced_groups, child_command, last_words
+from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
 from dagster_stateful.errors import RecoveryError
@@ -63,6 +64,8 @@ class ReplayJob:
     start: int
     end: int
     directory: str
+    committed_end: int | None = None
+    """The changelog end the group's last commit recorded (`commit_metadata`): no header read below it."""
 
 
 @dataclass
@@ -83,6 +86,7 @@ class SstFilesTarget:
         self.store, self.partition, self.changelog_topic = store, partition, changelog_topic
         self.changelog_offset: int | None = None
         self.source_offset: int | None = None
+        self.changelog_prefix: ChangelogPrefix | None = None
         self.directory = directory
         self.chunks: list[list[SstFile]] = []
         self.position: int | None = None
@@ -168,13 +172,16 @@ def child_work(
     return work | {"batch_size": batch_size, "chunk_records": chunk_records}
 
 
-def replay_job(store: StorePartition, committed: int | None, marks: tuple[int, int]) -> ReplayJob:
+def replay_job(
+    store: StorePartition, committed: int | None, marks: tuple[int, int], committed_end: int | None = None
+) -> ReplayJob:
     """The job of replaying the store partition's changelog from `marks`' low to high, into a fresh
     replay directory."""
     directory = replay_directory(store)
     shutil.rmtree(directory, ignore_errors=True)
     low, high = marks
-    return ReplayJob(store.store, store.changelog_topic, store.partition, committed, low, high, str(directory))
+    topic, partition = store.changelog_topic, store.partition
+    return ReplayJob(store.store, topic, partition, committed, low, high, str(directory), committed_end)
 
 
 def portable_settings(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -198,7 +205,16 @@ def _restore_consumer(kafka: KafkaClients, group: str) -> Iterator[Consumer]:
 def _replay(consumer: Consumer, group: str, job: ReplayJob, batch_size: int, chunk_records: int) -> ReplayedPartition:
     target = SstFilesTarget(job.store, job.partition, job.topic, Path(job.directory))
     replay = ChangelogRestore(
-        consumer, Listeners(), target, job.committed, job.start, job.end, batch_size, chunk_records, group
+        consumer,
+        Listeners(),
+        target,
+        job.committed,
+        job.start,
+        job.end,
+        batch_size,
+        chunk_records,
+        group,
+        job.committed_end,
     )
     while not replay.done:
         replay.step()

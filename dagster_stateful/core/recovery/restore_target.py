@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
+
 
 class RestoreTarget(Protocol):
     """Where a `ChangelogRestore` writes: a `StorePartition`, or the SST files of a full restore run
@@ -20,6 +22,7 @@ class RestoreTarget(Protocol):
     changelog_topic: str
     changelog_offset: int | None
     source_offset: int | None
+    changelog_prefix: ChangelogPrefix | None
 
     def holds(self, key: bytes) -> bool: ...
 

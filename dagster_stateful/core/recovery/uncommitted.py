@@ -28,6 +28,8 @@ changelog position past it, so records of a commit that completes later are read
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from itertools import compress, repeat
+from operator import is_
 
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 
@@ -70,6 +72,8 @@ class UncommittedFilter:
         self.gap_at: int | None = None
         """The offset of the first record read after a missing offset (None: none missing so far)."""
         self.first_uncommitted: int | None = None
+        self.processed_up_to: bytes | None = None
+        """The highest processed offset (8 bytes) among the uncommitted records seen (None: none)."""
         self.skipped = 0
         self.applied_uncommitted = 0
 
@@ -110,8 +114,20 @@ class UncommittedFilter:
         if self._uncommitted_keys:
             self._uncommitted_keys.discard(key)
 
-    def admit_uncommitted(self, key: bytes, offset: int) -> bool:
-        """Whether to apply an uncommitted record of `key` at changelog `offset`."""
+    def admit_committed_batch(self, keys: list[bytes], values: list[bytes | None]) -> None:
+        """`admit_committed` of a batch of committed records (and of nothing else), in bulk."""
+        if self._restored is None:
+            self._seen_committed.update(keys)
+        elif None in values:
+            self._deleted.update(compress(keys, map(is_, values, repeat(None))))
+        if self._uncommitted_keys:
+            self._uncommitted_keys.difference_update(keys)
+
+    def admit_uncommitted(self, key: bytes, offset: int, processed: bytes | None = None) -> bool:
+        """Whether to apply an uncommitted record of `key` at changelog `offset`, written by processing
+        the source message at `processed` (8 bytes, when known)."""
+        if processed is not None and (self.processed_up_to is None or processed > self.processed_up_to):
+            self.processed_up_to = processed
         if self.first_uncommitted is None:
             self.first_uncommitted = offset
         if key in self._uncommitted_keys:

@@ -25,6 +25,7 @@ from dagster_stateful.core.monitoring.store_metrics import (
     RocksDBCounters,
 )
 from dagster_stateful.core.state.backend import BackendFactory, StoreBackend
+from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
@@ -87,6 +88,8 @@ class StorePartition:
         self._db: StoreBackend | None = None
         self.changelog_offset: int | None = None
         self.source_offset: int | None = None
+        self.changelog_prefix: ChangelogPrefix | None = None
+        """What the worker knows of the changelog's committed records (set by its restores; in memory)."""
         self.recovered_from_corruption = False
         self.as_standby = False
         """Opened by a standby replica; its checkpoints say so."""
@@ -357,6 +360,7 @@ class StorePartition:
 
     def start_fresh(self, lock_timeout: float | None = None) -> None:
         """Delete the (open) partition's state and open it again, empty (`lock_timeout` as `open`)."""
+        self.changelog_prefix = None
         self.wipe()
         self.open(lock_timeout)
 

@@ -21,7 +21,7 @@ from kafka_helpers import produce, wait_for
 from dagster_stateful.core import App, RestoreListener
 from dagster_stateful.core.monitoring.report import StopReason
 from dagster_stateful.core.processing.worker import Worker
-from dagster_stateful.core.recovery.changelog import RESTORE_REPORT_FIELD
+from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD
 
 PARTITIONS = 4
 CUSTOMERS = 40_000

@@ -1,0 +1,137 @@
+"""An at-least-once commit records where its stores' changelogs end when every record below is of a
+committed message, and only then (real broker).
+
+The worker knows that of a changelog partition when its restore read it (`ChangelogPrefix`) and
+the partition grew since by exactly the records its own commits produced. A record from anyone else
+(a worker that lost the partition and does not know it yet) stops the recording until the next
+restore; uncommitted records the restore read delay it until the commits pass them. Both ways of
+learning where a partition ends are covered: delivery reports, and asking the broker when the
+producer reports errors only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kafka_helpers import create_topic, produce
+
+from dagster_stateful.core import AppConfig, JsonSerde
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.processing.commit import Committer
+from dagster_stateful.core.processing.commit_metadata import CommitMetadata, decode_commit_metadata
+from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.transaction import PartitionTransaction
+
+
+@dataclass
+class Setup:
+    bootstrap: str
+    config: AppConfig
+    committer: Committer
+    store: StorePartition
+    txn: PartitionTransaction
+
+    def process(self, offset: int, key: bytes = b"a") -> None:
+        """What the worker does for a message whose step adds to its key's total."""
+        self.txn.begin_message(key, offset)
+        state = self.txn.states["totals"]
+        state.set("total", (state.get("total") or 0) + 1)
+        self.txn.accept_message(offset)
+
+    def committed(self) -> CommitMetadata:
+        reader = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.config.consumer_group})
+        try:
+            [position] = reader.committed([TopicPartition(self.config.source, 0)], timeout=30)
+        finally:
+            reader.close()
+        return decode_commit_metadata(position.metadata, position.offset, "test")
+
+    def changelog_end(self) -> int:
+        kafka = KafkaClients({"bootstrap.servers": self.bootstrap})
+        return kafka.watermarks(self.config.changelog_topic("totals"), [0])[0][1]
+
+
+@pytest.fixture(params=["delivery-reports", "errors-only"])
+def setup(request, kafka_bootstrap: str, unique_name, tmp_path: Path) -> Iterator[Setup]:
+    config = AppConfig(name=unique_name("totals"), source=unique_name("orders"), stores=("totals",))
+    create_topic(kafka_bootstrap, config.source)
+    produce(kafka_bootstrap, config.source, [(b"a", b"{}")] * 20)
+    create_topic(kafka_bootstrap, config.changelog_topic("totals"), config={"cleanup.policy": "compact"})
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": config.consumer_group})
+    consumer.assign([TopicPartition(config.source, 0)])
+    tracker = DeliveryTracker()
+    settings = {"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "on_delivery": tracker}
+    if request.param == "errors-only":
+        settings["delivery.report.only.error"] = True
+    producer = Producer(settings)
+    kafka = KafkaClients({"bootstrap.servers": kafka_bootstrap})
+    committer = Committer(
+        consumer, producer, tracker, config.source, config.changelog_topics(), changelog_ends=kafka.ends
+    )
+    store = StateDirectory(tmp_path, config).partition("totals", 0)
+    store.open()
+    try:
+        yield Setup(
+            kafka_bootstrap, config, committer, store, PartitionTransaction(0, {"totals": store}, JsonSerde(), None)
+        )
+    finally:
+        store.close()
+        producer.flush(10)
+        consumer.close()
+
+
+def test_each_commit_records_where_the_changelog_ends_once_a_restore_read_it(setup):
+    setup.store.changelog_prefix = ChangelogPrefix(0, 0)  # as a restore of the empty changelog leaves it
+    setup.process(0, b"a")
+    setup.process(1, b"b")
+    setup.committer.commit([setup.txn])
+
+    assert setup.changelog_end() == 2
+    assert setup.committed().changelog_ends == {"totals": 2} and setup.store.changelog_offset == 2
+
+    setup.process(2, b"a")
+    setup.committer.commit([setup.txn])
+    assert setup.committed().changelog_ends == {"totals": 3} and setup.changelog_end() == 3
+
+
+def test_a_record_from_another_writer_stops_the_recording_until_the_next_restore(setup, caplog):
+    setup.store.changelog_prefix = ChangelogPrefix(0, 0)
+    setup.process(0)
+    setup.committer.commit([setup.txn])
+    assert setup.committed().changelog_ends == {"totals": 1}
+
+    produce(setup.bootstrap, setup.config.changelog_topic("totals"), [(b"zombie", b"{}")])
+    setup.process(1)
+    setup.committer.commit([setup.txn])
+
+    assert setup.committed() == CommitMetadata(), "the commit went through, recording no end"
+    assert setup.store.changelog_prefix is None and "not after this worker's 1 records" in caplog.text
+    setup.process(2)
+    setup.committer.commit([setup.txn])
+    assert setup.committed() == CommitMetadata()
+
+
+def test_a_commit_records_no_end_before_it_passes_the_uncommitted_records_a_restore_read(setup):
+    setup.store.changelog_prefix = ChangelogPrefix(0, processed_before=5)
+    setup.process(0)
+    setup.committer.commit([setup.txn])
+    assert setup.committed().changelog_ends == {}, "records of messages up to offset 4 may lie below the end"
+
+    for offset in range(1, 5):
+        setup.process(offset)
+    setup.committer.commit([setup.txn])
+    assert setup.committed().changelog_ends == {"totals": 2}, "at offset 5 every record below is committed"
+
+
+def test_a_store_whose_changelog_no_restore_read_records_no_end(setup):
+    setup.process(0)
+    setup.committer.commit([setup.txn])
+
+    assert setup.committed() == CommitMetadata()
