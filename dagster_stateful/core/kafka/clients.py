@@ -12,7 +12,7 @@ every client reports authentication and TLS failures to the connection's `Securi
 `error_cb`), which an admin call checks after each failed attempt (the first attempts are short, so
 that this takes seconds: librdkafka's calls only time out meanwhile), and a refused ACL becomes a
 `KafkaAuthorizationError` naming the access the call needed. librdkafka's own log lines go through
-Python logging (`ClientLog`), not raw to stderr.
+Python logging (`client_log.ClientLog`), not raw to stderr.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from confluent_kafka.admin import (
 from dagster_stateful.core.kafka.authorization import GROUP, TOPIC, Access, is_authorization_failure
 from dagster_stateful.core.kafka.backoff import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
 from dagster_stateful.core.kafka.backoff import MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
+from dagster_stateful.core.kafka.client_log import CLIENT_LOG
 from dagster_stateful.core.kafka.descriptions import GroupDescription, GroupMember, TopicLayout
 from dagster_stateful.core.kafka.errors import (
     STALE_METADATA,
@@ -92,22 +93,6 @@ after the broker was back. A setting of the connection overrides it."""
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
 _MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _T = TypeVar("_T")
-
-
-class ClientLog:
-    """Where librdkafka's own log lines go (given to every client as its `logger`): the Python
-    logger `dagster_stateful.core.kafka.librdkafka`, at most at WARNING, since what librdkafka
-    reports as an error (a refused connection, a broker gone) is retried by the client, and the
-    engine raises what it cannot get past with its own error."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self.logger = logger
-
-    def log(self, level: int, message: str, *args: object) -> None:
-        self.logger.log(min(level, logging.WARNING), message, *args)
-
-
-CLIENT_LOG = ClientLog(logging.getLogger(f"{__name__.rsplit('.', 1)[0]}.librdkafka"))
 
 
 def describe_replication(replication_factor: int) -> str:
@@ -298,7 +283,11 @@ class KafkaClients:
         return offsets
 
     def committed_offsets(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
-        """The group's committed offset per partition (None where it never committed).
+        """The group's committed offset per partition (None where it never committed)."""
+        return {partition: offset for partition, (offset, _) in self.committed(group, topic, partitions).items()}
+
+    def committed(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int | None, str | None]]:
+        """The group's committed offset (None where it never committed) and its metadata per partition.
 
         Read through a consumer that never joins the group: the admin ListConsumerGroupOffsets
         call can crash librdkafka 2.x when the coordinator is still loading (librdkafka#5040).
@@ -321,7 +310,7 @@ class KafkaClients:
         for tp in result:
             if tp.error is not None and is_authorization_failure(tp.error):
                 raise as_operation_error(KafkaException(tp.error), what, needs, self.security.identity.principal)
-        return {tp.partition: (None if tp.offset < 0 else tp.offset) for tp in result}
+        return {tp.partition: (None if tp.offset < 0 else tp.offset, tp.metadata) for tp in result}
 
     def describe_group(self, group: str, topic: str) -> GroupDescription:
         """The group's state and members, with the partitions of `topic` each one owns."""

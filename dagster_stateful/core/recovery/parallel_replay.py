@@ -126,12 +126,15 @@ def replay_partitions(
     processes: int,
     batch_size: int,
     chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
+    committed_ends: dict[int, int] | None = None,
 ) -> dict[int, RestoreReport]:
     """Restore each open store partition (no local state, kept in RocksDB) from the whole of its
     changelog, on up to `processes` processes; returns each partition's restore report. `marks`:
-    each changelog partition's (low, high) offsets, as a `read_committed` reader sees them."""
+    each changelog partition's (low, high) offsets, as a `read_committed` reader sees them.
+    `committed_ends`: per partition, the changelog end the group's last commit recorded."""
     started = time.monotonic()
-    jobs = [replay_job(store, committed.get(partition), marks[partition]) for partition, store in stores.items()]
+    ends = committed_ends or {}
+    jobs = [replay_job(store, committed.get(p), marks[p], ends.get(p)) for p, store in stores.items()]
     settings = portable_settings(kafka.settings)
     groups = balanced_groups(jobs, lambda job: job.end - job.start, processes if settings is not None else 1)
     work = child_work(kafka, settings, group, batch_size, chunk_records)

@@ -20,6 +20,7 @@ from dagster_stateful.core.config import AppConfig, choice
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
+from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.parallel_replay import replay_partitions, replayable
@@ -80,7 +81,12 @@ def restore_partitions(
     if (request.method is RestoreMethod.SPARK or request.spark_cores) and request.sst_writer is None:
         raise ConfigurationError("the Spark restore path needs an SST writer (a Spark session)")
     partitions = sorted(set(request.partitions))
-    committed = kafka.committed_offsets(config.consumer_group, config.source, partitions)
+    positions = kafka.committed(config.consumer_group, config.source, partitions)
+    committed = {partition: offset for partition, (offset, _) in positions.items()}
+    recorded = {
+        partition: decode_commit_metadata(metadata, offset, f"{config.source}[{partition}]").changelog_ends
+        for partition, (offset, metadata) in positions.items()
+    }
     consumer = kafka.consumer({"group.id": config.restore_group, **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(kafka, consumer, listeners, config.restore_batch_size, group=config.restore_group)
     activity = state.activity_lock()
@@ -89,7 +95,8 @@ def restore_partitions(
         results = []
         for store in request.stores or config.stores:
             snapshots = SnapshotStore(request.snapshot_root, config.name, store) if request.snapshot_root else None
-            results += _restore_store(kafka, state, store, partitions, committed, restorer, snapshots, request)
+            ends = {partition: by_store[store] for partition, by_store in recorded.items() if store in by_store}
+            results += _restore_store(kafka, state, store, partitions, (committed, ends), restorer, snapshots, request)
         return results
     finally:
         activity.release()
@@ -101,11 +108,14 @@ def _restore_store(
     state: StateDirectory,
     store: str,
     partitions: list[int],
-    committed: dict[int, int | None],
+    group_positions: tuple[dict[int, int | None], dict[int, int]],
     restorer: Restorer,
     snapshots: SnapshotStore | None,
     request: RestoreRequest,
 ) -> list[PartitionRestore]:
+    """group_positions: the group's committed offset per partition, and the store's changelog end
+    its last commit recorded (`commit_metadata`), where it recorded one."""
+    committed, ends = group_positions
     marks = kafka.watermarks(state.config.changelog_topic(store), partitions, committed=True)
     manifest = snapshots.latest() if snapshots else None
     opened: dict[int, StorePartition] = {}
@@ -139,7 +149,7 @@ def _restore_store(
         spark_partitions = [p for p, plan in plans.items() if plan.path is RestorePath.SPARK]
         spark_files = _spark_files(snapshots, manifest, spark_partitions, request.sst_writer, cleanups)
         loaded = _snapshot_loads(opened, plans, snapshots, manifest, marks, request.load_processes)
-        loaded |= _changelog_replays(kafka, state, opened, plans, committed, marks, request.load_processes)
+        loaded |= _changelog_replays(kafka, state, opened, plans, group_positions, marks, request.load_processes)
         for partition, part in opened.items():
             result = PartitionRestore(store, partition, plans[partition])
             if partition in loaded:
@@ -153,7 +163,7 @@ def _restore_store(
                         store, partition, RestoreKind.SPARK, 0, manifest.end_offsets[partition], records_applied=keys
                     )
                 )
-            tail = restorer.restore(part, committed.get(partition))
+            tail = restorer.restore(part, committed.get(partition), ends.get(partition))
             if tail is not None:
                 result.reports.append(tail)
             results.append(result)
@@ -187,7 +197,7 @@ def _changelog_replays(
     state: StateDirectory,
     opened: dict[int, StorePartition],
     plans: dict[int, RestorePlan],
-    committed: dict[int, int | None],
+    group_positions: tuple[dict[int, int | None], dict[int, int]],
     marks: dict[int, tuple[int, int]],
     processes: int | None,
 ) -> dict[int, RestoreReport]:
@@ -198,9 +208,9 @@ def _changelog_replays(
     if len(chosen) < 2 or processes < 2:
         return {}
     config = state.config
-    return replay_partitions(
-        kafka, config.restore_group, chosen, committed, marks, processes, config.restore_batch_size
-    )
+    committed, ends = group_positions
+    group, batch_size = config.restore_group, config.restore_batch_size
+    return replay_partitions(kafka, group, chosen, committed, marks, processes, batch_size, committed_ends=ends)
 
 
 def _plan(

@@ -50,6 +50,25 @@ def test_a_full_restore_takes_the_records_below_the_last_commits_end_to_the_same
     assert totals_in_store(app, PARTITIONS) == expected_totals(orders)
 
 
+def test_the_restore_job_takes_the_records_below_the_last_commits_end_in_one_process_and_in_two(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    orders = make_orders(400, customers=30)
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, orders)
+    app = totals_app(kafka_bootstrap, source, tmp_path, unique_name("totals"))
+    assert app.run_worker(until_caught_up=True, max_seconds=120).stop_reason == "caught_up"
+
+    for processes in (1, 2):
+        results = app.restore_partitions(
+            range(PARTITIONS), from_scratch=True, method="changelog", load_processes=processes
+        )
+
+        reports = [report for result in results for report in result.reports]
+        assert len(reports) == PARTITIONS and all(r.kind == "full" for r in reports), reports
+        assert all(r.records_below_committed_end == r.records_applied > 0 for r in reports), reports
+        assert totals_in_store(app, PARTITIONS) == expected_totals(orders)
+
+
 def test_after_a_foreign_record_the_next_restore_reads_headers_and_the_run_after_records_ends_again(
     kafka_bootstrap, unique_name, tmp_path
 ):
