@@ -52,7 +52,11 @@ COMMIT_EVERY = 100
 KEPT = re.compile(r"Keeps a standby of partition (\d+)")
 RESTORE_DELAY = 2.0
 """Seconds each batch the member that came back restores takes: the window a read lands in."""
-GONE = re.compile(r"(?:No longer keeps a standby of|Let go of the standby of|Dropped the standby of) partition (\d+)")
+GONE = re.compile(
+    r"(?:No longer keeps a standby of|Let go of the standby of|Dropped the standby of) partition (\d+)"
+    r"|Partition (\d+) becomes active here, where its standby was kept"
+)
+"""A standby the member stopped keeping, or that became the partition's active copy there."""
 RESUMED = re.compile(r"Partition (\d+) is up to date; processing resumes")
 
 
@@ -63,7 +67,7 @@ def kept_standbys(worker: WorkerProcess) -> set[int]:
         if found := KEPT.search(line):
             kept.add(int(found.group(1)))
         elif found := GONE.search(line):
-            kept.discard(int(found.group(1)))
+            kept.discard(int(found.group(1) or found.group(2)))
     return kept
 
 
