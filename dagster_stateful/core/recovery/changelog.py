@@ -39,7 +39,7 @@ from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, processed_bytes
 from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
 from dagster_stateful.core.recovery.restore_target import RestoreTarget
-from dagster_stateful.core.recovery.uncommitted import UncommittedFilter
+from dagster_stateful.core.recovery.uncommitted import UncommittedFilter, decode_processed_offset
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
@@ -206,12 +206,11 @@ class ChangelogRestore:
         it read."""
         if not self.clean_base:
             return None
-        floor = self.committed_source_offset or 0
-        return ChangelogPrefix(self.end, floor if uncommitted_up_to is None else max(floor, uncommitted_up_to + 1))
+        return ChangelogPrefix.read(self.end, self.committed_source_offset, uncommitted_up_to)
 
     def _complete_report(self) -> None:
         up_to = self.filter.processed_up_to
-        self.report.uncommitted_processed_up_to = None if up_to is None else int.from_bytes(up_to, "big", signed=True)
+        self.report.uncommitted_processed_up_to = None if up_to is None else decode_processed_offset(up_to)
         self.report.records_skipped = self.filter.skipped
         self.report.records_uncommitted_applied = self.filter.applied_uncommitted
         self.report.seconds = time.monotonic() - self._started if self._started is not None else 0.0
@@ -397,7 +396,7 @@ class Restorer:
             if stored is None or store.source_offset != committed_source_offset:
                 store.finish_restore(high, committed_source_offset)
             if clean_base:
-                store.changelog_prefix = ChangelogPrefix(high, committed_source_offset or 0)
+                store.changelog_prefix = ChangelogPrefix.read(high, committed_source_offset)
             return None
         self._learn_topic(topic)
         return ChangelogRestore(

@@ -9,21 +9,21 @@ tell records of committed messages from the rest (`uncommitted.UncommittedFilter
 from __future__ import annotations
 
 from dagster_stateful.core.kafka.records import Headers
-from dagster_stateful.core.recovery.uncommitted import OFFSET_BYTES, encode_processed_offset
+from dagster_stateful.core.recovery.uncommitted import OFFSET_BYTES, decode_processed_offset, encode_processed_offset
 
 SOURCE_OFFSET_HEADER = "source_offset"
 
 
 def source_offset_header(offset: int) -> Headers:
     """The headers of a changelog record written by processing the message at source `offset`."""
-    return [(SOURCE_OFFSET_HEADER, encode_processed_offset(offset))]
+    return [(SOURCE_OFFSET_HEADER, offset.to_bytes(OFFSET_BYTES, "big", signed=True))]  # once per record
 
 
 def processed_offset(headers: Headers | None) -> int | None:
     """The source offset a record's headers name (None: the record has no such header)."""
     for name, value in headers or ():
         if name == SOURCE_OFFSET_HEADER and isinstance(value, bytes):
-            return int.from_bytes(value, "big", signed=True)
+            return decode_processed_offset(value)
     return None
 
 

@@ -40,6 +40,10 @@ def encode_processed_offset(offset: int) -> bytes:
     return offset.to_bytes(OFFSET_BYTES, "big", signed=True)
 
 
+def decode_processed_offset(encoded: bytes) -> int:
+    return int.from_bytes(encoded, "big", signed=True)
+
+
 class UncommittedFilter:
     """Decides, record by record in changelog order, whether a restore applies a record.
 

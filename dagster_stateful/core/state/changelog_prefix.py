@@ -20,3 +20,10 @@ class ChangelogPrefix:
     end: int
     processed_before: int
     produced: int = 0
+
+    @classmethod
+    def read(cls, end: int, committed: int | None, uncommitted_up_to: int | None = None) -> ChangelogPrefix:
+        """What a restore that read the changelog up to `end` knows, at the group's `committed` offset,
+        having met records of uncommitted messages processed up to `uncommitted_up_to` (None: none)."""
+        floor = committed or 0
+        return cls(end, floor if uncommitted_up_to is None else max(floor, uncommitted_up_to + 1))

@@ -46,16 +46,15 @@ class Setup:
         self.txn.accept_message(offset)
 
     def committed(self) -> CommitMetadata:
-        reader = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.config.consumer_group})
-        try:
-            [position] = reader.committed([TopicPartition(self.config.source, 0)], timeout=30)
-        finally:
-            reader.close()
-        return decode_commit_metadata(position.metadata, position.offset, "test")
+        [(offset, metadata)] = self.kafka.committed(self.config.consumer_group, self.config.source, [0]).values()
+        return decode_commit_metadata(metadata, offset, "test")
 
     def changelog_end(self) -> int:
-        kafka = KafkaClients({"bootstrap.servers": self.bootstrap})
-        return kafka.watermarks(self.config.changelog_topic("totals"), [0])[0][1]
+        return self.kafka.watermarks(self.config.changelog_topic("totals"), [0])[0][1]
+
+    @property
+    def kafka(self) -> KafkaClients:
+        return KafkaClients({"bootstrap.servers": self.bootstrap})
 
 
 @pytest.fixture(params=["delivery-reports", "errors-only"])

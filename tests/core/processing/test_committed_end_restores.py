@@ -8,7 +8,7 @@ to it), the next full restore reads every header, and its own commits record end
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from kafka_helpers import produce
 
@@ -19,26 +19,31 @@ from dagster_stateful.core.state.keys import message_prefix
 PARTITIONS = 2
 
 
-def committed_metadata(bootstrap: str, app: App, partitions: int = PARTITIONS) -> dict[int, CommitMetadata]:
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": app.config.consumer_group})
-    try:
-        positions = reader.committed([TopicPartition(app.config.source, p) for p in range(partitions)], timeout=30)
-    finally:
-        reader.close()
-    return {tp.partition: decode_commit_metadata(tp.metadata, tp.offset, "test") for tp in positions}
+def committed_metadata(app: App, partitions: int = PARTITIONS) -> dict[int, CommitMetadata]:
+    positions = app.kafka.committed(app.config.consumer_group, app.config.source, range(partitions))
+    return {p: decode_commit_metadata(metadata, offset, "test") for p, (offset, metadata) in positions.items()}
+
+
+def assert_the_changelog_ends_are_recorded(app: App, partitions: int = PARTITIONS) -> None:
+    ends = app.kafka.watermarks(app.changelog_topic("totals"), list(range(partitions)))
+    recorded = {p: metadata.changelog_ends for p, metadata in committed_metadata(app, partitions).items()}
+    assert recorded == {p: {"totals": high} for p, (_, high) in ends.items()}
+
+
+def processed_once(bootstrap: str, unique_name, tmp_path) -> tuple[App, list[tuple[bytes, bytes]]]:
+    """An app whose worker processed 400 orders over two partitions, and those orders."""
+    orders = make_orders(400, customers=30)
+    source = orders_topic(bootstrap, unique_name("orders"), PARTITIONS, orders)
+    app = totals_app(bootstrap, source, tmp_path, unique_name("totals"))
+    assert app.run_worker(until_caught_up=True, max_seconds=120).stop_reason == "caught_up"
+    return app, orders
 
 
 def test_a_full_restore_takes_the_records_below_the_last_commits_end_to_the_same_totals(
     kafka_bootstrap, unique_name, tmp_path
 ):
-    orders = make_orders(400, customers=30)
-    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, orders)
-    app = totals_app(kafka_bootstrap, source, tmp_path, unique_name("totals"))
-    assert app.run_worker(until_caught_up=True, max_seconds=120).stop_reason == "caught_up"
-    changelog = app.changelog_topic("totals")
-    ends = app.kafka.watermarks(changelog, list(range(PARTITIONS)))
-    recorded = committed_metadata(kafka_bootstrap, app)
-    assert {p: m.changelog_ends for p, m in recorded.items()} == {p: {"totals": ends[p][1]} for p in ends}
+    app, orders = processed_once(kafka_bootstrap, unique_name, tmp_path)
+    assert_the_changelog_ends_are_recorded(app)
 
     app.clear_state()
     report = app.run_worker(until_caught_up=True, max_seconds=120)
@@ -53,10 +58,7 @@ def test_a_full_restore_takes_the_records_below_the_last_commits_end_to_the_same
 def test_the_restore_job_takes_the_records_below_the_last_commits_end_in_one_process_and_in_two(
     kafka_bootstrap, unique_name, tmp_path
 ):
-    orders = make_orders(400, customers=30)
-    source = orders_topic(kafka_bootstrap, unique_name("orders"), PARTITIONS, orders)
-    app = totals_app(kafka_bootstrap, source, tmp_path, unique_name("totals"))
-    assert app.run_worker(until_caught_up=True, max_seconds=120).stop_reason == "caught_up"
+    app, orders = processed_once(kafka_bootstrap, unique_name, tmp_path)
 
     for processes in (1, 2):
         results = app.restore_partitions(
@@ -93,7 +95,7 @@ def test_after_a_foreign_record_the_next_restore_reads_headers_and_the_run_after
     intruding = totals_app(kafka_bootstrap, source, tmp_path, name, step=add_and_intrude)
     assert intruding.run_worker(until_caught_up=True, max_seconds=120).stop_reason == "caught_up"
     assert intruded == [0], "the foreign record was written while the worker ran"
-    assert committed_metadata(kafka_bootstrap, app, 1)[0].changelog_ends == {}
+    assert committed_metadata(app, 1)[0].changelog_ends == {}
 
     third = make_orders(100, customers=20, start=400)
     produce(kafka_bootstrap, source, third)
@@ -101,5 +103,4 @@ def test_after_a_foreign_record_the_next_restore_reads_headers_and_the_run_after
     report = app.run_worker(until_caught_up=True, max_seconds=120)
     assert [r.records_below_committed_end for r in report.restores] == [0], "the restore read every header"
     assert totals_in_store(app, 1) == expected_totals(first + second + third)
-    end = app.kafka.watermarks(changelog, [0])[0][1]
-    assert committed_metadata(kafka_bootstrap, app, 1)[0].changelog_ends == {"totals": end}, "it read them all"
+    assert_the_changelog_ends_are_recorded(app, 1)
