@@ -261,7 +261,7 @@ WINDOW_GRACE_MS = 1_000
 
 
 COLUMNAR_WORKER_LOG = "a batch at a time, in columns"
-"""What a worker logs when it starts on the columnar path (`vectorized.choose_path`)."""
+"""What a worker logs when it starts on the columnar path (`batch_path.choose_path`)."""
 
 
 def windowed_sigkill_storm(

@@ -70,6 +70,8 @@ class BatchProcessor:
         self._key_check = None if type(key_serde) is BytesSerde else fast_loads(key_serde)
         self._value_loads = fast_loads(config.value_serde)
         self._prefixes: dict[bytes, bytes] = {}
+        self.messages_in_columns = 0
+        """Always 0: this path takes messages one at a time (`vectorized` counts those it folds)."""
 
     def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]:
         """Process `messages[start:]` until `budget` of them were processed (or passed by the error

@@ -26,7 +26,6 @@ as the per-message path leaves them.
 
 from __future__ import annotations
 
-import logging
 import operator
 from collections.abc import Callable
 from itertools import groupby
@@ -37,19 +36,16 @@ from confluent_kafka import Message
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.processing.batch import BatchProcessor
-from dagster_stateful.core.processing.columns import decode_field, fold_by_key, valid_utf8_keys, warm_up
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.columns import decode_field, fold_by_key, valid_utf8_keys
 from dagster_stateful.core.processing.steps import ColumnarAggregation, StepFailed
 from dagster_stateful.core.processing.window_columns import fold_by_window
 from dagster_stateful.core.state.keys import scoped_keys
 from dagster_stateful.core.state.live import PartialsRefused
-from dagster_stateful.core.state.serialization import BytesSerde, JsonSerde, StrSerde
+from dagster_stateful.core.state.serialization import StrSerde
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import StoreCorruptedError
 
-log = logging.getLogger(__name__)
-
-__all__ = ["VECTORIZED_CONSUME_BATCH", "VectorizedBatchProcessor", "can_vectorize", "choose_path"]
+__all__ = ["VECTORIZED_CONSUME_BATCH", "VectorizedBatchProcessor"]
 
 VECTORIZED_CONSUME_BATCH = 10_000
 """Messages a worker asks `consume` for on the columnar path: larger batches fold more messages per key."""
@@ -70,30 +66,6 @@ more at the peak with 1M keys and was no faster (bench_core.py --aggregate, alte
 
 _partition_of = Message.partition
 """`Message.partition` itself: `operator.methodcaller` cost 76 ns per message, the method descriptor 17 ns."""
-
-
-def choose_path(
-    config: AppConfig, dataframe: StreamingDataFrame, per_message: BatchProcessor, consume_batch: int
-) -> tuple[BatchProcessor | VectorizedBatchProcessor, int]:
-    """The worker's batch processor and how many messages it consumes at a time: the columnar path
-    when the app allows it (see the module's docstring), else `per_message` itself."""
-    aggregation = dataframe.vectorized
-    if aggregation is None or not can_vectorize(config):
-        return per_message, consume_batch
-    log.info(
-        "Worker of %r folds its %s%s aggregation a batch at a time, in columns",
-        config.name,
-        "" if aggregation.windows is None else f"{aggregation.windows.kind} window ",
-        aggregation.aggregator.name,
-    )
-    warm_up()
-    return VectorizedBatchProcessor(config, aggregation, per_message), VECTORIZED_CONSUME_BATCH
-
-
-def can_vectorize(config: AppConfig) -> bool:
-    """Whether the app's serdes let the columnar path decode its messages: JSON values, and keys
-    that are bytes or UTF-8 text."""
-    return type(config.value_serde) is JsonSerde and type(config.key_serde) in (BytesSerde, StrSerde)
 
 
 class VectorizedBatchProcessor:

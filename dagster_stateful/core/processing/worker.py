@@ -35,6 +35,7 @@ from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.background_restores import BackgroundRestores
 from dagster_stateful.core.processing.bad_input import BadInputHandler
 from dagster_stateful.core.processing.batch import BatchProcessor
+from dagster_stateful.core.processing.batch_path import choose_path
 from dagster_stateful.core.processing.client_settings import worker_consumer_config, worker_producer_config
 from dagster_stateful.core.processing.commit import Committer, StoresDamaged
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
@@ -50,7 +51,6 @@ from dagster_stateful.core.processing.transactions import (
     initialize_transactions,
     refuse_pinned_exactly_once,
 )
-from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor, choose_path
 from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
@@ -180,8 +180,7 @@ class Worker:
             report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
-            if isinstance(self._batches, VectorizedBatchProcessor):
-                report.messages_in_columns = self._batches.messages_in_columns
+            report.messages_in_columns = self._batches.messages_in_columns
             try:
                 report.lag = self._group_lag()
             except StatefulError as error:
