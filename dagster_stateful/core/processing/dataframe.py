@@ -262,6 +262,10 @@ class StreamingDataFrame:
         return self._append(Step(kind, function, resolved))
 
     def _append(self, step: Step):
+        if isinstance(step.function, Aggregator) and step.function.vectorizable:
+            # The columnar path's NumPy and Arrow load as the app is declared, not when its worker starts.
+            import dagster_stateful.core.processing.columns  # noqa: F401
+
         self._steps += (step,)
         self._chain += (("fold" if step.per_commit else step.kind, step_call(step)),)
         return self
