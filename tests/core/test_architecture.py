@@ -119,6 +119,24 @@ def test_the_engine_api_loads_without_dagster_or_pyspark():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_a_worker_loads_numpy_and_arrow_only_for_a_columnar_aggregation():
+    """A worker of any other app (and a restore child) never pays their 35 MiB and quarter second."""
+    check = (
+        "import sys\n"
+        "from dagster_stateful.core import App, Sum\n"
+        "import dagster_stateful.core.processing.worker, dagster_stateful.core.recovery.parallel_replay\n"
+        "app = App(name='a', source='orders', stores=['totals'], kafka='127.0.0.1:9')\n"
+        "app.dataframe().update(lambda value, state: None, stateful=True)\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pyarrow'))\n"
+        "assert not loaded, loaded[:5]\n"
+        "columnar = App(name='b', source='orders', stores=['totals'], kafka='127.0.0.1:9')\n"
+        "columnar.dataframe().aggregate(Sum('amount'))\n"
+        "assert 'numpy' in sys.modules and 'pyarrow' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_the_dagster_api_is_exported_from_the_package():
     import dagster_stateful
     from dagster_stateful.builder import build_stateful_definitions
