@@ -120,7 +120,7 @@ def test_the_engine_api_loads_without_dagster_or_pyspark():
 
 
 def test_a_worker_loads_numpy_and_arrow_only_for_a_columnar_aggregation():
-    """A worker of any other app (and a restore child) never pays their 35 MiB and quarter second."""
+    """A worker of any other app (and a restore child) never pays their 50 MiB and quarter second."""
     check = (
         "import sys\n"
         "from dagster_stateful.core import App, Sum\n"

@@ -1,7 +1,7 @@
 """Which batch processor a worker runs: the per-message one, or the columnar one when its app allows it.
 
 Owns `choose_path`. The columnar path (`vectorized`) stands on NumPy and Arrow, which take about
-35 MiB and a quarter of a second to import: they load when an app declares a columnar aggregation
+50 MiB and a quarter of a second to import: they load when an app declares a columnar aggregation
 (`StreamingDataFrame`) and are imported here only when a worker takes that path, so a worker of any
 other app (and the processes that restore for it) never loads them.
 """

@@ -11,8 +11,8 @@ for RocksDB to ingest (`snapshot_image`). `root` is a local path or a URI pyarro
 reads (file://, s3://, gs://, hdfs://; Spark's s3a:// is read as s3://).
 
 pyarrow is imported where a snapshot is first touched, not with this module: a worker imports it
-for `SnapshotManifest`, and one whose app keeps no snapshots is spared pyarrow's 25 MiB and quarter
-of a second.
+for `SnapshotManifest`, and one whose app keeps no snapshots is spared pyarrow's (and NumPy's) 50 MiB and
+quarter of a second.
 """
 
 from __future__ import annotations
