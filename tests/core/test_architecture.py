@@ -103,6 +103,12 @@ def test_every_module_says_what_it_owns():
     assert not missing, f"modules without a docstring: {missing}"
 
 
+def assert_passes_in_a_fresh_interpreter(code: str) -> None:
+    """Run `code` in a new Python process (nothing imported yet) and fail with its error if it fails."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_modules_stay_small():
     too_long = {module_name(p): n for p in PACKAGE_ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
     assert not too_long, f"split these modules (over 450 lines): {too_long}"
@@ -115,8 +121,7 @@ def test_the_engine_api_loads_without_dagster_or_pyspark():
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'pyspark')); "
         "assert not loaded, loaded"
     )
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert_passes_in_a_fresh_interpreter(check)
 
 
 def test_a_worker_loads_numpy_and_arrow_only_for_a_columnar_aggregation():
@@ -133,8 +138,7 @@ def test_a_worker_loads_numpy_and_arrow_only_for_a_columnar_aggregation():
         "columnar.dataframe().aggregate(Sum('amount'))\n"
         "assert 'numpy' in sys.modules and 'pyarrow' in sys.modules\n"
     )
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert_passes_in_a_fresh_interpreter(check)
 
 
 def test_the_dagster_api_is_exported_from_the_package():
