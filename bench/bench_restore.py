@@ -46,9 +46,9 @@ from confluent_kafka import Producer
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest

@@ -68,7 +68,7 @@ sys.path.insert(0, sys.argv[5])
 from bench_restore import COMMITTED, open_partition
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.verification import partition_digest
 bootstrap, topic, state_dir, variant = sys.argv[1], sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4])
 kafka = KafkaClients({"bootstrap.servers": bootstrap, "log_level": 0})

@@ -78,6 +78,7 @@ METERED_FILES = [
 ]
 """The files that count, time and gather the store metrics (the new modules are left in place, unused)."""
 MOVED_IMPORTS = {
+    f"from {PACKAGE}.core.recovery.changelog import Restorer": f"from {PACKAGE}.core.recovery.restorer import Restorer",
     f"from {PACKAGE}.core.recovery.changelog import source_offset_header": (
         f"from {PACKAGE}.core.recovery.changelog_format import source_offset_header"
     ),

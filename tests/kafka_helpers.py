@@ -11,6 +11,8 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from dagster_stateful.core.kafka.records import Headers
+
 T = TypeVar("T")
 
 
@@ -47,7 +49,9 @@ def _answers_offsets(admin: AdminClient, topic: str, partitions: int) -> bool:
     return True
 
 
-def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:
+def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]], headers: Headers | None = None
+) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     errors: list[str] = []
 
@@ -56,7 +60,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
             errors.append(str(error))
 
     for key, value in records:
-        producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
     remaining = producer.flush(30)
     assert remaining == 0 and not errors, f"undelivered: {remaining}, errors: {errors}"
 

@@ -5,7 +5,8 @@ offsets it needs from Kafka (the group's committed source offsets first, then th
 ends) and runs it. It reads the changelog with Spark's
 Kafka source from the previous snapshot's end offsets (or the beginning) and, per partition, cuts
 the range at the first record written for a message the consumer group has not committed (its
-processed-offset header is at or past the committed source offset): such records are left to the
+processed-offset header is at or past the committed source offset, or it has no header where the
+group's last commit counts such records as uncommitted, `changelog_format`): such records are left to the
 changelog replay that follows a snapshot load, which applies its own skip rule. Below the cut it
 keeps the latest value per key and partition (by offset), lets those rows replace the previous
 snapshot's (a tombstone removes the key), drops tombstones, and writes Parquet, one directory per
@@ -29,7 +30,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER
+from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
+from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, bare_uncommitted_from
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.spark.bulk_restore import write_sst_files
 
@@ -60,10 +62,28 @@ def snapshot_changelog(
     partitions = range(kafka.partition_count(changelog_topic) or 0)
     # Committed offsets first, then the ends: changelog records are delivered before their source
     # offsets are committed, and the snapshot stops at the first record of an uncommitted message.
-    committed = kafka.committed_offsets(consumer_group, source, partitions)
+    positions = kafka.committed(consumer_group, source, partitions)
     ends = {p: high for p, (_, high) in kafka.watermarks(changelog_topic, partitions, committed=True).items()}
-    manifest = build_snapshot(spark, kafka_options, changelog_topic, ends, committed, snapshots, keep, sst_image)
+    committed = {p: offset for p, (offset, _) in positions.items()}
+    bare_from = _bare_uncommitted_from(positions, source, snapshots.store)
+    manifest = build_snapshot(
+        spark, kafka_options, changelog_topic, ends, committed, snapshots, keep, sst_image, bare_from
+    )
     return ChangelogSnapshot(manifest, ends, committed)
+
+
+def _bare_uncommitted_from(
+    positions: Mapping[int, tuple[int | None, str | None]], source: str, store: str
+) -> dict[int, int]:
+    """Per partition, the changelog offset from which records without headers are of uncommitted
+    messages, as the group's last commit says (`changelog_format.bare_uncommitted_from`)."""
+    bare_from = {}
+    for partition, (offset, metadata) in positions.items():
+        recorded = decode_commit_metadata(metadata, offset, f"{source}[{partition}]")
+        start = bare_uncommitted_from(offset, recorded.changelog_ends.get(store), recorded.bare_uncommitted)
+        if start is not None:
+            bare_from[partition] = start
+    return bare_from
 
 
 def build_snapshot(
@@ -75,6 +95,7 @@ def build_snapshot(
     snapshots: SnapshotStore,
     keep: int = 3,
     sst_image: bool = True,
+    bare_uncommitted_from: Mapping[int, int] | None = None,
 ) -> SnapshotManifest:
     """Fold the committed part of `changelog_topic` up to `end_offsets` (partition -> exclusive end)
     into a new snapshot.
@@ -83,13 +104,22 @@ def build_snapshot(
     committed_offsets: the app's consumer group's committed source offset per partition (None, or
     absent: never committed), read before `end_offsets`. A partition's snapshot ends at its
     changelog end or at the first record in the range read whose processed source offset is at or
-    past the committed one, whichever comes first; records without the header count as committed.
-    sst_image: also write the partitions as SST files, which a load ingests as they are.
+    past the committed one, whichever comes first; a record without headers counts as committed,
+    unless it lies at or past its partition's offset in `bare_uncommitted_from` (see
+    `changelog_format`). sst_image: also write the partitions as SST files, which a load ingests as
+    they are.
     """
     previous = snapshots.latest()
     start_offsets = {p: (previous.end_offsets.get(p, 0) if previous else 0) for p in end_offsets}
     started = time.monotonic()
-    records = _changelog_records(spark, kafka_options, changelog_topic, start_offsets, end_offsets, committed_offsets)
+    records = _changelog_records(
+        spark,
+        kafka_options,
+        changelog_topic,
+        (start_offsets, end_offsets),
+        committed_offsets,
+        bare_uncommitted_from or {},
+    )
     try:
         snapshot_id, cut, cut_seconds = _write_snapshot(spark, records, end_offsets, snapshots, previous)
     finally:
@@ -202,25 +232,28 @@ def _changelog_records(
     spark: SparkSession,
     kafka_options: dict[str, str],
     topic: str,
-    start: dict[int, int],
-    end: dict[int, int],
+    ranges: tuple[dict[int, int], dict[int, int]],
     committed: Mapping[int, int | None],
+    bare_from: Mapping[int, int],
 ) -> DataFrame | None:
-    """The records in [start, end), each marked `uncommitted` (see `_uncommitted`), read from Kafka
-    once and kept (memory, then disk) for the two passes over them; None when all ranges are empty."""
+    """The records in [start, end) of `ranges`, each marked `uncommitted` (see `_uncommitted`), read
+    from Kafka once and kept (memory, then disk) for the two passes over them; None when all ranges
+    are empty."""
+    start, end = ranges
     records = _kafka_records(spark, kafka_options, topic, start, end)
     if records is None:
         return None
     committed_by_partition = F.create_map(
         *[column for p in sorted(end) for column in (F.lit(p), _offset_bytes(committed.get(p)))]
     )
-    marked = records.select(
-        F.col("partition").cast("int").alias("partition"),
-        "offset",
-        "key",
-        "value",
-        _uncommitted(F.col("headers"), committed_by_partition[F.col("partition")]).alias("uncommitted"),
-    )
+    partition = F.col("partition").cast("int")
+    uncommitted = _uncommitted(F.col("headers"), committed_by_partition[partition])
+    if bare_from:
+        bare_by_partition = F.create_map(
+            *[column for p, o in sorted(bare_from.items()) for column in (F.lit(p), F.lit(o))]
+        )
+        uncommitted = uncommitted | _bare_uncommitted(F.col("headers"), F.col("offset"), bare_by_partition[partition])
+    marked = records.select(partition.alias("partition"), "offset", "key", "value", uncommitted.alias("uncommitted"))
     return marked.persist(StorageLevel.MEMORY_AND_DISK)
 
 
@@ -270,6 +303,12 @@ def _uncommitted(headers: Column, committed: Column) -> Column:
     named = F.filter(headers, lambda header: (header["key"] == SOURCE_OFFSET_HEADER) & header["value"].isNotNull())
     value = F.get(named, 0)["value"]
     return value.isNotNull() & (committed.isNull() | (F.length(value) != _OFFSET_BYTES) | (value >= committed))
+
+
+def _bare_uncommitted(headers: Column, offset: Column, bare_from: Column) -> Column:
+    """True for a record without headers at or past `bare_from` (null: no such offset for its partition)."""
+    bare = headers.isNull() | (F.size(headers) == 0)
+    return F.coalesce(bare & (offset >= bare_from), F.lit(False))
 
 
 def _offset_bytes(offset: int | None) -> Column:

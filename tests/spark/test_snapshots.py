@@ -19,14 +19,15 @@ from core_helpers import store_content
 from kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
-from dagster_stateful.core.recovery.changelog_format import source_offset_header
+from dagster_stateful.core.processing.commit_metadata import encode_commit_metadata
+from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS, source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.snapshot_image import fetch_image
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
-from dagster_stateful.spark.snapshots import build_snapshot
+from dagster_stateful.spark.snapshots import build_snapshot, snapshot_changelog
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 2
@@ -255,7 +256,8 @@ class ChangelogRecord:
     partition: int
     user: str
     processed: int | None
-    """The processed source offset in the `source_offset` header; None: a record without the header."""
+    """The processed source offset in the `source_offset` header; None: state written from outside the
+    workers (the `state_write` header: committed wherever it lies)."""
     value: str | None
     """None: a tombstone. Values of uncommitted messages start with "in-flight"."""
     extra_headers: tuple[tuple[str, bytes], ...] = ()
@@ -318,7 +320,7 @@ def produce_changelog(bootstrap: str, topic: str, records: list[ChangelogRecord]
             delivered.append((message.partition(), message.offset()))
 
     for record in records:
-        header = source_offset_header(record.processed) if record.processed is not None else []
+        header = source_offset_header(record.processed) if record.processed is not None else STATE_WRITE_HEADERS
         producer.produce(
             topic,
             key=scoped(record.user),
@@ -485,3 +487,44 @@ def test_snapshot_asset_reads_the_committed_offsets_and_shows_the_cut(spark, kaf
     assert metadata["records_left_to_replay"] == {"0": 3, "1": 3, "2": 3, "3": 0}
     latest = SnapshotStore(str(tmp_path / "snapshots"), app.name, "profiles").latest()
     assert latest is not None and latest.end_offsets == {0: 7, 1: 3, 2: 0, 3: 4}
+
+
+def test_a_snapshot_stops_at_records_without_headers_past_the_end_the_last_commit_recorded(
+    spark, kafka_bootstrap, unique_name, tmp_path
+):
+    """A worker writes records without headers in commits that record where the changelog ends; a
+    crash before the source commit leaves them past the end the group's last commit recorded, where
+    they are of uncommitted messages. Metadata of an older engine leaves them committed."""
+    source = unique_name("visits")
+    create_topic(kafka_bootstrap, source, partitions=1)
+    produce(kafka_bootstrap, source, events(0, 10, users=2))
+    app = profiles_app(kafka_bootstrap, source, tmp_path / "state", unique_name("bare"))
+    app.provision()
+    topic = app.changelog_topic("profiles")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    written = [("a", source_offset_header(0), "a1"), ("b", None, "b1"), ("a", None, "in-flight a"), ("b", None, "b2")]
+    for user, headers, value in written:
+        producer.produce(topic, key=scoped(user), value=encoded(value), partition=0, headers=headers)
+    assert producer.flush(30) == 0
+
+    def snapshot_with_metadata(metadata: str, root: str) -> tuple[SnapshotManifest, SnapshotStore]:
+        consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": app.consumer_group})
+        try:
+            consumer.commit(offsets=[TopicPartition(source, 0, 5, metadata)], asynchronous=False)
+        finally:
+            consumer.close()
+        snapshots = SnapshotStore(str(tmp_path / root), app.name, "profiles")
+        options = {"kafka.bootstrap.servers": kafka_bootstrap}
+        made = snapshot_changelog(spark, app.kafka, options, app.consumer_group, source, topic, snapshots)
+        return made.manifest, snapshots
+
+    manifest, snapshots = snapshot_with_metadata(encode_commit_metadata({}, 5, {"profiles": 2}), "flagged")
+    assert manifest.end_offsets == {0: 2}, "cut at the first record without headers past the recorded end"
+    assert snapshot_rows(snapshots, manifest.snapshot_id, 1) == {
+        (0, scoped("a")): encoded("a1"),
+        (0, scoped("b")): encoded("b1"),
+    }
+
+    older, snapshots = snapshot_with_metadata('ds2:{"o": 5, "t": {}, "c": {"profiles": 2}}', "older")
+    assert older.end_offsets == {0: 4}, "an older engine wrote no such records: all committed"
+    assert snapshot_rows(snapshots, older.snapshot_id, 1)[(0, scoped("a"))] == encoded("in-flight a")

@@ -62,6 +62,8 @@ class RestoreReport:
     commit recorded as holding only records of committed messages (`processing.commit_metadata`)."""
     uncommitted_processed_up_to: int | None = None
     """The highest source offset among the records of uncommitted messages read (None: none read)."""
+    bare_uncommitted_read: bool = False
+    """Whether records of uncommitted messages without headers were read (their source offsets are not known)."""
 
 
 @dataclass

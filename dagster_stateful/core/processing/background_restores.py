@@ -84,7 +84,7 @@ class ChildReplay:
         """Ingest the child's SST files into the store, with the position its restore reached."""
         assert self.replayed is not None, "finish() follows done"
         report = ingest_replayed(self.store, self.replayed, self.in_process.committed_source_offset, self._launched)
-        self.store.changelog_prefix = self.in_process.committed_prefix(report.uncommitted_processed_up_to)
+        self.store.changelog_prefix = self.in_process.committed_prefix(report)
         shutil.rmtree(self.job.directory, ignore_errors=True)
         self.report = report
         partition, store = self.store.partition, self.store.store
@@ -210,7 +210,11 @@ class BackgroundRestores:
         """Hand the group's restores to a child; without one, they stay in this process."""
         jobs = [
             replay_job(
-                _store_of(replay), replay.committed_source_offset, (replay.start, replay.end), replay.committed_end
+                _store_of(replay),
+                replay.committed_source_offset,
+                (replay.start, replay.end),
+                replay.committed_end,
+                replay.bare_uncommitted,
             )
             for _, replay in group
         ]

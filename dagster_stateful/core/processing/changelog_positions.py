@@ -13,17 +13,26 @@ its metadata (`commit_metadata`), and restores take the records below it without
 headers. A partition that grew by anything else (another writer, such as a worker that lost the
 partition and does not know it yet), or whose end is not known, loses its prefix until its next
 restore: its commits then record no end, and restores read every header.
+
+Once a commit that recorded a store's end is committed, or when the group never committed, a
+restore counts records without headers past the group's last recorded end as uncommitted
+(`recovery.changelog_format`): from then on, each commit that will record its end writes the
+store's changelog records without the source-offset header (`bare`), which halves what producing
+a record costs. Should the commit not record its end after all (the partition grew by anything
+else), its bare records count as committed, which is what they are once its offset is committed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaException
 
 from dagster_stateful.core.processing.delivery import DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
+from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
+from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
 
 log = logging.getLogger(__name__)
@@ -34,6 +43,23 @@ ChangelogEnds = Callable[[str, list[int], float], dict[int, int]]
 """(topic, partitions, timeout in seconds) -> where each partition ends (see `KafkaClients.ends`)."""
 Prepared = dict[int, dict[str, list[Change]]]
 """A commit's changes: source partition -> store -> changes."""
+
+
+def bound_unknown_prefixes(stores: Iterable[StorePartition], source_end: Callable[[], int]) -> None:
+    """Give the prefixes of restores that met records of uncommitted messages without headers their
+    `processed_before`: where the source ends now (`ChangelogPrefix.resolve`). Should the broker not
+    say, those stores record no changelog end until their next restore."""
+    unknown = [store.changelog_prefix for store in stores if store.changelog_prefix is not None]
+    unknown = [prefix for prefix in unknown if prefix.processed_before is None]
+    if not unknown:
+        return
+    try:
+        end = source_end()
+    except (KafkaException, TimeoutError) as error:
+        log.info("Could not read where the source ends (%s); the partition's commits record no changelog end", error)
+        return
+    for prefix in unknown:
+        prefix.resolve(end)
 
 
 class ChangelogPositions:
@@ -48,6 +74,22 @@ class ChangelogPositions:
         self._changelog_topics = changelog_topics
         self._changelog_ends = changelog_ends
         self._deadline = deadline
+        self._recording: list[ChangelogPrefix] = []
+        """The prefixes whose ends the commit being made records."""
+
+    @staticmethod
+    def bare(txn: PartitionTransaction, store: str) -> bool:
+        """Whether the commit may write the store's changelog records without headers: it will record
+        the changelog's end past them, and until it is committed the group's last commit counts them
+        as uncommitted."""
+        prefix = txn.stores[store].changelog_prefix
+        return prefix is not None and prefix.bare_writes and prefix.vouches_at(txn.offset_to_commit)
+
+    def recorded(self) -> None:
+        """The commit whose ends `committed_ends` gave is committed: its stores may write bare records."""
+        for prefix in self._recording:
+            prefix.bare_writes = True
+        self._recording = []
 
     @staticmethod
     def produced(txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
@@ -61,6 +103,7 @@ class ChangelogPositions:
         """Where each changed changelog partition ends once the commit's records are acknowledged. A
         partition missing from the result (the broker did not answer in time) keeps its store's
         previous changelog offset: a restore replays these records again, to the same values."""
+        self._recording = []
         if self._changelog_topics is None:
             return {}
         positions: dict[tuple[str, int], int] = {}
@@ -77,8 +120,7 @@ class ChangelogPositions:
             positions.update(((store, partition), end) for partition, end in ends.items())
         return positions
 
-    @staticmethod
-    def committed_ends(txn: PartitionTransaction, positions: dict[tuple[str, int], int]) -> dict[str, int]:
+    def committed_ends(self, txn: PartitionTransaction, positions: dict[tuple[str, int], int]) -> dict[str, int]:
         """Per store of the partition, the changelog end below which every record is of a message
         processed before the commit's offset, as far as this worker knows (stores it knows none of are
         left out); moves each store's prefix over the records the commit produced."""
@@ -102,8 +144,11 @@ class ChangelogPositions:
                     store.changelog_prefix = None
                     continue
                 prefix.end, prefix.produced = end, 0
-            if txn.offset_to_commit >= prefix.processed_before:
+            if prefix.vouches_at(txn.offset_to_commit):
                 ends[name] = prefix.end
+                self._recording.append(prefix)
+            else:
+                prefix.bare_writes = False  # this commit's metadata no longer counts them as uncommitted
         return ends
 
     def _query_ends(self, topic: str, partitions: list[int]) -> dict[int, int]:

@@ -259,12 +259,23 @@ class Committer:
         send = self._producer.produce
         for store, changes in changes_by_store.items():
             topic = self._changelog_topics[store]
+            if self.transactions is None and self._positions.bare(txn, store):
+                self._produce_bare(topic, partition, changes)
+                continue
             for key, value, source_offset in changes:
                 headers = source_offset_header(source_offset)
                 try:
                     send(topic, value, key, partition, None, None, 0, headers)
                 except (BufferError, KafkaException):
                     self.produce(topic, key, value, headers, partition)
+
+    def _produce_bare(self, topic: str, partition: int, changes: list[Change]) -> None:
+        send = self._producer.produce
+        for key, value, _ in changes:
+            try:
+                send(topic, value, key, partition)
+            except (BufferError, KafkaException):
+                self.produce(topic, key, value, None, partition)
 
     def produce(
         self,
@@ -399,6 +410,7 @@ class Committer:
         self._await_acknowledgements([txn.partition for txn in pending])
         positions = self._positions.after_delivery(prepared)
         self._commit_offsets(self._offsets(pending, positions))
+        self._positions.recorded()
         return positions
 
     def _await_acknowledgements(self, partitions: list[int]) -> None:

@@ -23,11 +23,13 @@ from dagster_stateful.core.kafka.errors import kafka_error_of
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, WorkerReport
 from dagster_stateful.core.processing.background_restores import BackgroundRestores, ChildReplay
+from dagster_stateful.core.processing.changelog_positions import END_QUERY_SECONDS, bound_unknown_prefixes
 from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.processing.restoring import Restorations, RestoringPartition, suspend_started
 from dagster_stateful.core.processing.standbys import StandbyReplicas
 from dagster_stateful.core.processing.starting_offsets import StartingOffsets, reset_position
-from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
+from dagster_stateful.core.recovery.changelog import ChangelogRestore
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
@@ -117,6 +119,7 @@ class PartitionAssignments:
             warm = self._standbys is not None and self._standbys.release(partition)
             restoring = RestoringPartition(partition, committed, now, stream_times=metadata.stream_times)
             restoring.from_standby, restoring.changelog_ends = warm, metadata.changelog_ends
+            restoring.bare_uncommitted = metadata.bare_uncommitted
             self.restorations.add(restoring)
             # Without a committed offset, assigned where `auto.offset.reset` says: librdkafka then starts
             # the partition's fetch at once, instead of after asking the group coordinator again.
@@ -215,6 +218,10 @@ class PartitionAssignments:
             self._live_stores,
             self.config.store_ttls,
             restored.stream_times,
+        )
+        source, partition = self.config.source, restored.partition
+        bound_unknown_prefixes(
+            restored.stores.values(), lambda: self._kafka.ends(source, [partition], END_QUERY_SECONDS)[partition]
         )
         start = self._start_of(restored)
         if restored.committed is None and start is not None and start >= 0:
@@ -405,7 +412,8 @@ class PartitionAssignments:
             warm = restoring.from_standby or store.kept_by_standby
             if self._snapshots is not None and not warm:
                 self._load_snapshot_if_faster(store)
-            replay = self._restorer.begin(store, restoring.committed, restoring.changelog_ends.get(store.store))
+            end = restoring.changelog_ends.get(store.store)
+            replay = self._restorer.begin(store, restoring.committed, end, restoring.bare_uncommitted)
             if warm:
                 self._note_standby_restore(store, replay)
             if replay is not None:

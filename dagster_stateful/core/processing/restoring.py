@@ -38,6 +38,8 @@ class RestoringPartition:
     """Its stores were this worker's standby replicas until the assignment."""
     changelog_ends: dict[str, int] = field(default_factory=dict)
     """Per store, the changelog end the group's last commit recorded (`processing.commit_metadata`)."""
+    bare_uncommitted: bool = False
+    """That commit counts records without headers past those ends as uncommitted."""
 
     def note_arrival(self, offset: int) -> None:
         if self.rewind_to is None or offset < self.rewind_to:

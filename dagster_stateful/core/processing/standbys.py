@@ -28,8 +28,10 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
+from dagster_stateful.core.processing.commit_metadata import CommitMetadata, decode_commit_metadata
 from dagster_stateful.core.processing.standby_placement import group_standby_placement, standby_changes
-from dagster_stateful.core.recovery.changelog import ChangelogRestore, Restorer
+from dagster_stateful.core.recovery.changelog import ChangelogRestore
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import StatefulError, StateLockedError, StateStoreError
@@ -207,18 +209,23 @@ class StandbyReplicas:
             self._due.extend((partition, name) for partition, stores in sorted(self.kept.items()) for name in stores)
         while self._due:
             partition, name = self._due[0]
-            replay = self._restorer.begin(self.kept[partition][name], self._committed(partition))
+            committed, metadata = self._committed(partition)
+            end = metadata.changelog_ends.get(name)
+            replay = self._restorer.begin(self.kept[partition][name], committed, end, metadata.bare_uncommitted)
             self._due.popleft()
             if replay is not None:
                 replay.log_level, replay.batch_wait = logging.DEBUG, 0.0
                 return partition, replay
         return None
 
-    def _committed(self, partition: int) -> int | None:
+    def _committed(self, partition: int) -> tuple[int | None, CommitMetadata]:
+        """The group's committed offset (None: never committed) and what its commit recorded."""
         [committed] = self._offset_reader.committed(
             [TopicPartition(self._config.source, partition)], timeout=COMMITTED_TIMEOUT_SECONDS
         )
-        return committed.offset if committed.offset >= 0 else None
+        offset = committed.offset if committed.offset >= 0 else None
+        where = f"{self._config.source}[{partition}]"
+        return offset, decode_commit_metadata(committed.metadata, offset, where)
 
 
 def standbys_for(

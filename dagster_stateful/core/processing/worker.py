@@ -51,7 +51,7 @@ from dagster_stateful.core.processing.transactions import (
     initialize_transactions,
     refuse_pinned_exactly_once,
 )
-from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
 from dagster_stateful.core.state.directory import StateDirectory

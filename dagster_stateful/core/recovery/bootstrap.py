@@ -6,8 +6,8 @@ step only once the one before succeeded:
 2. the store must hold no state (an empty changelog, no snapshot, no committed source offset) and
    the group no member; `replace=True` takes a store with state: the changelog's live keys the
    table lacks are tombstoned and this machine's copy of the store is cleared;
-3. every row goes to the changelog, without a processed-offset header (committed state), so that a
-   changelog replay gives the state the snapshot holds;
+3. every row goes to the changelog with the `state_write` header (committed state wherever it lies),
+   so that a changelog replay gives the state the snapshot holds;
 4. a snapshot of the rows, ending at the changelog's end, is published (with its decoded table);
 5. the group's source offsets are committed at the positions given, last: a bootstrap cut short
    commits nothing, and running it again with `replace=True` completes it.

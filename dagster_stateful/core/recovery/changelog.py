@@ -1,18 +1,16 @@
 """Changelog replay: bring a store partition up to date from its changelog, in steps.
 
-Owns `ChangelogRestore` (one partition's
-replay, advanced one batch at a time so that a worker keeps polling between batches, and
-interruptible without losing what it restored) and `Restorer` (the assign-only consumer restores
-read through; `restore()` runs one to the end). A partition without local state replays the
-whole changelog (full restore); one with state replays only the tail after its stored changelog
-offset (partial restore). Records of uncommitted messages follow the at-least-once rule of
+Owns `ChangelogRestore`: one partition's replay, advanced one batch at a time so that a worker
+keeps polling between batches, and interruptible without losing what it restored (`restorer`
+decides which replay a store needs). A partition without local state replays the whole changelog
+(full restore); one with state replays only the tail after its stored changelog offset (partial
+restore). Records of uncommitted messages follow the at-least-once rule of
 `uncommitted.UncommittedFilter`, and the recorded position never passes the first of them. A
 partial restore deduplicates each batch by key and writes it sorted, in one WriteBatch with the
 changelog position; a full restore gathers the last value per key over many batches (a chunk of
 up to `FULL_RESTORE_CHUNK_RECORDS` keys) and ingests each chunk as sorted SST files, so the
-rebuilt store is written once, already compacted, instead of through the memtable.
-Inconsistencies an operator must decide on (a stored offset beyond the changelog's end) are
-raised with the options. Each restore's end or suspension is logged through `restore_log`.
+rebuilt store is written once, already compacted, instead of through the memtable. Each
+restore's end or suspension is logged through `restore_log`.
 """
 
 from __future__ import annotations
@@ -32,16 +30,14 @@ from dagster_stateful.core.kafka.authorization import (
     authorization_error,
     is_authorization_failure,
 )
-from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.records import position as record_position
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
-from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, processed_bytes
+from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, bare_uncommitted_from, processed_bytes
 from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
 from dagster_stateful.core.recovery.restore_target import RestoreTarget
 from dagster_stateful.core.recovery.uncommitted import UncommittedFilter, decode_processed_offset
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
-from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
@@ -54,7 +50,6 @@ FULL_RESTORE_CHUNK_RECORDS = 250_000
 """Keys a full restore holds in memory before it ingests them (about 50 MB at 200 bytes a key; twice
 as many were no faster: bench/bench_restore_memory.py)."""
 PROGRESS_LOG_INTERVAL = 10.0
-METADATA_TIMEOUT = 10.0
 _error_of = Message.error
 _key_of, _value_of, _offset_of = Message.key, Message.value, Message.offset
 _first = itemgetter(0)
@@ -80,15 +75,20 @@ class ChangelogRestore:
         group: str = "",
         committed_end: int | None = None,
         clean_base: bool = False,
+        bare_uncommitted: bool = False,
     ) -> None:
         """group: the consumer's group id (assigned, never joined), named when Kafka refuses it.
         committed_end: the changelog end the group's last commit recorded (`commit_metadata`): the
         records below it are taken without reading their header. clean_base: the store's own state
         (if any) lies below that end, so that a finished restore knows the changelog's committed
-        prefix (`committed_prefix`)."""
+        prefix (`committed_prefix`). bare_uncommitted: that commit counts records without headers
+        at or past its end as uncommitted (`changelog_format`)."""
         self.store = store
         self._group = group
         self.committed_end, self.clean_base = committed_end, clean_base
+        self.bare_uncommitted = bare_uncommitted
+        self.bare_uncommitted_from = bare_uncommitted_from(committed_source_offset, committed_end, bare_uncommitted)
+        """The changelog offset from which a record without headers is of an uncommitted message (None: none is)."""
         self.committed_source_offset = committed_source_offset
         self.start, self.end, self.position = start, end, start
         kind = RestoreKind.FULL if store.changelog_offset is None else RestoreKind.PARTIAL
@@ -159,7 +159,7 @@ class ChangelogRestore:
         self._ingest_chunk()
         self._complete_report()
         self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
-        self.store.changelog_prefix = self.committed_prefix(self.report.uncommitted_processed_up_to)
+        self.store.changelog_prefix = self.committed_prefix(self.report)
         self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
         log_restored(self.report, self.store.changelog_topic, str(self.report.kind), self.filter.gap_at, self.log_level)
         return self.report
@@ -200,17 +200,24 @@ class ChangelogRestore:
         if self._started is not None:
             self._consumer.unassign()
 
-    def committed_prefix(self, uncommitted_up_to: int | None) -> ChangelogPrefix | None:
+    def committed_prefix(self, report: RestoreReport) -> ChangelogPrefix | None:
         """What a finished restore knows of the changelog below its end (None: nothing, its store's
-        own state came from elsewhere), given the highest processed offset of the uncommitted records
-        it read."""
+        own state came from elsewhere), given what it met of the uncommitted records (`report`: this
+        restore's, or of a child process that ran it)."""
         if not self.clean_base:
             return None
-        return ChangelogPrefix.read(self.end, self.committed_source_offset, uncommitted_up_to)
+        return ChangelogPrefix.read(
+            self.end,
+            self.committed_source_offset,
+            report.uncommitted_processed_up_to,
+            report.bare_uncommitted_read,
+            self.bare_uncommitted_from is not None,
+        )
 
     def _complete_report(self) -> None:
         up_to = self.filter.processed_up_to
         self.report.uncommitted_processed_up_to = None if up_to is None else decode_processed_offset(up_to)
+        self.report.bare_uncommitted_read = self.filter.bare_uncommitted_read
         self.report.records_skipped = self.filter.skipped
         self.report.records_uncommitted_applied = self.filter.applied_uncommitted
         self.report.seconds = time.monotonic() - self._started if self._started is not None else 0.0
@@ -242,6 +249,7 @@ class ChangelogRestore:
         batch, uncommitted = self._batch, self.filter
         committed_bytes = uncommitted.committed_bytes
         remember_committed = uncommitted.remembers_committed_keys
+        bare_from = self.bare_uncommitted_from
         for message in messages:
             key = message.key()
             if key is None:
@@ -258,6 +266,11 @@ class ChangelogRestore:
                     processed = raw
                 else:
                     processed = processed_bytes(headers)
+            elif bare_from is not None and (message.offset() or 0) >= bare_from:
+                if not uncommitted.admit_uncommitted(key, message.offset() or self.position):
+                    continue
+                batch[key] = value
+                continue
             if processed is not None and processed >= committed_bytes:
                 offset = message.offset()
                 if not uncommitted.admit_uncommitted(key, offset if offset is not None else self.position, processed):
@@ -319,126 +332,6 @@ class ChangelogRestore:
             rate,
             self.records_left / max(rate, 1e-9),
         )
-
-
-def _recreated_changelog_error(store: StorePartition, stored: int, high: int) -> RecoveryError:
-    topic, partition = store.changelog_topic, store.partition
-    return RecoveryError(
-        f"store {store.store!r} partition {partition} at {store.path} has changelog offset {stored}, beyond the end "
-        f"({high}) of {topic}[{partition}]: the changelog was probably deleted and recreated, so it no longer holds "
-        "the state committed before. Nothing was processed or committed. Options: (1) reprocess the source from its "
-        "beginning, which loses nothing while the source still holds every message: stop every worker of the app, "
-        "clear the local state on every machine that has some (App.clear_state() or the clear-state job) and delete "
-        f"the app's consumer group offsets for {store.source_topic} (`kafka-consumer-groups --delete-offsets --group "
-        f"<the app's consumer group> --topic {store.source_topic} --execute`), then run the worker; (2) accept the "
-        "loss: clear only the local state and restore from what the new changelog holds, which LOSES every count "
-        "committed before the changelog was recreated (the group's offsets stay where they are)."
-    )
-
-
-class Restorer:
-    """Restores store partitions through one dedicated, assign-only consumer."""
-
-    def __init__(
-        self,
-        kafka: KafkaClients,
-        consumer: Consumer,
-        listeners: Listeners,
-        batch_size: int = 10_000,
-        chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
-        group: str = "",
-    ) -> None:
-        """group: `consumer`'s group id, named when Kafka refuses it."""
-        self._kafka = kafka
-        self._group = group
-        self._consumer = consumer
-        self._listeners = listeners
-        self._batch_size = batch_size
-        self._chunk_records = chunk_records
-        self._known_topics: set[str] = set()
-
-    def begin(
-        self, store: StorePartition, committed_source_offset: int | None, committed_end: int | None = None
-    ) -> ChangelogRestore | None:
-        """The replay the (open) store partition needs; None when it is up to date (nothing to read).
-        committed_end: the changelog end the group's last commit recorded (`commit_metadata`), if any."""
-        topic, partition = store.changelog_topic, store.partition
-        store.changelog_prefix = None
-        low, high = self._kafka.watermarks(topic, [partition], committed=True)[partition]
-        if committed_end is not None and committed_end > high:
-            log.warning(
-                "The last commit of store %r partition %d recorded changelog end %d, past the end (%d) of %s; "
-                "reading every record's header",
-                store.store,
-                partition,
-                committed_end,
-                high,
-                topic,
-            )
-            committed_end = None
-        stored = store.changelog_offset
-        if stored is not None and stored > high:
-            raise _recreated_changelog_error(store, stored, high)
-        if stored is not None and stored < low:
-            log.warning(
-                "Store %r partition %d: stored changelog offset %d is below the changelog's low watermark "
-                "%d (records were deleted); restoring the partition fully",
-                store.store,
-                partition,
-                stored,
-                low,
-            )
-            store.start_fresh()
-            stored = None
-        start = stored if stored is not None else low
-        clean_base = stored is None or (committed_end is not None and stored <= committed_end)
-        if start >= high:
-            if stored is None or store.source_offset != committed_source_offset:
-                store.finish_restore(high, committed_source_offset)
-            if clean_base:
-                store.changelog_prefix = ChangelogPrefix.read(high, committed_source_offset)
-            return None
-        self._learn_topic(topic)
-        return ChangelogRestore(
-            self._consumer,
-            self._listeners,
-            store,
-            committed_source_offset,
-            start,
-            high,
-            self._batch_size,
-            self._chunk_records,
-            self._group,
-            committed_end,
-            clean_base,
-        )
-
-    def _learn_topic(self, topic: str) -> None:
-        """Have the consumer fetch the topic's metadata now: a partition of a topic it has no metadata
-        for is fetched only after its next periodic metadata refresh, up to a second later."""
-        if topic in self._known_topics:
-            return
-        try:
-            self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT)
-        except KafkaException as error:  # the first fetch then waits for the refresh, nothing worse
-            log.debug("Could not read the metadata of %s ahead of its restore: %s", topic, error)
-            return
-        self._known_topics.add(topic)
-
-    def restore(
-        self, store: StorePartition, committed_source_offset: int | None, committed_end: int | None = None
-    ) -> RestoreReport | None:
-        """Replay what the store lacks, to the end; None when it was already up to date."""
-        replay = self.begin(store, committed_source_offset, committed_end)
-        if replay is None:
-            return None
-        try:
-            while not replay.done:
-                replay.step()
-        except BaseException:
-            replay.suspend()
-            raise
-        return replay.finish()
 
 
 def _in_key_order(batch: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,6 +66,8 @@ class ReplayJob:
     directory: str
     committed_end: int | None = None
     """The changelog end the group's last commit recorded (`commit_metadata`): no header read below it."""
+    bare_uncommitted: bool = False
+    """That commit counts records without headers past it as uncommitted."""
 
 
 @dataclass
@@ -127,14 +129,19 @@ def replay_partitions(
     batch_size: int,
     chunk_records: int = FULL_RESTORE_CHUNK_RECORDS,
     committed_ends: dict[int, int] | None = None,
+    bare_uncommitted: Collection[int] = (),
 ) -> dict[int, RestoreReport]:
     """Restore each open store partition (no local state, kept in RocksDB) from the whole of its
     changelog, on up to `processes` processes; returns each partition's restore report. `marks`:
     each changelog partition's (low, high) offsets, as a `read_committed` reader sees them.
-    `committed_ends`: per partition, the changelog end the group's last commit recorded."""
+    `committed_ends`: per partition, the changelog end the group's last commit recorded;
+    `bare_uncommitted`: the partitions whose last commit counts records without headers past it as
+    uncommitted."""
     started = time.monotonic()
     ends = committed_ends or {}
-    jobs = [replay_job(store, committed.get(p), marks[p], ends.get(p)) for p, store in stores.items()]
+    jobs = [
+        replay_job(store, committed.get(p), marks[p], ends.get(p), p in bare_uncommitted) for p, store in stores.items()
+    ]
     settings = portable_settings(kafka.settings)
     groups = balanced_groups(jobs, lambda job: job.end - job.start, processes if settings is not None else 1)
     work = child_work(kafka, settings, group, batch_size, chunk_records)
@@ -176,7 +183,11 @@ def child_work(
 
 
 def replay_job(
-    store: StorePartition, committed: int | None, marks: tuple[int, int], committed_end: int | None = None
+    store: StorePartition,
+    committed: int | None,
+    marks: tuple[int, int],
+    committed_end: int | None = None,
+    bare_uncommitted: bool = False,
 ) -> ReplayJob:
     """The job of replaying the store partition's changelog from `marks`' low to high, into a fresh
     replay directory."""
@@ -184,7 +195,9 @@ def replay_job(
     shutil.rmtree(directory, ignore_errors=True)
     low, high = marks
     topic, partition = store.changelog_topic, store.partition
-    return ReplayJob(store.store, topic, partition, committed, low, high, str(directory), committed_end)
+    return ReplayJob(
+        store.store, topic, partition, committed, low, high, str(directory), committed_end, bare_uncommitted
+    )
 
 
 def portable_settings(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -218,6 +231,7 @@ def _replay(consumer: Consumer, group: str, job: ReplayJob, batch_size: int, chu
         chunk_records,
         group,
         job.committed_end,
+        bare_uncommitted=job.bare_uncommitted,
     )
     while not replay.done:
         replay.step()

@@ -15,16 +15,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from dagster_stateful.core.config import AppConfig, choice
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
-from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.parallel_replay import replay_partitions, replayable
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath, RestorePlan, plan_restore
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging, WrittenFiles
@@ -35,6 +36,17 @@ from dagster_stateful.errors import ConfigurationError, StateLockedError
 SstWriter = Callable[[SnapshotStore, SnapshotManifest, list[int], str], WrittenFiles]
 """(snapshots, manifest, partitions, staging location) -> partition -> (staged SST files, keys); see
 spark.bulk_restore and `SstStaging`."""
+
+
+class GroupPositions(NamedTuple):
+    """Where the group's last commit left a store, per partition (`processing.commit_metadata`)."""
+
+    committed: dict[int, int | None]
+    """The committed source offset (None: never committed)."""
+    ends: dict[int, int]
+    """The store's changelog end the commit recorded, where it recorded one."""
+    bare: set[int]
+    """The partitions whose commit counts records without headers past that end as uncommitted."""
 
 
 @dataclass
@@ -83,10 +95,12 @@ def restore_partitions(
     partitions = sorted(set(request.partitions))
     positions = kafka.committed(config.consumer_group, config.source, partitions)
     committed = {partition: offset for partition, (offset, _) in positions.items()}
-    recorded = {
-        partition: decode_commit_metadata(metadata, offset, f"{config.source}[{partition}]").changelog_ends
+    decoded = {
+        partition: decode_commit_metadata(metadata, offset, f"{config.source}[{partition}]")
         for partition, (offset, metadata) in positions.items()
     }
+    recorded = {partition: metadata.changelog_ends for partition, metadata in decoded.items()}
+    bare = {partition for partition, metadata in decoded.items() if metadata.bare_uncommitted}
     consumer = kafka.consumer({"group.id": config.restore_group, **RESTORE_CONSUMER_CONFIG})
     restorer = Restorer(kafka, consumer, listeners, config.restore_batch_size, group=config.restore_group)
     activity = state.activity_lock()
@@ -96,7 +110,8 @@ def restore_partitions(
         for store in request.stores or config.stores:
             snapshots = SnapshotStore(request.snapshot_root, config.name, store) if request.snapshot_root else None
             ends = {partition: by_store[store] for partition, by_store in recorded.items() if store in by_store}
-            results += _restore_store(kafka, state, store, partitions, (committed, ends), restorer, snapshots, request)
+            positions_of_store = GroupPositions(committed, ends, bare)
+            results += _restore_store(kafka, state, store, partitions, positions_of_store, restorer, snapshots, request)
         return results
     finally:
         activity.release()
@@ -108,14 +123,13 @@ def _restore_store(
     state: StateDirectory,
     store: str,
     partitions: list[int],
-    group_positions: tuple[dict[int, int | None], dict[int, int]],
+    group_positions: GroupPositions,
     restorer: Restorer,
     snapshots: SnapshotStore | None,
     request: RestoreRequest,
 ) -> list[PartitionRestore]:
-    """group_positions: the group's committed offset per partition, and the store's changelog end
-    its last commit recorded (`commit_metadata`), where it recorded one."""
-    committed, ends = group_positions
+    """group_positions: where the group's last commit left the store (`commit_metadata`)."""
+    committed, ends, bare = group_positions
     marks = kafka.watermarks(state.config.changelog_topic(store), partitions, committed=True)
     manifest = snapshots.latest() if snapshots else None
     opened: dict[int, StorePartition] = {}
@@ -163,7 +177,7 @@ def _restore_store(
                         store, partition, RestoreKind.SPARK, 0, manifest.end_offsets[partition], records_applied=keys
                     )
                 )
-            tail = restorer.restore(part, committed.get(partition), ends.get(partition))
+            tail = restorer.restore(part, committed.get(partition), ends.get(partition), partition in bare)
             if tail is not None:
                 result.reports.append(tail)
             results.append(result)
@@ -197,7 +211,7 @@ def _changelog_replays(
     state: StateDirectory,
     opened: dict[int, StorePartition],
     plans: dict[int, RestorePlan],
-    group_positions: tuple[dict[int, int | None], dict[int, int]],
+    group_positions: GroupPositions,
     marks: dict[int, tuple[int, int]],
     processes: int | None,
 ) -> dict[int, RestoreReport]:
@@ -208,9 +222,11 @@ def _changelog_replays(
     if len(chosen) < 2 or processes < 2:
         return {}
     config = state.config
-    committed, ends = group_positions
+    committed, ends, bare = group_positions
     group, batch_size = config.restore_group, config.restore_batch_size
-    return replay_partitions(kafka, group, chosen, committed, marks, processes, batch_size, committed_ends=ends)
+    return replay_partitions(
+        kafka, group, chosen, committed, marks, processes, batch_size, committed_ends=ends, bare_uncommitted=bare
+    )
 
 
 def _plan(

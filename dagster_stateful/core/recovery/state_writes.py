@@ -2,8 +2,8 @@
 
 Owns what a bootstrap and a migration share: refusing while the app's workers run
 (`refuse_group_members`), reading which keys the changelog holds (`live_changelog_keys`), writing
-records to it without a processed-offset header, so that restores count them as committed state
-(`write_changelog`), and publishing a snapshot of rows written so (`publish_snapshot`).
+records to it with the `state_write` header, so that restores count them as committed state
+wherever they lie (`write_changelog`), and publishing a snapshot of rows written so (`publish_snapshot`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import FETCH_QUEUE_BACKOFF_MS, KafkaClients
+from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.errors import DeliveryError, StateTableError
 
@@ -81,7 +82,7 @@ def write_changelog(
     rows: Mapping[int, list[tuple[bytes, bytes]]],
     tombstones: Mapping[int, set[bytes]],
 ) -> dict[int, list[int]]:
-    """Write the tombstones, then the rows (headerless: committed state); returns each partition's
+    """Write the tombstones, then the rows (`state_write` header: committed state); returns each partition's
     rows' offsets, in row order. Raises `DeliveryError` unless every record was acknowledged."""
     producer = kafka.producer({"enable.idempotence": True, "acks": "all", "linger.ms": 20})
     offsets: dict[int, list[int]] = {p: [0] * len(kept) for p, kept in rows.items()}
@@ -99,13 +100,23 @@ def write_changelog(
     for partition, keys in tombstones.items():
         for key in sorted(keys):
             producer.produce(
-                changelog, key=key, value=None, partition=partition, on_delivery=delivered(partition, None)
+                changelog,
+                key=key,
+                value=None,
+                partition=partition,
+                headers=STATE_WRITE_HEADERS,
+                on_delivery=delivered(partition, None),
             )
             producer.poll(0)
     for partition, kept in rows.items():
         for index, (key, value) in enumerate(kept):
             producer.produce(
-                changelog, key=key, value=value, partition=partition, on_delivery=delivered(partition, index)
+                changelog,
+                key=key,
+                value=value,
+                partition=partition,
+                headers=STATE_WRITE_HEADERS,
+                on_delivery=delivered(partition, index),
             )
             producer.poll(0)
     left = producer.flush(READ_TIMEOUT)

@@ -1,8 +1,9 @@
 """Which changelog records of uncommitted messages a restore applies: the at-least-once rule.
 
-Owns `UncommittedFilter`. Each changelog record carries the source offset of the message that
-wrote it (see `changelog_format`); a record whose offset is at or past the group's
-committed source offset belongs to a message that was not committed (a crash between delivering
+Owns `UncommittedFilter`. A changelog record carries the source offset of the message that
+wrote it, or says by carrying no header where it lies that its commit never completed (see
+`changelog_format`); a record whose offset is at or past the group's committed source offset
+belongs to a message that was not committed (a crash between delivering
 the changelog and committing the source, or a commit still in flight) and that will be processed
 again. Skipping such a record is exact whenever the key's committed value is known, and that is
 the rule: skip it when
@@ -78,6 +79,8 @@ class UncommittedFilter:
         self.first_uncommitted: int | None = None
         self.processed_up_to: bytes | None = None
         """The highest processed offset (8 bytes) among the uncommitted records seen (None: none)."""
+        self.bare_uncommitted_read = False
+        """Whether an uncommitted record without headers was seen (its processed offset is not known)."""
         self.skipped = 0
         self.applied_uncommitted = 0
 
@@ -129,8 +132,10 @@ class UncommittedFilter:
 
     def admit_uncommitted(self, key: bytes, offset: int, processed: bytes | None = None) -> bool:
         """Whether to apply an uncommitted record of `key` at changelog `offset`, written by processing
-        the source message at `processed` (8 bytes, when known)."""
-        if processed is not None and (self.processed_up_to is None or processed > self.processed_up_to):
+        the source message at `processed` (8 bytes, when known: a record without headers does not say)."""
+        if processed is None:
+            self.bare_uncommitted_read = True
+        elif self.processed_up_to is None or processed > self.processed_up_to:
             self.processed_up_to = processed
         if self.first_uncommitted is None:
             self.first_uncommitted = offset

@@ -15,7 +15,8 @@ from pathlib import Path
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer
+from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 
@@ -38,14 +39,15 @@ def partition_digest(store: StorePartition) -> Digest:
 
 def replay_digest(config: AppConfig, kafka: KafkaClients, store: str, partition: int) -> Digest:
     """Digest of the partition rebuilt from the changelog alone (up to the current end)."""
-    committed = kafka.committed_offsets(config.consumer_group, config.source, [partition]).get(partition)
+    committed, metadata = kafka.committed(config.consumer_group, config.source, [partition])[partition]
+    recorded = decode_commit_metadata(metadata, committed, f"{config.source}[{partition}]")
     consumer = kafka.consumer({"group.id": config.verify_group, **RESTORE_CONSUMER_CONFIG})
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         replica = StateDirectory(Path(scratch), config).partition(store, partition)
         replica.open()
         try:
             restorer = Restorer(kafka, consumer, Listeners(), config.restore_batch_size, group=config.verify_group)
-            restorer.restore(replica, committed)
+            restorer.restore(replica, committed, recorded.changelog_ends.get(store), recorded.bare_uncommitted)
             return partition_digest(replica)
         finally:
             replica.close()

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka_helpers import create_topic, produce
+from kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.core import AppConfig, JsonSerde
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.processing.commit import Committer
 from dagster_stateful.core.processing.commit_metadata import CommitMetadata, decode_commit_metadata
 from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
@@ -52,6 +53,10 @@ class Setup:
     def changelog_end(self) -> int:
         return self.kafka.watermarks(self.config.changelog_topic("totals"), [0])[0][1]
 
+    def changelog_headers(self) -> list[list[tuple[str, bytes]] | None]:
+        """The headers of each record of the changelog, in order."""
+        return [message.headers() for message in read_messages(self.bootstrap, self.config.changelog_topic("totals"))]
+
     @property
     def kafka(self) -> KafkaClients:
         return KafkaClients({"bootstrap.servers": self.bootstrap})
@@ -71,6 +76,9 @@ def setup(request, kafka_bootstrap: str, unique_name, tmp_path: Path) -> Iterato
         settings["delivery.report.only.error"] = True
     producer = Producer(settings)
     kafka = KafkaClients({"bootstrap.servers": kafka_bootstrap})
+    # The commit asks where the changelog ends within 2 s; a topic created a moment ago may not have
+    # a known leader yet, so the test starts once the broker answers for it.
+    assert kafka.ends(config.changelog_topic("totals"), [0], 30) == {0: 0}
     committer = Committer(
         consumer, producer, tracker, config.source, config.changelog_topics(), changelog_ends=kafka.ends
     )
@@ -134,3 +142,49 @@ def test_a_store_whose_changelog_no_restore_read_records_no_end(setup):
     setup.committer.commit([setup.txn])
 
     assert setup.committed() == CommitMetadata()
+
+
+def test_once_a_commit_recorded_its_end_the_next_commits_write_records_without_headers(setup):
+    """Until a commit that records the end is committed, the group's last commit may count records
+    without headers as committed: the first commit writes the header."""
+    setup.store.changelog_prefix = ChangelogPrefix(0, 0)
+    setup.process(0, b"a")
+    setup.committer.commit([setup.txn])
+    setup.process(1, b"b")
+    setup.process(2, b"a")
+    setup.committer.commit([setup.txn])
+
+    assert setup.changelog_headers() == [source_offset_header(0), None, None]
+    assert setup.committed() == CommitMetadata({}, {"totals": 3}, bare_uncommitted=True)
+
+
+def test_a_commit_writes_headers_until_it_passes_the_uncommitted_records_a_restore_read(setup):
+    setup.store.changelog_prefix = ChangelogPrefix(0, processed_before=3, bare_writes=True)
+    setup.process(0)
+    setup.committer.commit([setup.txn])
+    for offset in (1, 2):
+        setup.process(offset)
+    setup.committer.commit([setup.txn])
+    assert setup.changelog_headers() == [source_offset_header(0), source_offset_header(2)]
+    assert setup.committed().changelog_ends == {"totals": 2}, "the commit at 3 records its end"
+
+    setup.process(3)
+    setup.committer.commit([setup.txn])
+    assert setup.changelog_headers() == [source_offset_header(0), source_offset_header(2), None]
+
+
+def test_a_commit_whose_restore_did_not_learn_where_the_source_ends_writes_headers(setup):
+    """A restore that read records of uncommitted messages without headers knows no `processed_before`
+    until the worker reads where the source ends. A commit that records no end leaves records without
+    headers counted as committed: the next commit writes headers again."""
+    setup.store.changelog_prefix = ChangelogPrefix(0, None, bare_writes=True)
+    setup.process(0)
+    setup.committer.commit([setup.txn])
+    assert setup.changelog_headers() == [source_offset_header(0)] and setup.committed().changelog_ends == {}
+
+    setup.store.changelog_prefix.resolve(2)
+    for offset in (1, 2):
+        setup.process(offset)
+        setup.committer.commit([setup.txn])
+    assert setup.changelog_headers() == [source_offset_header(0), source_offset_header(1), None]
+    assert setup.committed().changelog_ends == {"totals": 3}

@@ -26,8 +26,15 @@ def test_changelog_ends_read_back_with_the_offset_they_were_committed_at():
     metadata = encode_commit_metadata({"per_minute": 7}, 42, {"totals": 1_000, "per_minute": 12})
 
     assert decode_commit_metadata(metadata, 42, "orders[0]") == CommitMetadata(
-        {"per_minute": 7}, {"totals": 1_000, "per_minute": 12}
-    )
+        {"per_minute": 7}, {"totals": 1_000, "per_minute": 12}, bare_uncommitted=True
+    ), "records without headers past the ends are of uncommitted messages"
+
+
+def test_ends_an_older_release_committed_leave_records_without_headers_committed():
+    """Older releases wrote records without headers only for state written from outside the workers."""
+    metadata = 'ds2:{"o": 42, "t": {}, "c": {"totals": 1000}}'
+
+    assert decode_commit_metadata(metadata, 42, "orders[0]") == CommitMetadata({}, {"totals": 1_000})
 
 
 @pytest.mark.parametrize("committed", [41, 43, 0, None], ids=["moved-back", "moved-on", "reset", "deleted"])

@@ -20,9 +20,10 @@ from kafka_helpers import create_topic
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer
-from dagster_stateful.core.recovery.changelog_format import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS, source_offset_header
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
@@ -42,6 +43,27 @@ def write(bootstrap: str, topic: str, count: int, first_processed: int, seed: in
         value = None if chooser.random() < 0.2 else f"v{seed}-{n}".encode()
         producer.produce(topic, key=key, value=value, partition=0, headers=source_offset_header(first_processed + n))
     producer.flush(30)
+
+
+def write_without_offsets(
+    bootstrap: str, topic: str, count: int, seed: int, headers: Headers | None = None
+) -> dict[bytes, bytes | None]:
+    """`count` puts and tombstones without the source-offset header (`headers`: none, or others);
+    returns each key's last value."""
+    chooser = random.Random(seed)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    last: dict[bytes, bytes | None] = {}
+    for n in range(count):
+        key = f"k{chooser.randrange(KEYS):03d}".encode()
+        value = None if chooser.random() < 0.2 else f"v{seed}-{n}".encode()
+        producer.produce(topic, key=key, value=value, partition=0, headers=headers)
+        last[key] = value
+    producer.flush(30)
+    return last
+
+
+def live(values: dict[bytes, bytes | None]) -> dict[bytes, bytes]:
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def store_at(root: Path, name: str) -> StorePartition:
@@ -135,3 +157,41 @@ def test_a_committed_end_past_the_changelog_is_ignored_with_a_warning(kafka_boot
     assert report is not None and report.records_below_committed_end == 0
     assert "past the end (50)" in caplog.text and store.changelog_topic in caplog.text
     assert store.changelog_prefix == ChangelogPrefix(50, COMMITTED), "it read every header itself"
+
+
+def test_records_without_headers_past_the_recorded_end_are_uncommitted_only_where_the_last_commit_says_so(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    """A worker writes records without headers only in commits that record their end: past the end
+    the group's last commit recorded, such records are of a commit whose offset was never committed.
+    Metadata of an older engine (no "h") leaves them committed; state written from outside the
+    workers carries its own header and counts as committed wherever it lies."""
+    name = unique_name("bare")
+    topic = store_at(tmp_path / "topic", name).changelog_topic
+    create_topic(kafka_bootstrap, topic, 1, {"cleanup.policy": "compact"})
+    committed = write_without_offsets(kafka_bootstrap, topic, 100, seed=10)
+    crashed = write_without_offsets(kafka_bootstrap, topic, 30, seed=11)
+    restorer = restorer_for(kafka_bootstrap, f"{name}-restore")
+
+    store = store_at(tmp_path / "flagged", name)
+    report = restorer.restore(store, COMMITTED, committed_end=100, bare_uncommitted=True)
+    assert report is not None and report.records_below_committed_end == 100
+    assert dict(store.items()) == live(committed), "the crashed commit's records are left out"
+    assert report.bare_uncommitted_read and report.records_skipped == 30
+    assert store.changelog_offset == 100, "the next restore reads them again"
+    assert store.changelog_prefix == ChangelogPrefix(130, None, bare_writes=True), (
+        "vouches once the source end is known"
+    )
+
+    older = store_at(tmp_path / "older", name)
+    assert restorer.restore(older, COMMITTED, committed_end=100) is not None
+    assert dict(older.items()) == live(committed | crashed), "an older engine's metadata: all committed"
+
+    never = store_at(tmp_path / "never", name)
+    assert restorer.restore(never, None) is not None
+    assert dict(never.items()) == {}, "nothing was ever committed: processing starts over"
+
+    state = write_without_offsets(kafka_bootstrap, topic, 20, seed=12, headers=STATE_WRITE_HEADERS)
+    written = store_at(tmp_path / "written", name)
+    assert restorer.restore(written, COMMITTED, committed_end=100, bare_uncommitted=True) is not None
+    assert dict(written.items()) == live(committed | state), "state written from outside counts past the end too"

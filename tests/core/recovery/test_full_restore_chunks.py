@@ -12,8 +12,8 @@ from kafka_helpers import create_topic, read_keyed
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import Restorer
 from dagster_stateful.core.recovery.changelog_format import source_offset_header
+from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 

@@ -16,7 +16,8 @@ import pytest
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from kafka_helpers import produce, read_messages, wait_for
 
-from dagster_stateful.core.recovery.changelog_format import processed_offset
+from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
+from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS
 from dagster_stateful.core.state.keys import message_prefix
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -70,9 +71,14 @@ def faulty_worker(fault: str, tmp_path: Path, factory: str = "totals_app", **val
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def changelog_records(bootstrap: str, topic: str) -> list[tuple[bytes | None, int | None]]:
-    """(key, processed source offset) of every record left in the changelog."""
-    return [(m.key(), processed_offset(m.headers())) for m in read_messages(bootstrap, topic)]
+def changelog_records(bootstrap: str, topic: str) -> list[tuple[bytes | None, int]]:
+    """(key, changelog offset) of every record left in the changelog."""
+    return [(m.key(), m.offset() or 0) for m in read_messages(bootstrap, topic)]
+
+
+def changelog_end(app, store: str) -> int:
+    """Where the store's changelog (one partition) ends: the crashed commit's records come after it."""
+    return app.kafka.watermarks(app.changelog_topic(store), [0])[0][1]
 
 
 @pytest.mark.parametrize("machine", ["same", "new"])
@@ -88,6 +94,7 @@ def test_after_a_crash_mid_commit_and_compaction_a_restore_loses_nothing_and_on_
     name = unique_name("totals")
     app = totals_app(kafka_bootstrap, source, tmp_path, name, changelog_config=COMPACT_FAST)
     assert app.run_worker(max_seconds=120).committed_offsets == {0: 300}
+    committed_end = changelog_end(app, "totals")
     produce(kafka_bootstrap, source, second)
 
     worker = faulty_worker(
@@ -101,14 +108,15 @@ def test_after_a_crash_mid_commit_and_compaction_a_restore_loses_nothing_and_on_
 
     def compacted() -> bool:
         # The cleaner never touches the active segment: a record written after segment.ms (here a
-        # tombstone for a key no message has) rolls it, as later commits would in production.
-        produce(kafka_bootstrap, changelog, roll)
+        # tombstone for a key no message has, written as committed state) rolls it, as later commits
+        # would in production.
+        produce(kafka_bootstrap, changelog, roll, STATE_WRITE_HEADERS)
         latest = [
             (key, offset)
             for key, offset in changelog_records(kafka_bootstrap, changelog)
             if key is not None and key.startswith(prefixes)
         ]
-        return len(latest) == len(customers) and all(offset is not None and offset >= 300 for _, offset in latest)
+        return len(latest) == len(customers) and all(offset >= committed_end for _, offset in latest)
 
     wait_for(compacted, 120, "compaction to keep only the uncommitted record of each customer", interval=0.5)
     if machine == "new":
@@ -128,6 +136,9 @@ def test_after_a_crash_mid_commit_and_compaction_a_restore_loses_nothing_and_on_
         short = {c: (restored[c], expected[c]) for c in expected if restored[c] < expected[c]}
         assert not short, f"at-least-once never loses: customers short (restored, expected): {short}"
         assert applied == len(customers)
+    [(offset, metadata)] = app.kafka.committed(app.consumer_group, source, [0]).values()
+    ends = decode_commit_metadata(metadata, offset, "test").changelog_ends
+    assert ends == {"totals": changelog_end(app, "totals")}, "once past the source's end, commits record ends again"
 
 
 def test_a_restore_during_a_commit_in_flight_applies_that_commit_later(kafka_bootstrap, unique_name, tmp_path):

@@ -18,8 +18,9 @@ import pytest
 from core_helpers import WINDOW_GRACE_MS, WINDOW_MS
 from fault_harness import TimedOrder, produce_timed_orders, replay_windows
 from kafka_helpers import create_topic, produce, read_messages, wait_for
-from test_uncommitted_restore import COMPACT_FAST, changelog_records, faulty_worker
+from test_uncommitted_restore import COMPACT_FAST, changelog_end, changelog_records, faulty_worker
 
+from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY
 
 BASE_MS = (time.time_ns() // 1_000_000_000 - 3600) * 1000
@@ -54,15 +55,19 @@ def stored_tallies(app) -> dict[tuple[str, int], dict]:
         return {(_text(entry.message_key), entry.start): entry.value for entry in reader.windows()}
 
 
-def wait_until_compaction_keeps_only_uncommitted_stream_time(bootstrap: str, changelog: str, committed: int) -> None:
-    """The cleaner never touches the active segment: a record written after segment.ms (a tombstone
-    for a window nobody has) rolls it, as later commits would in production."""
+def wait_until_compaction_keeps_only_uncommitted_stream_time(
+    bootstrap: str, changelog: str, committed_end: int
+) -> None:
+    """Until the changelog's only stream-time record lies past `committed_end` (where the changelog
+    ended at the last commit). The cleaner never touches the active segment: a record written after
+    segment.ms (a tombstone for a window nobody has, written as committed state) rolls it, as later
+    commits would in production."""
     roll = [(b"\x00" * 8 + b"\x00\x00\x00\x07nobody!", None)]
 
     def compacted() -> bool:
-        produce(bootstrap, changelog, roll)
+        produce(bootstrap, changelog, roll, STATE_WRITE_HEADERS)
         times = [offset for key, offset in changelog_records(bootstrap, changelog) if key == STREAM_TIME_KEY]
-        return len(times) == 1 and times[0] is not None and times[0] >= committed
+        return len(times) == 1 and times[0] >= committed_end
 
     wait_for(compacted, 120, "compaction to keep only the uncommitted stream-time record", interval=0.5)
 
@@ -79,6 +84,7 @@ def test_at_least_once_windows_redone_after_a_crash_mid_commit_judge_no_order_la
     make_app = getattr(core_helpers, factory)
     app = make_app(kafka_bootstrap, source, tmp_path, name, changelog_config=COMPACT_FAST)
     assert app.run_worker(max_seconds=120).committed_offsets == {0: len(FIRST)}
+    committed_end = changelog_end(app, "windows")
     produce_timed_orders(kafka_bootstrap, source, SECOND)
 
     worker = faulty_worker(
@@ -92,7 +98,9 @@ def test_at_least_once_windows_redone_after_a_crash_mid_commit_judge_no_order_la
     )
     assert worker.wait(timeout=120) == 9, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
     if machine == "new":
-        wait_until_compaction_keeps_only_uncommitted_stream_time(kafka_bootstrap, app.changelog_topic("windows"), 12)
+        wait_until_compaction_keeps_only_uncommitted_stream_time(
+            kafka_bootstrap, app.changelog_topic("windows"), committed_end
+        )
         app.clear_state()
 
     report = app.run_worker(max_seconds=120)
