@@ -266,8 +266,8 @@ class ChangelogRestore:
                     processed = raw
                 else:
                     processed = processed_bytes(headers)
-            elif bare_from is not None and (message.offset() or 0) >= bare_from:
-                if not uncommitted.admit_uncommitted(key, message.offset() or self.position):
+            elif bare_from is not None and (at := message.offset()) is not None and at >= bare_from:
+                if not uncommitted.admit_uncommitted(key, at):
                     continue
                 batch[key] = value
                 continue
