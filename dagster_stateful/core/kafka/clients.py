@@ -42,7 +42,7 @@ from confluent_kafka.admin import (
 
 from dagster_stateful.core.kafka.authorization import GROUP, TOPIC, Access, is_authorization_failure
 from dagster_stateful.core.kafka.backoff import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
-from dagster_stateful.core.kafka.backoff import MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
+from dagster_stateful.core.kafka.backoff import BACKOFF_FIRST, MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
 from dagster_stateful.core.kafka.client_log import CLIENT_LOG
 from dagster_stateful.core.kafka.descriptions import GroupDescription, GroupMember, TopicLayout
 from dagster_stateful.core.kafka.errors import (
@@ -69,6 +69,9 @@ faster than that sits idle for the rest of the second: a columnar worker empties
 messages in a few tenths of a second (bench/bench_fetch_size.py), and a restore reading one
 changelog partition ran at 111k records/s with the default, 620k with 20 ms
 (bench/bench_restore_memory.py)."""
+NEW_TOPIC_FIRST_PAUSE = 0.02
+"""The first pause while a topic created a moment ago does not answer yet: on a healthy cluster its
+partitions serve requests within tens of milliseconds (then the pauses double, as for any call)."""
 RESTORE_CONSUMER_CONFIG = {
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
@@ -219,7 +222,8 @@ class KafkaClients:
         )
         # Creation returns before the new partitions serve requests (metadata may already name a
         # leader that answers NOT_LEADER / UNKNOWN_TOPIC_OR_PART): wait until every one answers.
-        self._offsets(name, list(range(partitions)), (OffsetSpec.latest(),), f"waiting for new topic {name} to answer")
+        waiting = f"waiting for new topic {name} to answer"
+        self._offsets(name, list(range(partitions)), (OffsetSpec.latest(),), waiting, first_pause=NEW_TOPIC_FIRST_PAUSE)
         log.info("Created topic %s (%d partitions, replication %s, %s)", name, partitions, replication, dict(config))
 
     def watermarks(self, topic: str, partitions: Iterable[int], committed: bool = False) -> dict[int, tuple[int, int]]:
@@ -250,14 +254,16 @@ class KafkaClients:
         specs: tuple[OffsetSpec, ...],
         doing: str,
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+        first_pause: float = BACKOFF_FIRST,
     ) -> list[dict[int, int]]:
         """Offsets per partition for each of `specs` (earliest, latest, ...), read in one retried attempt."""
 
         def call(timeout: float) -> list[dict[int, int]]:
             return [self._list_offsets_once(topic, partitions, spec, timeout, isolation) for spec in specs]
 
+        what = f"{doing} partitions {partitions}"
         return self._retrying(
-            call, f"{doing} partitions {partitions}", topic=topic, needs=[Access("Describe", TOPIC, topic)]
+            call, what, topic=topic, needs=[Access("Describe", TOPIC, topic)], first_pause=first_pause
         )
 
     def _list_offsets_once(
@@ -344,6 +350,7 @@ class KafkaClients:
         topic: str | None = None,
         needs: Sequence[Access] = (),
         consumer: Consumer | None = None,
+        first_pause: float = BACKOFF_FIRST,
     ) -> _T:
         """Run `call(attempt timeout)`, retrying transient failures (see `errors.is_transient`, and a
         request left unanswered) with capped exponential backoff until `admin_timeout_seconds` have
@@ -352,7 +359,7 @@ class KafkaClients:
         `needs` (what `call` needs). So is an authentication or TLS failure that a client reported
         (checked after each failed try, with `consumer`'s events: the one `call` uses, if any).
         After an error that hints at stale leaders, `topic`'s metadata is refreshed before the next try."""
-        backoff = Backoff(self._seconds_allowed())
+        backoff = Backoff(self._seconds_allowed(), pause=first_pause)
         if backoff.seconds <= 0:
             raise KafkaOperationError(
                 f"the run's deadline passed before {what}: a bounded worker makes no Kafka call past its max_seconds "

@@ -193,6 +193,11 @@ class PartitionAssignments:
         restoring = RestoringPartition(
             partition, txn.committed_offset, time.monotonic(), dict(txn.stores), txn.committed_stream_times
         )
+        [committed] = self._starts.committed([TopicPartition(self.config.source, partition)])
+        metadata = decode_commit_metadata(
+            committed.metadata, txn.committed_offset, f"{self.config.source}[{partition}]"
+        )
+        restoring.changelog_ends, restoring.bare_uncommitted = metadata.changelog_ends, metadata.bare_uncommitted
         restoring.rewind_to = start
         self.restorations.add(restoring)
 
