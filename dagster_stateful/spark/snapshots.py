@@ -65,14 +65,14 @@ def snapshot_changelog(
     positions = kafka.committed(consumer_group, source, partitions)
     ends = {p: high for p, (_, high) in kafka.watermarks(changelog_topic, partitions, committed=True).items()}
     committed = {p: offset for p, (offset, _) in positions.items()}
-    bare_from = _bare_uncommitted_from(positions, source, snapshots.store)
+    bare_from = _bare_uncommitted_offsets(positions, source, snapshots.store)
     manifest = build_snapshot(
         spark, kafka_options, changelog_topic, ends, committed, snapshots, keep, sst_image, bare_from
     )
     return ChangelogSnapshot(manifest, ends, committed)
 
 
-def _bare_uncommitted_from(
+def _bare_uncommitted_offsets(
     positions: Mapping[int, tuple[int | None, str | None]], source: str, store: str
 ) -> dict[int, int]:
     """Per partition, the changelog offset from which records without headers are of uncommitted

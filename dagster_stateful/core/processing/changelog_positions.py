@@ -49,8 +49,8 @@ def bound_unknown_prefixes(stores: Iterable[StorePartition], source_end: Callabl
     """Give the prefixes of restores that met records of uncommitted messages without headers their
     `processed_before`: where the source ends now (`ChangelogPrefix.resolve`). Should the broker not
     say, those stores record no changelog end until their next restore."""
-    unknown = [store.changelog_prefix for store in stores if store.changelog_prefix is not None]
-    unknown = [prefix for prefix in unknown if prefix.processed_before is None]
+    prefixes = (store.changelog_prefix for store in stores)
+    unknown = [prefix for prefix in prefixes if prefix is not None and prefix.processed_before is None]
     if not unknown:
         return
     try:

@@ -225,8 +225,9 @@ class PartitionAssignments:
             restored.stream_times,
         )
         source, partition = self.config.source, restored.partition
+        query = self._kafka.time_left(END_QUERY_SECONDS, at_least=0.1)  # a bounded worker stays bounded
         bound_unknown_prefixes(
-            restored.stores.values(), lambda: self._kafka.ends(source, [partition], END_QUERY_SECONDS)[partition]
+            restored.stores.values(), lambda: self._kafka.ends(source, [partition], query)[partition]
         )
         start = self._start_of(restored)
         if restored.committed is None and start is not None and start >= 0:

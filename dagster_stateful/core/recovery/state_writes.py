@@ -97,28 +97,19 @@ def write_changelog(
 
         return report
 
+    def send(partition: int, key: bytes, value: bytes | None, index: int | None) -> None:
+        report = delivered(partition, index)
+        producer.produce(
+            changelog, key=key, value=value, partition=partition, headers=STATE_WRITE_HEADERS, on_delivery=report
+        )
+        producer.poll(0)
+
     for partition, keys in tombstones.items():
         for key in sorted(keys):
-            producer.produce(
-                changelog,
-                key=key,
-                value=None,
-                partition=partition,
-                headers=STATE_WRITE_HEADERS,
-                on_delivery=delivered(partition, None),
-            )
-            producer.poll(0)
+            send(partition, key, None, None)
     for partition, kept in rows.items():
         for index, (key, value) in enumerate(kept):
-            producer.produce(
-                changelog,
-                key=key,
-                value=value,
-                partition=partition,
-                headers=STATE_WRITE_HEADERS,
-                on_delivery=delivered(partition, index),
-            )
-            producer.poll(0)
+            send(partition, key, value, index)
     left = producer.flush(READ_TIMEOUT)
     if left or failures:
         raise DeliveryError(
