@@ -83,12 +83,12 @@ class ChangelogPositions:
         the changelog's end past them, and until it is committed the group's last commit counts them
         as uncommitted."""
         prefix = txn.stores[store].changelog_prefix
-        return prefix is not None and prefix.bare_writes and prefix.vouches_at(txn.offset_to_commit)
+        return prefix is not None and prefix.recorded_end is not None and prefix.vouches_at(txn.offset_to_commit)
 
     def recorded(self) -> None:
         """The commit whose ends `committed_ends` gave is committed: its stores may write bare records."""
         for prefix in self._recording:
-            prefix.bare_writes = True
+            prefix.recorded_end = prefix.end
         self._recording = []
 
     @staticmethod
@@ -147,8 +147,8 @@ class ChangelogPositions:
             if prefix.vouches_at(txn.offset_to_commit):
                 ends[name] = prefix.end
                 self._recording.append(prefix)
-            else:
-                prefix.bare_writes = False  # this commit's metadata no longer counts them as uncommitted
+            elif prefix.recorded_end is not None:
+                ends[name] = prefix.recorded_end  # still true: bare records past it stay uncommitted
         return ends
 
     def _query_ends(self, topic: str, partitions: list[int]) -> dict[int, int]:

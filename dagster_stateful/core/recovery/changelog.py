@@ -211,7 +211,7 @@ class ChangelogRestore:
             self.committed_source_offset,
             report.uncommitted_processed_up_to,
             report.bare_uncommitted_read,
-            self.bare_uncommitted_from is not None,
+            self.bare_uncommitted_from,
         )
 
     def _complete_report(self) -> None:

@@ -107,10 +107,8 @@ class Restorer:
             if stored is None or store.source_offset != committed_source_offset:
                 store.finish_restore(high, committed_source_offset)
             if clean_base:
-                bare_writes = (
-                    bare_uncommitted_from(committed_source_offset, committed_end, bare_uncommitted) is not None
-                )
-                store.changelog_prefix = ChangelogPrefix.read(high, committed_source_offset, bare_writes=bare_writes)
+                recorded = bare_uncommitted_from(committed_source_offset, committed_end, bare_uncommitted)
+                store.changelog_prefix = ChangelogPrefix.read(high, committed_source_offset, recorded_end=recorded)
             return None
         self._learn_topic(topic)
         return ChangelogRestore(

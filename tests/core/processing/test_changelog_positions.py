@@ -159,32 +159,32 @@ def test_once_a_commit_recorded_its_end_the_next_commits_write_records_without_h
 
 
 def test_a_commit_writes_headers_until_it_passes_the_uncommitted_records_a_restore_read(setup):
-    setup.store.changelog_prefix = ChangelogPrefix(0, processed_before=3, bare_writes=True)
+    """Meanwhile each commit records the end the group's last commit recorded again: records without
+    headers past it (a crashed commit's) stay uncommitted."""
+    setup.store.changelog_prefix = ChangelogPrefix(0, processed_before=3, recorded_end=0)
     setup.process(0)
     setup.committer.commit([setup.txn])
+    assert setup.changelog_headers() == [source_offset_header(0)]
+    assert setup.committed() == CommitMetadata({}, {"totals": 0}, bare_uncommitted=True), "the recorded end, again"
+
     for offset in (1, 2):
         setup.process(offset)
     setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0), source_offset_header(2)]
+    assert setup.changelog_headers() == [source_offset_header(0), None]
     assert setup.committed().changelog_ends == {"totals": 2}, "the commit at 3 records its end"
-
-    setup.process(3)
-    setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0), source_offset_header(2), None]
 
 
 def test_a_commit_whose_restore_did_not_learn_where_the_source_ends_writes_headers(setup):
     """A restore that read records of uncommitted messages without headers knows no `processed_before`
-    until the worker reads where the source ends. A commit that records no end leaves records without
-    headers counted as committed: the next commit writes headers again."""
-    setup.store.changelog_prefix = ChangelogPrefix(0, None, bare_writes=True)
+    until the worker reads where the source ends; meanwhile its commits record the last recorded end again."""
+    setup.store.changelog_prefix = ChangelogPrefix(0, None, recorded_end=0)
     setup.process(0)
     setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0)] and setup.committed().changelog_ends == {}
+    assert setup.changelog_headers() == [source_offset_header(0)] and setup.committed().changelog_ends == {"totals": 0}
 
     setup.store.changelog_prefix.resolve(2)
     for offset in (1, 2):
         setup.process(offset)
         setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0), source_offset_header(1), None]
+    assert setup.changelog_headers() == [source_offset_header(0), None, None]
     assert setup.committed().changelog_ends == {"totals": 3}

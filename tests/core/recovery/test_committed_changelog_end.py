@@ -179,7 +179,7 @@ def test_records_without_headers_past_the_recorded_end_are_uncommitted_only_wher
     assert dict(store.items()) == live(committed), "the crashed commit's records are left out"
     assert report.bare_uncommitted_read and report.records_skipped == 30
     assert store.changelog_offset == 100, "the next restore reads them again"
-    assert store.changelog_prefix == ChangelogPrefix(130, None, bare_writes=True), (
+    assert store.changelog_prefix == ChangelogPrefix(130, None, recorded_end=100), (
         "vouches once the source end is known"
     )
 
