@@ -193,6 +193,10 @@ class RecoveryError(StatefulError):
     """Local state, changelog and source offsets disagree in a way that needs an operator's choice."""
 
 
+class MetadataVersionError(RecoveryError):
+    """A commit's metadata was written by a release whose changelog format this one cannot read."""
+
+
 class ProcessingError(StatefulError):
     """A message could not be processed under the `raise` error policy; names topic, partition, offset."""
 

@@ -41,6 +41,7 @@ from dagster_stateful.core.monitoring.key_location import KeyLocation, locate_ke
 from dagster_stateful.core.monitoring.key_reads import KeyRead, read_key
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.processing.commit_metadata import check_metadata_fits
 from dagster_stateful.core.processing.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.core.processing.worker import RunLimits, Worker
@@ -148,6 +149,7 @@ class App:
             num_standby_replicas=num_standby_replicas,
         )
         warn_of_stores_in_memory(specs, use_changelog_topics)
+        check_metadata_fits(self.config.store_ttls)
         if not use_changelog_topics:
             log.warning(
                 "App %r runs without changelog topics: its local state cannot be recovered if the disk "
@@ -302,6 +304,7 @@ class App:
         """One bounded worker, not started: `run()` it; `stop.request()` from another thread ends it.
         With `max_seconds`, it ends within `max_seconds` + `grace_seconds` whatever the brokers do
         (a commit that cannot finish by then raises `CommitTimeoutError`)."""
+        check_metadata_fits([*self.config.store_ttls, *self._dataframe.window_stores])
         return Worker(
             config=self.config,
             kafka=self.kafka,

@@ -21,14 +21,23 @@ __all__ = ["commit_group_offsets", "offsets_for_time"]
 TIMEOUT = 30.0
 
 
-def commit_group_offsets(kafka: KafkaClients, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-    """Commit `offsets` (partition -> next offset to process) for `group` on `topic`."""
+def commit_group_offsets(
+    kafka: KafkaClients,
+    group: str,
+    topic: str,
+    offsets: Mapping[int, int],
+    metadata: Mapping[int, str] | None = None,
+) -> None:
+    """Commit `offsets` (partition -> next offset to process) for `group` on `topic`, each with its
+    `metadata` (none where it gives none)."""
+    metadata = metadata or {}
     what = f"committing offsets {dict(sorted(offsets.items()))} of {topic} for consumer group {group!r}"
     committer = kafka.consumer({"group.id": group, "enable.auto.commit": False})
     try:
         with kafka_errors(what):
             result = committer.commit(
-                offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False
+                offsets=[TopicPartition(topic, p, o, metadata.get(p)) for p, o in sorted(offsets.items())],
+                asynchronous=False,
             )
     finally:
         committer.close()

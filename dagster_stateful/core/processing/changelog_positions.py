@@ -14,12 +14,9 @@ headers. A partition that grew by anything else (another writer, such as a worke
 partition and does not know it yet), or whose end is not known, loses its prefix until its next
 restore: its commits then record no end, and restores read every header.
 
-Once a commit that recorded a store's end is committed, or when the group never committed, a
-restore counts records without headers past the group's last recorded end as uncommitted
-(`recovery.changelog_format`): from then on, each commit that will record its end writes the
-store's changelog records without the source-offset header (`bare`), which halves what producing
-a record costs. Should the commit not record its end after all (the partition grew by anything
-else), its bare records count as committed, which is what they are once its offset is committed.
+The records below a recorded end are read without their headers; whether a record past it is
+committed is said by its own headers or its block's (`recovery.changelog_format`), never by the
+metadata alone.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ from confluent_kafka import KafkaException
 
 from dagster_stateful.core.processing.delivery import DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
-from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
 
@@ -74,22 +70,6 @@ class ChangelogPositions:
         self._changelog_topics = changelog_topics
         self._changelog_ends = changelog_ends
         self._deadline = deadline
-        self._recording: list[ChangelogPrefix] = []
-        """The prefixes whose ends the commit being made records."""
-
-    @staticmethod
-    def bare(txn: PartitionTransaction, store: str) -> bool:
-        """Whether the commit may write the store's changelog records without headers: it will record
-        the changelog's end past them, and until it is committed the group's last commit counts them
-        as uncommitted."""
-        prefix = txn.stores[store].changelog_prefix
-        return prefix is not None and prefix.recorded_end is not None and prefix.vouches_at(txn.offset_to_commit)
-
-    def recorded(self) -> None:
-        """The commit whose ends `committed_ends` gave is committed: its stores may write bare records."""
-        for prefix in self._recording:
-            prefix.recorded_end = prefix.end
-        self._recording = []
 
     @staticmethod
     def produced(txn: PartitionTransaction, changes_by_store: dict[str, list[Change]]) -> None:
@@ -103,7 +83,6 @@ class ChangelogPositions:
         """Where each changed changelog partition ends once the commit's records are acknowledged. A
         partition missing from the result (the broker did not answer in time) keeps its store's
         previous changelog offset: a restore replays these records again, to the same values."""
-        self._recording = []
         if self._changelog_topics is None:
             return {}
         positions: dict[tuple[str, int], int] = {}
@@ -146,9 +125,6 @@ class ChangelogPositions:
                 prefix.end, prefix.produced = end, 0
             if prefix.vouches_at(txn.offset_to_commit):
                 ends[name] = prefix.end
-                self._recording.append(prefix)
-            elif prefix.recorded_end is not None:
-                ends[name] = prefix.recorded_end  # still true: bare records past it stay uncommitted
         return ends
 
     def _query_ends(self, topic: str, partitions: list[int]) -> dict[int, int]:

@@ -3,8 +3,10 @@
 Owns `Committer` (deliveries are tracked by `delivery.DeliveryTracker`). A commit of a set of
 partition transactions (after their expiring and bounded stores deleted what has expired or
 would not fit, which the commit then carries like any change):
-1. produces each changed key to the store's changelog (value, or a tombstone for a delete) with
-   the processed source offset in a header (outputs were produced while processing);
+1. produces each changed key to the store's changelog (value, or a tombstone for a delete): under
+   exactly-once with the processed source offset in a header, at-least-once as one block per store
+   partition (`recovery.changelog_format`), with the values of the keys a restore asked to write
+   again (outputs were produced while processing);
 2. waits until Kafka acknowledged every changelog and output record (a failure stops here:
    nothing is committed, and the messages will be processed again);
 3. commits the source offsets, with the stream time of each store that keeps one in the commit's
@@ -47,6 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from itertools import islice
 from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -62,18 +65,26 @@ from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.monitoring.store_metrics import RunStoreMetrics
 from dagster_stateful.core.processing.changelog_positions import ChangelogEnds, ChangelogPositions, Prepared
-from dagster_stateful.core.processing.commit_metadata import encode_commit_metadata
+from dagster_stateful.core.processing.commit_metadata import MetadataLimit
 from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
-from dagster_stateful.core.recovery.changelog_format import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import block_headers, source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
-from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StatefulError, StoreCorruptedError
+from dagster_stateful.errors import (
+    CommitTimeoutError,
+    ConfigurationError,
+    DeliveryError,
+    StatefulError,
+    StoreCorruptedError,
+)
 
 log = logging.getLogger(__name__)
 
 UNASSIGNED_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
+METADATA_ATTEMPTS = 3
+"""Commits of the same offsets with shorter metadata, after the broker refused it as too large."""
 FLUSH_MARGIN_SECONDS = 5.0
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
 _RETRIABLE_COMMIT_ERRORS = {
@@ -151,6 +162,7 @@ class Committer:
         """Changelog topic per store; None when changelogs are off."""
         self._failure: StatefulError | None = None
         self._positions = ChangelogPositions(tracker, changelog_topics, changelog_ends, self._deadline)
+        self._metadata = MetadataLimit()
         self.metrics = RunStoreMetrics()
         """The run's store metrics: `metrics.summary()` once its stores are closed."""
 
@@ -235,7 +247,7 @@ class Committer:
         offsets = []
         for txn in pending:
             ends = self._positions.committed_ends(txn, positions) if self.transactions is None else {}
-            metadata = encode_commit_metadata(txn.stream_times_to_commit(), txn.offset_to_commit, ends)
+            metadata = self._metadata.encode(txn.stream_times_to_commit(), txn.offset_to_commit, ends)
             offsets.append(TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit, metadata))
         return offsets
 
@@ -259,8 +271,8 @@ class Committer:
         send = self._producer.produce
         for store, changes in changes_by_store.items():
             topic = self._changelog_topics[store]
-            if self.transactions is None and self._positions.bare(txn, store):
-                self._produce_bare(topic, partition, changes)
+            if self.transactions is None:
+                self._produce_block(topic, partition, changes, txn.first_offset, txn.offset_to_commit)
                 continue
             for key, value, source_offset in changes:
                 headers = source_offset_header(source_offset)
@@ -269,9 +281,16 @@ class Committer:
                 except (BufferError, KafkaException):
                     self.produce(topic, key, value, headers, partition)
 
-    def _produce_bare(self, topic: str, partition: int, changes: list[Change]) -> None:
+    def _produce_block(
+        self, topic: str, partition: int, changes: list[Change], first_offset: int, offset_to_commit: int
+    ) -> None:
+        """The changes as one block (`changelog_format`): headers on the first record only."""
+        if not changes:
+            return
+        key, value, _ = changes[0]
+        self.produce(topic, key, value, block_headers(first_offset, offset_to_commit, len(changes)), partition)
         send = self._producer.produce
-        for key, value, _ in changes:
+        for key, value, _ in islice(changes, 1, None):
             try:
                 send(topic, value, key, partition)
             except (BufferError, KafkaException):
@@ -409,9 +428,23 @@ class Committer:
             return self._positions.after_delivery(prepared)
         self._await_acknowledgements([txn.partition for txn in pending])
         positions = self._positions.after_delivery(prepared)
-        self._commit_offsets(self._offsets(pending, positions))
-        self._positions.recorded()
-        return positions
+        for _ in range(METADATA_ATTEMPTS):
+            offsets = self._offsets(pending, positions)
+            if self._commit_offsets(offsets):
+                return positions
+            self._metadata.refused(max((tp.metadata or "" for tp in offsets), key=len))
+        raise self._metadata_refused(offsets)
+
+    def _metadata_refused(self, offsets: list[TopicPartition]) -> ConfigurationError:
+        longest = max((tp.metadata or "" for tp in offsets), key=len)
+        return ConfigurationError(
+            f"the brokers refused the metadata of the offset commit of {self._source_topic} partitions "
+            f"{[tp.partition for tp in offsets]} in consumer group {self._group!r} as too large "
+            f"(OFFSET_METADATA_TOO_LARGE), even at {len(longest.encode())} bytes with only the stream times of the "
+            f"window and TTL stores ({longest[:200]!r}): raise offset.metadata.max.bytes on every broker, or give "
+            "those stores shorter names or fewer per app. Nothing was committed: the next run processes these "
+            "messages again."
+        )
 
     def _await_acknowledgements(self, partitions: list[int]) -> None:
         if self._deadline.passed():
@@ -424,17 +457,29 @@ class Committer:
         if remaining or self._tracker.errors:
             self._fail(remaining, partitions)
 
-    def _commit_offsets(self, offsets: list[TopicPartition]) -> None:
+    def _commit_offsets(self, offsets: list[TopicPartition]) -> bool:
+        """Commit `offsets`; False when the broker refused their metadata as too large."""
         try:
             # On the worker's own thread: a commit made from another one while this thread waits
             # (serving no rebalance callback) stalled a cooperative rebalance for minutes.
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+            result = self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as error:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
-            if kafka_error is not None and is_authorization_failure(kafka_error):
-                doing = f"committing the offsets of {self._source_topic} in consumer group {self._group!r}"
-                needs = [Access("Read", GROUP, self._group)] if self._group else []
-                raise authorization_error(kafka_error, doing, needs) from error
-            if kafka_error is None or kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:
+            if kafka_error is None:
                 raise
-            raise CommitDeferred(kafka_error.str()) from error
+            return self._commit_refused(kafka_error, error)
+        for refused in (tp.error for tp in result or () if tp.error is not None):
+            return self._commit_refused(refused, KafkaException(refused))
+        return True
+
+    def _commit_refused(self, kafka_error: KafkaError, error: KafkaException) -> bool:
+        """False for metadata too large; raises what the other refusals of a source commit mean."""
+        if kafka_error.code() == KafkaError.OFFSET_METADATA_TOO_LARGE:
+            return False
+        if is_authorization_failure(kafka_error):
+            doing = f"committing the offsets of {self._source_topic} in consumer group {self._group!r}"
+            needs = [Access("Read", GROUP, self._group)] if self._group else []
+            raise authorization_error(kafka_error, doing, needs) from error
+        if kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:
+            raise error
+        raise CommitDeferred(kafka_error.str()) from error

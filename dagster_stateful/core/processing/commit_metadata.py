@@ -19,29 +19,45 @@ Owns the format of the commit's metadata string. Two things ride in it, per stor
   counted as committed, as that engine wrote them only for state written from outside.
 
 Format: `"ds1:"` and a JSON object, store name to stream time in ms, when no changelog end is
-known; otherwise `"ds2:"` and a JSON object `{"o": <the committed offset>, "t": {store: stream
-time}, "c": {store: changelog end}, "h": 1}`. The changelog ends count only while `"o"` is the committed
-offset itself: a tool that moves the offset and keeps the metadata cannot make them claim records
-of messages past it. Metadata in another form (written by another client, or none) reads as
-nothing: each store's own stream time is used, and restores read every header.
+known; otherwise `"ds2:"` and a JSON object `{"v": 3, "o": <the committed offset>, "t": {store:
+stream time}, "c": {store: changelog end}, "h": 1}`. The changelog ends count only while `"o"` is
+the committed offset itself: a tool that moves the offset and keeps the metadata cannot make them
+claim records of messages past it. `"h"` tells releases that wrote records without headers before
+blocks (`recovery.changelog_format`) that such records past the end are uncommitted, which stays
+true of blocks; this release never needs the metadata to tell a record's commit.
+
+`"v"` is the changelog format the committing release wrote: a release meeting a higher one (or a
+prefix past `"ds2:"`) refuses to start the partition (`MetadataVersionError`), instead of guessing
+what records it cannot read mean. Metadata in another form (written by another client, or none)
+reads as nothing: each store's own stream time is used, and restores read every header.
+
+The broker refuses metadata longer than its `offset.metadata.max.bytes` (4096 by default). The
+stream times are needed and must fit (`check_metadata_fits`, when the app is declared); the
+changelog ends only save restores reading headers, so a commit whose metadata would not fit leaves
+them out (`MetadataLimit`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import orjson
 
-from dagster_stateful.errors import ConfigurationError
+from dagster_stateful.errors import ConfigurationError, MetadataVersionError
 
 log = logging.getLogger(__name__)
 
 PREFIX = "ds1:"
 PREFIX_WITH_ENDS = "ds2:"
+FORMAT_VERSION = 3
+"""The changelog format this release writes and reads: 3, blocks (`recovery.changelog_format`)."""
 MAX_METADATA_BYTES = 4096
 """The brokers' default `offset.metadata.max.bytes`: a commit with longer metadata is refused."""
+WIDEST_OFFSET = 2**63 - 1
+"""The widest offset or timestamp a commit may carry (19 digits)."""
 
 
 @dataclass(frozen=True)
@@ -51,31 +67,88 @@ class CommitMetadata:
     changelog_ends: dict[str, int] = field(default_factory=dict)
     """Store name to a changelog offset below which every record is of a committed message."""
     bare_uncommitted: bool = False
-    """Whether a record without headers at or past its store's changelog end is of an uncommitted message."""
+    """Whether a record without headers (outside a block) at or past its store's changelog end is of an
+    uncommitted message."""
+
+
+class MetadataLimit:
+    """How long a commit's metadata may be: the brokers' `offset.metadata.max.bytes`, or less once the
+    broker refused a commit's metadata as too large (`refused`)."""
+
+    def __init__(self, limit: int = MAX_METADATA_BYTES) -> None:
+        self.limit = limit
+        self._warned = False
+
+    def refused(self, metadata: str) -> None:
+        """The broker refused `metadata` as too large: later commits stay below its length."""
+        self.limit = min(self.limit, len(metadata.encode()) - 1)
+
+    def encode(self, stream_times: Mapping[str, int], offset: int, changelog_ends: Mapping[str, int]) -> str:
+        """The metadata of a commit at source `offset` ("" when there is nothing to carry); its changelog
+        ends are left out when the whole would not fit. Raises `ConfigurationError` when the stream
+        times alone do not fit."""
+        metadata = encode_commit_metadata(stream_times, offset, changelog_ends)
+        if len(metadata.encode()) <= self.limit:
+            return metadata
+        needed = encode_commit_metadata(stream_times, offset, {})
+        if len(needed.encode()) > self.limit:
+            raise ConfigurationError(
+                f"the stream times of stores {sorted(stream_times)} take {len(needed.encode())} bytes in the offset "
+                f"commit's metadata, more than the {self.limit} bytes the brokers accept (offset.metadata.max.bytes): "
+                "give the window and TTL stores shorter names, fewer of them per app, or raise "
+                "offset.metadata.max.bytes on every broker"
+            )
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "The metadata of a commit of stores %s would take %d bytes, more than the %d the brokers accept "
+                "(offset.metadata.max.bytes): commits leave the stores' changelog ends out, and restores read every "
+                "record's headers (slower, as exact)",
+                sorted(set(stream_times) | set(changelog_ends)),
+                len(metadata.encode()),
+                self.limit,
+            )
+        return needed
+
+
+def check_metadata_fits(clocked_stores: Iterable[str], limit: int = MAX_METADATA_BYTES) -> None:
+    """Refuse, when the app is declared, window and TTL stores whose stream times cannot fit in a
+    commit's metadata whatever the offsets and times grow to."""
+    stores = sorted(clocked_stores)
+    if stores:
+        MetadataLimit(limit).encode(dict.fromkeys(stores, WIDEST_OFFSET), WIDEST_OFFSET, {})
 
 
 def encode_commit_metadata(stream_times: Mapping[str, int], offset: int, changelog_ends: Mapping[str, int]) -> str:
     """The metadata of a commit at source `offset` ("" when there is nothing to carry)."""
     if changelog_ends:
-        body = {"o": offset, "t": dict(stream_times), "c": dict(changelog_ends), "h": 1}
-        metadata = PREFIX_WITH_ENDS + orjson.dumps(body).decode()
-    elif stream_times:
-        metadata = PREFIX + orjson.dumps(dict(stream_times)).decode()
-    else:
-        return ""
-    if len(metadata.encode()) > MAX_METADATA_BYTES:
-        raise ConfigurationError(
-            f"the metadata of stores {sorted(set(stream_times) | set(changelog_ends))} takes {len(metadata.encode())} "
-            f"bytes in the offset commit, more than the brokers' default offset.metadata.max.bytes "
-            f"({MAX_METADATA_BYTES}): give the stores shorter names, or fewer of them per app"
-        )
-    return metadata
+        body = {"v": FORMAT_VERSION, "o": offset, "t": dict(stream_times), "c": dict(changelog_ends), "h": 1}
+        return PREFIX_WITH_ENDS + orjson.dumps(body).decode()
+    if stream_times:
+        return PREFIX + orjson.dumps(dict(stream_times)).decode()
+    return ""
+
+
+def carried_over(metadata: str | None, committed: int | None, offset: int, replaced: str, where: str) -> str:
+    """The metadata an offset set from outside the workers (a bootstrap of store `replaced`) commits at
+    `offset`, from the group's metadata at `committed`: every other store keeps its stream time and,
+    while the offset stays where it was, its changelog end."""
+    recorded = decode_commit_metadata(metadata, committed, where)
+    stream_times = {store: time for store, time in recorded.stream_times.items() if store != replaced}
+    ends = recorded.changelog_ends if committed == offset else {}
+    return encode_commit_metadata(
+        stream_times, offset, {store: end for store, end in ends.items() if store != replaced}
+    )
 
 
 def decode_commit_metadata(metadata: str | None, offset: int | None, where: str) -> CommitMetadata:
     """What a commit at source `offset` recorded in its `metadata` (nothing when it is not in this
-    format). `where` names the topic partition, for the warning a damaged value gets."""
-    if not metadata or not metadata.startswith((PREFIX, PREFIX_WITH_ENDS)):
+    format). `where` names the topic partition, for the warning a damaged value gets; metadata of a
+    later changelog format raises `MetadataVersionError`."""
+    if not metadata:
+        return CommitMetadata()
+    _refuse_later_format(metadata, where)
+    if not metadata.startswith((PREFIX, PREFIX_WITH_ENDS)):
         return CommitMetadata()
     try:
         decoded = orjson.loads(metadata[len(PREFIX) :])
@@ -85,6 +158,7 @@ def decode_commit_metadata(metadata: str | None, offset: int | None, where: str)
         if _is_int_map(decoded):
             return CommitMetadata(stream_times=decoded)
     elif isinstance(decoded, dict) and _is_int_map(decoded.get("t")) and _is_int_map(decoded.get("c")):
+        _refuse_later_version(decoded.get("v"), where)
         ends = decoded["c"] if decoded.get("o") == offset and offset is not None else {}
         bare_uncommitted = bool(ends) and decoded.get("h") == 1
         return CommitMetadata(stream_times=decoded["t"], changelog_ends=ends, bare_uncommitted=bare_uncommitted)
@@ -95,6 +169,27 @@ def decode_commit_metadata(metadata: str | None, offset: int | None, where: str)
         metadata,
     )
     return CommitMetadata()
+
+
+def _refuse_later_format(metadata: str, where: str) -> None:
+    """Raise for a `"dsN:"` prefix of a later release (N above 2)."""
+    head, colon, _ = metadata.partition(":")
+    if colon and head.startswith("ds") and head[2:].isdigit() and int(head[2:]) > 2:
+        _refuse(f"prefix {head!r}", where)
+
+
+def _refuse_later_version(version: object, where: str) -> None:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        _refuse(f"changelog format {version}", where)
+
+
+def _refuse(what: str, where: str) -> NoReturn:
+    raise MetadataVersionError(
+        f"the committed offset of {where} was written by a later release of dagster-stateful ({what}; this release "
+        f"reads changelog format {FORMAT_VERSION} and older): this release cannot tell which changelog records that "
+        "release committed, so it restores and processes nothing. Run the later release (every worker of the app "
+        "must run it once any does), or follow its documented roll-back, which makes the metadata readable again."
+    )
 
 
 def _is_int_map(value: object) -> bool:

@@ -74,6 +74,11 @@ class StreamingDataFrame:
         return frozenset(step.store for step in self.steps if step.aggregation is not None and step.store)
 
     @property
+    def window_stores(self) -> list[str]:
+        """The stores of windowed aggregations (each keeps a stream time)."""
+        return [name for name, bounds in self.live_stores.items() if bounds is not None]
+
+    @property
     def live_stores(self) -> dict[str, WindowBounds | None]:
         """The aggregations' stores: None for a keyed aggregation's, the bounds of a window store's."""
         return {

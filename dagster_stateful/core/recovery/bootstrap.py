@@ -28,6 +28,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.group_offsets import commit_group_offsets, offsets_for_time
 from dagster_stateful.core.kafka.partitioner import Partitioner
+from dagster_stateful.core.processing.commit_metadata import carried_over
 from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.state_encoding import encode_state_table
 from dagster_stateful.core.recovery.state_table import write_snapshot_table
@@ -117,7 +118,7 @@ def bootstrap_arrow(
     ends = {p: high for p, (_, high) in kafka.watermarks(changelog, range(partitions)).items()}
     manifest = publish_snapshot(snapshots, changelog, encoded.rows, offsets, ends, positions, "bootstrap")
     write_snapshot_table(target.decoder, snapshots, manifest)
-    commit_group_offsets(kafka, config.consumer_group, source, positions)
+    commit_group_offsets(kafka, config.consumer_group, source, positions, _kept_metadata(target, positions))
     report = BootstrapReport(
         store,
         manifest.snapshot_id,
@@ -128,6 +129,17 @@ def bootstrap_arrow(
     )
     log.info("Bootstrapped store %s of %s: %s", store, config.name, report)
     return report
+
+
+def _kept_metadata(target: StoreTarget, positions: Mapping[int, int]) -> dict[int, str]:
+    """Per partition, the metadata that keeps the app's other stores' stream times (and, where the
+    offset stays, their changelog ends) through the bootstrap's offset commit."""
+    config = target.config
+    committed = target.kafka.committed(config.consumer_group, config.source, sorted(positions))
+    return {
+        partition: carried_over(metadata, offset, positions[partition], target.store, f"{config.source}[{partition}]")
+        for partition, (offset, metadata) in committed.items()
+    }
 
 
 def _positions(kafka: KafkaClients, source: str, partitions: int, given: SourcePositions) -> dict[int, int]:

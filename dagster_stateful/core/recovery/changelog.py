@@ -33,7 +33,13 @@ from dagster_stateful.core.kafka.authorization import (
 from dagster_stateful.core.kafka.records import position as record_position
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
-from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, bare_uncommitted_from, processed_bytes
+from dagster_stateful.core.recovery.changelog_format import (
+    SOURCE_OFFSET_HEADER,
+    Block,
+    bare_uncommitted_from,
+    processed_bytes,
+    read_block,
+)
 from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
 from dagster_stateful.core.recovery.restore_target import RestoreTarget
 from dagster_stateful.core.recovery.uncommitted import UncommittedFilter, decode_processed_offset
@@ -103,6 +109,8 @@ class ChangelogRestore:
         restored = self._restored_here if self._bulk else None
         at_committed = not self._bulk and store.source_offset == committed_source_offset
         self.filter = UncommittedFilter(committed_source_offset, restored, 0 if self._bulk else start, at_committed)
+        self._block: Block | None = None
+        """The last block (`changelog_format`) read: the records without headers up to its end are its."""
         self._started: float | None = None
         self._last_progress = self._last_log = time.monotonic()
         # A standby replica's tails log their end at debug and never wait for a batch (processing comes first).
@@ -159,6 +167,7 @@ class ChangelogRestore:
         self._ingest_chunk()
         self._complete_report()
         self.store.finish_restore(self.filter.resume_offset(self.end), self.committed_source_offset)
+        self.store.keys_to_rewrite.update(self.filter.rewrite)
         self.store.changelog_prefix = self.committed_prefix(self.report)
         self._listeners.restore_end(self.store.partition, self.store.store, self.report.records_applied)
         log_restored(self.report, self.store.changelog_topic, str(self.report.kind), self.filter.gap_at, self.log_level)
@@ -211,7 +220,6 @@ class ChangelogRestore:
             self.committed_source_offset,
             report.uncommitted_processed_up_to,
             report.bare_uncommitted_read,
-            self.bare_uncommitted_from,
         )
 
     def _complete_report(self) -> None:
@@ -250,6 +258,8 @@ class ChangelogRestore:
         committed_bytes = uncommitted.committed_bytes
         remember_committed = uncommitted.remembers_committed_keys
         bare_from = self.bare_uncommitted_from
+        block = self._block
+        block_end = -1 if block is None else block.end
         for message in messages:
             key = message.key()
             if key is None:
@@ -264,9 +274,20 @@ class ChangelogRestore:
                 name, raw = headers[0]
                 if len(headers) == 1 and name == SOURCE_OFFSET_HEADER and isinstance(raw, bytes) and len(raw) == 8:
                     processed = raw
+                elif (started := read_block(headers, at := message.offset() or 0)) is not None:
+                    block = self._block = started
+                    block_end = started.end
+                    if self._admit_in_block(key, value, at, block, remember_committed):
+                        batch[key] = value
+                    continue
                 else:
                     processed = processed_bytes(headers)
-            elif bare_from is not None and (at := message.offset()) is not None and at >= bare_from:
+            elif (at := message.offset() or 0) < block_end:
+                assert block is not None
+                if self._admit_in_block(key, value, at, block, remember_committed):
+                    batch[key] = value
+                continue
+            elif bare_from is not None and at >= bare_from:
                 if not uncommitted.admit_uncommitted(key, at):
                     continue
                 batch[key] = value
@@ -278,6 +299,14 @@ class ChangelogRestore:
             elif remember_committed or value is None:
                 uncommitted.admit_committed(key, value)
             batch[key] = value
+
+    def _admit_in_block(self, key: bytes, value: bytes | None, at: int, block: Block, remember: bool) -> bool:
+        """Whether to apply a record of `block`: as a record whose header named its first offset would be."""
+        if block.first_offset >= self.filter.committed_bytes:
+            return self.filter.admit_uncommitted(key, at, block.last_processed, in_block=True)
+        if remember or value is None:
+            self.filter.admit_committed(key, value)
+        return True
 
     def _raise_errors(self, messages: list[Message]) -> None:
         """Raise the first error Kafka handed over among `messages` (the end of a partition is none);

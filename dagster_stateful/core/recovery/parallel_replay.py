@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
@@ -78,6 +78,8 @@ class ReplayedPartition:
     position: int
     """The changelog position the restore reached (never past the first uncommitted record)."""
     report: RestoreReport
+    keys_to_rewrite: list[bytes] = field(default_factory=list)
+    """Keys the restore skipped in a crashed commit's block (`StorePartition.keys_to_rewrite`)."""
 
 
 class SstFilesTarget:
@@ -89,6 +91,7 @@ class SstFilesTarget:
         self.changelog_offset: int | None = None
         self.source_offset: int | None = None
         self.changelog_prefix: ChangelogPrefix | None = None
+        self.keys_to_rewrite: set[bytes] = set()
         self.directory = directory
         self.chunks: list[list[SstFile]] = []
         self.position: int | None = None
@@ -237,7 +240,7 @@ def _replay(consumer: Consumer, group: str, job: ReplayJob, batch_size: int, chu
         replay.step()
     report = replay.finish()
     assert target.position is not None, "finish() records the position"
-    return ReplayedPartition(job.partition, target.chunks, target.position, report)
+    return ReplayedPartition(job.partition, target.chunks, target.position, report, sorted(target.keys_to_rewrite))
 
 
 def ingest_replayed(
@@ -248,6 +251,7 @@ def ingest_replayed(
     for chunk in replayed.chunks:
         store.db.ingest_files([file.path for file in chunk])
     store.finish_restore(replayed.position, committed)
+    store.keys_to_rewrite.update(replayed.keys_to_rewrite)
     replayed.report.seconds = time.monotonic() - started
     return replayed.report
 
@@ -317,13 +321,15 @@ def _encoded(replayed: ReplayedPartition) -> dict[str, Any]:
         "chunks": [[[file.path, file.records] for file in chunk] for chunk in replayed.chunks],
         "position": replayed.position,
         "report": {**asdict(replayed.report), "kind": str(replayed.report.kind)},
+        "rewrite": [key.hex() for key in replayed.keys_to_rewrite],
     }
 
 
 def _decoded(result: dict[str, Any]) -> ReplayedPartition:
     report = RestoreReport(**{**result["report"], "kind": RestoreKind(result["report"]["kind"])})
     chunks = [[SstFile(path, records) for path, records in chunk] for chunk in result["chunks"]]
-    return ReplayedPartition(report.partition, chunks, result["position"], report)
+    rewrite = [bytes.fromhex(key) for key in result.get("rewrite", ())]
+    return ReplayedPartition(report.partition, chunks, result["position"], report, rewrite)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ class RestoreTarget(Protocol):
     changelog_offset: int | None
     source_offset: int | None
     changelog_prefix: ChangelogPrefix | None
+    keys_to_rewrite: set[bytes]
 
     def holds(self, key: bytes) -> bool: ...
 

@@ -17,7 +17,6 @@ from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
-from dagster_stateful.core.recovery.changelog_format import bare_uncommitted_from
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
@@ -107,8 +106,7 @@ class Restorer:
             if stored is None or store.source_offset != committed_source_offset:
                 store.finish_restore(high, committed_source_offset)
             if clean_base:
-                recorded = bare_uncommitted_from(committed_source_offset, committed_end, bare_uncommitted)
-                store.changelog_prefix = ChangelogPrefix.read(high, committed_source_offset, recorded_end=recorded)
+                store.changelog_prefix = ChangelogPrefix.read(high, committed_source_offset)
             return None
         self._learn_topic(topic)
         return ChangelogRestore(

@@ -23,7 +23,10 @@ whatever the rest: messages processed again must be judged by the stream time of
 which the commit's metadata carries (see `processing.commit_metadata`).
 
 The filter also remembers the first uncommitted record's offset: a restore never records a
-changelog position past it, so records of a commit that completes later are read again.
+changelog position past it, so records of a commit that completes later are read again. And it
+remembers the keys whose records it skipped inside a block (`changelog_format`): a block counts
+as committed once the group's offset passes its first offset, so the worker that takes the
+partition rewrites those keys' committed values in its first commit (`rewrite`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class UncommittedFilter:
         """Whether an uncommitted record without headers was seen (its processed offset is not known)."""
         self.skipped = 0
         self.applied_uncommitted = 0
+        self.rewrite: set[bytes] = set()
+        """Keys whose records of an uncommitted block were skipped: their committed value must be written again."""
 
     @property
     def remembers_committed_keys(self) -> bool:
@@ -130,9 +135,18 @@ class UncommittedFilter:
         if self._uncommitted_keys:
             self._uncommitted_keys.difference_update(keys)
 
-    def admit_uncommitted(self, key: bytes, offset: int, processed: bytes | None = None) -> bool:
+    def admit_uncommitted(
+        self, key: bytes, offset: int, processed: bytes | None = None, in_block: bool = False
+    ) -> bool:
         """Whether to apply an uncommitted record of `key` at changelog `offset`, written by processing
-        the source message at `processed` (8 bytes, when known: a record without headers does not say)."""
+        the source message at `processed` (8 bytes, when known: a record without headers does not say;
+        in a block, the highest offset its commit covers)."""
+        admitted = self._admit_uncommitted(key, offset, processed)
+        if in_block and not admitted:
+            self.rewrite.add(key)
+        return admitted
+
+    def _admit_uncommitted(self, key: bytes, offset: int, processed: bytes | None) -> bool:
         if processed is None:
             self.bare_uncommitted_read = True
         elif self.processed_up_to is None or processed > self.processed_up_to:

@@ -3,11 +3,7 @@
 Owns `ChangelogPrefix`. Every record of the changelog partition below `end` was written by
 processing a message before source offset `processed_before` (None: not known yet, until the
 worker reads where the source ends); `produced` records have been sent past `end` since, by this
-worker, and not yet seen acknowledged. `recorded_end` is the end the group's last commit recorded
-with the rule that records without headers past it are uncommitted (`recovery.changelog_format`;
-None: no such end): it stays true, so a commit that cannot record `end` records it again, and
-records of a crashed commit without headers stay uncommitted meanwhile; while there is one, a
-commit that records `end` may write its records without headers. A restore that read the changelog
+worker, and not yet seen acknowledged. A restore that read the changelog
 up to `end`, on top of state whose own position the group's last commit vouched for (or of none),
 establishes it (`recovery.changelog`); each at-least-once commit moves `end` over its own
 acknowledged records, and drops the prefix once the changelog grew by anything else
@@ -25,7 +21,6 @@ class ChangelogPrefix:
     end: int
     processed_before: int | None
     produced: int = 0
-    recorded_end: int | None = None
 
     @classmethod
     def read(
@@ -34,16 +29,15 @@ class ChangelogPrefix:
         committed: int | None,
         uncommitted_up_to: int | None = None,
         bare_uncommitted_read: bool = False,
-        recorded_end: int | None = None,
     ) -> ChangelogPrefix:
         """What a restore that read the changelog up to `end` knows, at the group's `committed` offset,
         having met records of uncommitted messages processed up to `uncommitted_up_to` (None: none),
         and records of uncommitted messages that do not say which (`bare_uncommitted_read`)."""
         floor = committed or 0
         if bare_uncommitted_read:
-            return cls(end, None, recorded_end=recorded_end)
+            return cls(end, None)
         processed_before = floor if uncommitted_up_to is None else max(floor, uncommitted_up_to + 1)
-        return cls(end, processed_before, recorded_end=recorded_end)
+        return cls(end, processed_before)
 
     def vouches_at(self, offset: int) -> bool:
         """Whether a commit at source `offset` may record `end`: every record below it is of a message before it."""

@@ -90,6 +90,9 @@ class StorePartition:
         self.source_offset: int | None = None
         self.changelog_prefix: ChangelogPrefix | None = None
         """What the worker knows of the changelog's committed records (set by its restores; in memory)."""
+        self.keys_to_rewrite: set[bytes] = set()
+        """Keys whose records in a crashed commit's block its restores skipped: the next commit writes their
+        committed values again (`recovery.changelog_format`; in memory)."""
         self.recovered_from_corruption = False
         self.as_standby = False
         """Opened by a standby replica; its checkpoints say so."""
@@ -361,6 +364,7 @@ class StorePartition:
     def start_fresh(self, lock_timeout: float | None = None) -> None:
         """Delete the (open) partition's state and open it again, empty (`lock_timeout` as `open`)."""
         self.changelog_prefix = None
+        self.keys_to_rewrite = set()
         self.wipe()
         self.open(lock_timeout)
 

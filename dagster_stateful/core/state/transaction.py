@@ -13,6 +13,7 @@ take their `view.timed_variant` for a burst of messages (see `store_metrics.SAMP
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import repeat
 
 from dagster_stateful.core.monitoring.store_metrics import SAMPLE_EVERY, TIMED_BURST
 from dagster_stateful.core.state import kv, live
@@ -207,8 +208,22 @@ class PartitionTransaction:
         return {name: time for name, time in times.items() if time is not None and time >= 0}
 
     def changes(self, store: str) -> list[Change]:
-        """(key, serialized value or None for a delete, source offset), each changed key once."""
-        return self.caches[store].changes()
+        """(key, serialized value or None for a delete, source offset), each changed key once; then the
+        committed value of each key a restore asked to write again (`StorePartition.keys_to_rewrite`)
+        that the commit does not change."""
+        changes = self.caches[store].changes()
+        rewrite = self.stores[store].keys_to_rewrite
+        if rewrite:
+            dirty = self.caches[store].dirty
+            keys = sorted(key for key in rewrite if key not in dirty)
+            values = self.stores[store].get_many(keys) if keys else []
+            changes.extend(zip(keys, values, repeat(self.first_offset, len(keys)), strict=True))
+        return changes
+
+    @property
+    def first_offset(self) -> int:
+        """The lowest source offset the changes since the last commit can come from (0 before the first)."""
+        return self.committed_offset or 0
 
     def roll_back(self) -> None:
         """Drop every uncommitted change: the partition is processed again from `committed_offset`."""
@@ -226,6 +241,8 @@ class PartitionTransaction:
         """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
         for cache in self.caches.values():
             cache.mark_clean()
+        for store in self.stores.values():
+            store.keys_to_rewrite.clear()
         self.emitted.clear()
         for state in self.clocked.values():
             state.mark_committed()

@@ -24,9 +24,10 @@ from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.processing.commit import Committer
 from dagster_stateful.core.processing.commit_metadata import CommitMetadata, decode_commit_metadata
 from dagster_stateful.core.processing.delivery import DeliveryTracker
-from dagster_stateful.core.recovery.changelog_format import source_offset_header
+from dagster_stateful.core.recovery.changelog_format import block_headers
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
 
@@ -144,47 +145,32 @@ def test_a_store_whose_changelog_no_restore_read_records_no_end(setup):
     assert setup.committed() == CommitMetadata()
 
 
-def test_once_a_commit_recorded_its_end_the_next_commits_write_records_without_headers(setup):
-    """Until a commit that records the end is committed, the group's last commit may count records
-    without headers as committed: the first commit writes the header."""
-    setup.store.changelog_prefix = ChangelogPrefix(0, 0)
+def test_each_at_least_once_commit_writes_a_block_per_store_partition(setup):
+    """Headers on the first record only: the offsets the commit covers and how many records it wrote,
+    whether or not the commit can record its end."""
     setup.process(0, b"a")
     setup.committer.commit([setup.txn])
     setup.process(1, b"b")
     setup.process(2, b"a")
     setup.committer.commit([setup.txn])
 
-    assert setup.changelog_headers() == [source_offset_header(0), None, None]
-    assert setup.committed() == CommitMetadata({}, {"totals": 3}, bare_uncommitted=True)
+    assert setup.changelog_headers() == [block_headers(0, 1, 1), block_headers(1, 3, 2), None]
+    assert setup.committed() == CommitMetadata(), "no restore read the changelog: no end recorded"
 
 
-def test_a_commit_writes_headers_until_it_passes_the_uncommitted_records_a_restore_read(setup):
-    """Meanwhile each commit records the end the group's last commit recorded again: records without
-    headers past it (a crashed commit's) stay uncommitted."""
-    setup.store.changelog_prefix = ChangelogPrefix(0, processed_before=3, recorded_end=0)
-    setup.process(0)
+def test_a_commit_writes_again_the_committed_values_a_restore_asked_for(setup):
+    """Keys a restore skipped in a crashed commit's block: the next commit writes their committed
+    values (a tombstone where there is none), except those it changes itself; then it forgets them."""
+    setup.process(0, b"a")
     setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0)]
-    assert setup.committed() == CommitMetadata({}, {"totals": 0}, bare_uncommitted=True), "the recorded end, again"
-
-    for offset in (1, 2):
-        setup.process(offset)
+    setup.store.keys_to_rewrite = {message_prefix(b"a") + b"total", message_prefix(b"gone") + b"total"}
+    setup.process(1, b"b")
     setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0), None]
-    assert setup.committed().changelog_ends == {"totals": 2}, "the commit at 3 records its end"
-
-
-def test_a_commit_whose_restore_did_not_learn_where_the_source_ends_writes_headers(setup):
-    """A restore that read records of uncommitted messages without headers knows no `processed_before`
-    until the worker reads where the source ends; meanwhile its commits record the last recorded end again."""
-    setup.store.changelog_prefix = ChangelogPrefix(0, None, recorded_end=0)
-    setup.process(0)
+    setup.process(2, b"b")
     setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0)] and setup.committed().changelog_ends == {"totals": 0}
 
-    setup.store.changelog_prefix.resolve(2)
-    for offset in (1, 2):
-        setup.process(offset)
-        setup.committer.commit([setup.txn])
-    assert setup.changelog_headers() == [source_offset_header(0), None, None]
-    assert setup.committed().changelog_ends == {"totals": 3}
+    records = [(m.key(), m.value()) for m in read_messages(setup.bootstrap, setup.config.changelog_topic("totals"))]
+    a, b, gone = (message_prefix(key) + b"total" for key in (b"a", b"b", b"gone"))
+    assert records == [(a, b"1"), (b, b"1"), (a, b"1"), (gone, None), (b, b"2")]
+    assert setup.changelog_headers()[1:] == [block_headers(1, 2, 3), None, None, block_headers(2, 3, 1)]
+    assert setup.store.keys_to_rewrite == set()
