@@ -36,7 +36,7 @@ def commit_group_offsets(
     try:
         with kafka_errors(what):
             result = committer.commit(
-                offsets=[TopicPartition(topic, p, o, metadata.get(p)) for p, o in sorted(offsets.items())],
+                offsets=[TopicPartition(topic, p, o, metadata.get(p, "")) for p, o in sorted(offsets.items())],
                 asynchronous=False,
             )
     finally:

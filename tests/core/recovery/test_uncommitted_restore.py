@@ -7,12 +7,8 @@ recomputed from the source topic, never read back from the code under test.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
+from commit_crash import faulty_worker
 from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from kafka_helpers import produce, read_messages, wait_for
 
@@ -20,55 +16,7 @@ from dagster_stateful.core.processing.commit_metadata import decode_commit_metad
 from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS
 from dagster_stateful.core.state.keys import message_prefix
 
-TESTS = Path(__file__).resolve().parents[2]
 COMPACT_FAST = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}
-
-FAULTY_WORKER = textwrap.dedent("""
-    import os, sys, time
-    from pathlib import Path
-    sys.path.insert(0, {tests!r})
-    from confluent_kafka import Consumer
-    import core_helpers
-    from dagster_stateful.core.kafka.clients import KafkaClients
-
-    class FaultyConsumer(Consumer):
-        # The source commit comes after every changelog record was delivered: fail right there.
-        def commit(self, *args, **kwargs):
-            if {fault!r} == "crash":
-                os._exit(9)
-            release = Path({release!r})
-            Path({paused!r}).touch()
-            while not release.exists():
-                time.sleep(0.05)
-            return super().commit(*args, **kwargs)
-
-    make_consumer = KafkaClients.consumer
-
-    def consumer(self, config):
-        if "partition.assignment.strategy" in config:
-            return FaultyConsumer({{**self.settings, **config}})
-        return make_consumer(self, config)
-
-    KafkaClients.consumer = consumer
-    app = core_helpers.{factory}({bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, commit_every=10_000,
-                                 changelog_config={changelog_config!r})
-    app.run_worker(max_seconds=120)
-""")
-
-
-def faulty_worker(fault: str, tmp_path: Path, factory: str = "totals_app", **values) -> subprocess.Popen:
-    """A worker of the app `core_helpers.<factory>` makes, which crashes ("crash") or waits ("pause")
-    right before its source commit, every changelog and output record of the commit delivered."""
-    script = FAULTY_WORKER.format(
-        tests=str(TESTS),
-        fault=fault,
-        factory=factory,
-        release=str(tmp_path / "release"),
-        paused=str(tmp_path / "paused"),
-        changelog_config=COMPACT_FAST,
-        **values,
-    )
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def changelog_records(bootstrap: str, topic: str) -> list[tuple[bytes | None, int]]:
@@ -98,7 +46,13 @@ def test_after_a_crash_mid_commit_and_compaction_a_restore_loses_nothing_and_on_
     produce(kafka_bootstrap, source, second)
 
     worker = faulty_worker(
-        "crash", tmp_path, bootstrap=kafka_bootstrap, source=source, state_dir=str(tmp_path), name=name
+        "crash",
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        source=source,
+        state_dir=str(tmp_path),
+        name=name,
+        changelog_config=COMPACT_FAST,
     )
     assert worker.wait(timeout=120) == 9, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
     changelog = app.changelog_topic("totals")
@@ -153,7 +107,13 @@ def test_a_restore_during_a_commit_in_flight_applies_that_commit_later(kafka_boo
     produce(kafka_bootstrap, source, second)
 
     worker = faulty_worker(
-        "pause", tmp_path, bootstrap=kafka_bootstrap, source=source, state_dir=str(owner_dir), name=name
+        "pause",
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        source=source,
+        state_dir=str(owner_dir),
+        name=name,
+        changelog_config=COMPACT_FAST,
     )
     try:
         wait_for(

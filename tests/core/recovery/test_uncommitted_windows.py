@@ -15,10 +15,11 @@ from typing import Any
 import core_helpers
 import orjson
 import pytest
+from commit_crash import faulty_worker
 from core_helpers import WINDOW_GRACE_MS, WINDOW_MS
 from fault_harness import TimedOrder, produce_timed_orders, replay_windows
 from kafka_helpers import create_topic, produce, read_messages, wait_for
-from test_uncommitted_restore import COMPACT_FAST, changelog_end, changelog_records, faulty_worker
+from test_uncommitted_restore import COMPACT_FAST, changelog_end, changelog_records
 
 from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY
@@ -95,6 +96,7 @@ def test_at_least_once_windows_redone_after_a_crash_mid_commit_judge_no_order_la
         source=source,
         state_dir=str(tmp_path),
         name=name,
+        changelog_config=COMPACT_FAST,
     )
     assert worker.wait(timeout=120) == 9, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
     if machine == "new":
