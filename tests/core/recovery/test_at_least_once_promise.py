@@ -10,21 +10,25 @@ recomputed from the source topic is a defect, not at-least-once at work.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from commit_crash import crash_mid_commit
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from kafka_helpers import produce, wait_for
 
-from dagster_stateful.core import App
+from dagster_stateful.core import App, State, Store
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.group_offsets import commit_group_offsets
 from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.errors import MetadataVersionError
+from dagster_stateful.state_table import bootstrap_store
 
 FIRST, SECOND = make_orders(300, customers=10), make_orders(300, customers=100, start=300)
 """The crashed commit's messages have ten times as many customers: a commit of 20 or 50 of them
@@ -168,3 +172,39 @@ def test_metadata_of_a_later_release_is_refused_before_anything_is_processed(kaf
 
     assert kafka.committed(app.consumer_group, source, [0]) == {0: (0, later)}, "nothing was committed"
     assert totals_in_store(app, 1) == {}
+
+
+def note_last_order(order: dict, state: State) -> None:
+    state.set("last", order["amount"])
+
+
+def test_a_bootstrap_of_one_store_keeps_the_other_stores_stream_times(kafka_bootstrap, unique_name, tmp_path):
+    """The bootstrap commits the group's offsets from outside the workers: the stream time of the
+    app's store whose entries expire must survive it, or expired entries would come back."""
+    source = orders_topic(kafka_bootstrap, unique_name("orders"), 1, FIRST)
+    app = App(
+        name=unique_name("two-stores"),
+        source=source,
+        stores=[Store("recent", ttl=timedelta(days=30)), "totals"],
+        state_dir=tmp_path / "state",
+        snapshot_root=str(tmp_path / "snapshots"),
+        kafka=kafka_bootstrap,
+        commit_interval=0.5,
+    )
+    app.dataframe().update(note_last_order, stateful=True, store="recent").apply(
+        add_to_total, stateful=True, store="totals"
+    )
+    assert app.run_worker(max_seconds=120).committed_offsets == {0: len(FIRST)}
+    kafka = KafkaClients({"bootstrap.servers": kafka_bootstrap})
+    [(offset, metadata)] = kafka.committed(app.consumer_group, source, [0]).values()
+    before = decode_commit_metadata(metadata, offset, source)
+    assert set(before.stream_times) == {"recent"}
+    wait_until_empty(kafka_bootstrap, app.consumer_group)
+
+    table = pa.table({"key": ["c0"], "state_key": ["total"], "value": [1_000]})
+    bootstrap_store(app, "totals", table, {0: len(FIRST)}, replace=True)
+
+    [(offset, metadata)] = kafka.committed(app.consumer_group, source, [0]).values()
+    after = decode_commit_metadata(metadata, offset, source)
+    assert offset == len(FIRST) and after.stream_times == before.stream_times
+    assert after.changelog_ends == {k: v for k, v in before.changelog_ends.items() if k != "totals"}
