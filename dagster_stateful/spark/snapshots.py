@@ -104,10 +104,11 @@ def build_snapshot(
     committed_offsets: the app's consumer group's committed source offset per partition (None, or
     absent: never committed), read before `end_offsets`. A partition's snapshot ends at its
     changelog end or at the first record in the range read whose processed source offset is at or
-    past the committed one, whichever comes first; a record without headers counts as committed,
-    unless it lies at or past its partition's offset in `bare_uncommitted_from` (see
-    `changelog_format`). sst_image: also write the partitions as SST files, which a load ingests as
-    they are.
+    past the committed one, whichever comes first. A block's first record names the block's first
+    offset, so the cut falls there for a block of an uncommitted commit, before its records without
+    headers; such a record outside a block counts as committed, unless it lies at or past its
+    partition's offset in `bare_uncommitted_from` (see `changelog_format`). sst_image: also write
+    the partitions as SST files, which a load ingests as they are.
     """
     previous = snapshots.latest()
     start_offsets = {p: (previous.end_offsets.get(p, 0) if previous else 0) for p in end_offsets}
@@ -298,7 +299,8 @@ def _uncommitted(headers: Column, committed: Column) -> Column:
     when the group never committed). The engine writes exactly 8 bytes of a non-negative offset,
     so comparing the bytes compares the numbers, with no conversion per record; a value of any
     other length, or a negative one, counts as uncommitted: the snapshot stops before it and the
-    changelog replay decides. A record without the header counts as committed.
+    changelog replay decides. A record without the header counts as committed: a block's other
+    records lie after its first, where the cut of an uncommitted block falls.
     """
     named = F.filter(headers, lambda header: (header["key"] == SOURCE_OFFSET_HEADER) & header["value"].isNotNull())
     value = F.get(named, 0)["value"]

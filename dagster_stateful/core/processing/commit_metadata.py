@@ -11,12 +11,12 @@ Owns the format of the commit's metadata string. Two things ride in it, per stor
 - **Committed changelog end** (at-least-once). Where the store's changelog partition ended once
   the commit's records were acknowledged, when the committing worker knows that every record
   below it is of a message processed before the committed offset (`processing.changelog_positions`).
-  A restore takes the records below it without reading their `source_offset` header. A commit
-  that records ends also says (`"h": 1`) that a record without any header at or past its store's
-  end is of an uncommitted message: a worker writes records without the header only in commits
-  that record their end (`changelog_format`), so such a record past the end is of a commit whose
-  offset was never committed. Metadata without `"h"` (an older engine's) leaves such records
-  counted as committed, as that engine wrote them only for state written from outside.
+  A restore takes the records below it without reading their headers. A commit that records ends
+  also says (`"h": 1`) that a record without any header outside a block at or past its store's end
+  is of an uncommitted message (`changelog_format`: the rule of the release before blocks, which
+  wrote such records only in commits that recorded their end). Metadata without `"h"` (an older
+  engine's) leaves such records counted as committed, as that engine wrote them only for state
+  written from outside. Nothing else depends on the ends: a commit may leave them out.
 
 Format: `"ds1:"` and a JSON object, store name to stream time in ms, when no changelog end is
 known; otherwise `"ds2:"` and a JSON object `{"v": 3, "o": <the committed offset>, "t": {store:
