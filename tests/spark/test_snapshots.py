@@ -20,7 +20,7 @@ from kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.processing.commit_metadata import encode_commit_metadata
-from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS, source_offset_header
+from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS, block_headers, source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.snapshot_image import fetch_image
 from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
@@ -528,3 +528,38 @@ def test_a_snapshot_stops_at_records_without_headers_past_the_end_the_last_commi
     older, snapshots = snapshot_with_metadata('ds2:{"o": 5, "t": {}, "c": {"profiles": 2}}', "older")
     assert older.end_offsets == {0: 4}, "an older engine wrote no such records: all committed"
     assert snapshot_rows(snapshots, older.snapshot_id, 1)[(0, scoped("a"))] == encoded("in-flight a")
+
+
+def test_a_snapshot_stops_at_a_crashed_commits_block_whatever_the_metadata_says(
+    spark, kafka_bootstrap, unique_name, tmp_path
+):
+    """Each at-least-once commit writes a block (headers on its first record only). After a crash
+    between delivering a block and committing the source, and an offset reset that dropped the
+    metadata (`--reset-offsets --to-current`), the snapshot still cuts where the crashed block begins."""
+    source = unique_name("visits")
+    create_topic(kafka_bootstrap, source, partitions=1)
+    produce(kafka_bootstrap, source, events(0, 10, users=2))
+    app = profiles_app(kafka_bootstrap, source, tmp_path / "state", unique_name("blocks"))
+    app.provision()
+    topic = app.changelog_topic("profiles")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    committed_block, crashed_block = block_headers(0, 5, 2), block_headers(5, 10, 2)
+    written = [("a", committed_block, "a1"), ("b", None, "b1"), ("a", crashed_block, "a2"), ("b", None, "b2")]
+    for user, headers, value in written:
+        producer.produce(topic, key=scoped(user), value=encoded(value), partition=0, headers=headers)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": app.consumer_group})
+    try:
+        consumer.commit(offsets=[TopicPartition(source, 0, 5, "")], asynchronous=False)
+    finally:
+        consumer.close()
+    snapshots = SnapshotStore(str(tmp_path / "snapshots"), app.name, "profiles")
+
+    options = {"kafka.bootstrap.servers": kafka_bootstrap}
+    manifest = snapshot_changelog(spark, app.kafka, options, app.consumer_group, source, topic, snapshots).manifest
+
+    assert manifest.end_offsets == {0: 2}, "cut at the crashed commit's block"
+    assert snapshot_rows(snapshots, manifest.snapshot_id, 1) == {
+        (0, scoped("a")): encoded("a1"),
+        (0, scoped("b")): encoded("b1"),
+    }
