@@ -52,12 +52,7 @@ from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
-from dagster_stateful.core.state.stores import (
-    StoreDeclaration,
-    backends_of,
-    store_specs,
-    warn_of_stores_in_memory,
-)
+from dagster_stateful.core.state.stores import StoreDeclaration, backends_of, store_specs, warn_of_stores_in_memory
 from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -149,7 +144,6 @@ class App:
             num_standby_replicas=num_standby_replicas,
         )
         warn_of_stores_in_memory(specs, use_changelog_topics)
-        check_metadata_fits(self.config.store_ttls)
         if not use_changelog_topics:
             log.warning(
                 "App %r runs without changelog topics: its local state cannot be recovered if the disk "

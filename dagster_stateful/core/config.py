@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from dagster_stateful.core.processing.commit_metadata import check_metadata_fits
 from dagster_stateful.core.state.backend import BackendFactory
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
 from dagster_stateful.errors import ConfigurationError
@@ -152,6 +153,7 @@ class AppConfig:
         for store, ttl in ttls.items():
             if ttl <= 0:
                 raise ConfigurationError(f"the ttl of store {store!r} must be positive, got {ttl} ms")
+        check_metadata_fits(ttls)  # their stream times ride in each commit's metadata
         self._set("store_ttls", ttls)
         if ttls and "delete" in str(self.changelog_config.get("cleanup.policy", "")):
             retention = int(self.changelog_config.get("retention.ms", 7 * 24 * 3600 * 1000))

@@ -55,7 +55,6 @@ from typing import NoReturn
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dagster_stateful.core.kafka.authorization import (
-    GROUP,
     TOPIC,
     Access,
     authorization_error,
@@ -65,15 +64,14 @@ from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.monitoring.store_metrics import RunStoreMetrics
 from dagster_stateful.core.processing.changelog_positions import ChangelogEnds, ChangelogPositions, Prepared
-from dagster_stateful.core.processing.commit_metadata import MetadataLimit
 from dagster_stateful.core.processing.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DeliveryTracker
 from dagster_stateful.core.processing.lifecycle import Deadline
+from dagster_stateful.core.processing.source_commit import CommitDeferred, SourceCommit
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
 from dagster_stateful.core.recovery.changelog_format import block_headers, source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
 from dagster_stateful.errors import (
     CommitTimeoutError,
-    ConfigurationError,
     DeliveryError,
     StatefulError,
     StoreCorruptedError,
@@ -83,35 +81,8 @@ log = logging.getLogger(__name__)
 
 UNASSIGNED_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by the key's hash)."""
-METADATA_ATTEMPTS = 3
-"""Commits of the same offsets with shorter metadata, after the broker refused it as too large."""
 FLUSH_MARGIN_SECONDS = 5.0
 """A commit waits this much longer than the delivery timeout, for the producer's own verdict."""
-_RETRIABLE_COMMIT_ERRORS = {
-    KafkaError.REBALANCE_IN_PROGRESS,
-    KafkaError.ILLEGAL_GENERATION,
-    KafkaError.UNKNOWN_MEMBER_ID,
-    KafkaError._ASSIGNMENT_LOST,
-    # The coordinator is away (a broker outage, a moving coordinator): the next commit retries.
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError._TIMED_OUT,
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._WAIT_COORD,
-}
-
-
-class CommitDeferred(Exception):
-    """The group is rebalancing (or moved on), or its coordinator is unreachable: the source commit
-    did not happen and nothing else was written.
-
-    The transactions keep their changes and the next commit retries; changelog records already
-    sent carry processed offsets at or past the committed offset, so a restore treats them as
-    records of uncommitted messages (see `recovery.uncommitted`).
-    """
 
 
 class StoresDamaged(Exception):
@@ -162,7 +133,7 @@ class Committer:
         """Changelog topic per store; None when changelogs are off."""
         self._failure: StatefulError | None = None
         self._positions = ChangelogPositions(tracker, changelog_topics, changelog_ends, self._deadline)
-        self._metadata = MetadataLimit()
+        self._source = SourceCommit(consumer, source_topic, group)
         self.metrics = RunStoreMetrics()
         """The run's store metrics: `metrics.summary()` once its stores are closed."""
 
@@ -247,7 +218,7 @@ class Committer:
         offsets = []
         for txn in pending:
             ends = self._positions.committed_ends(txn, positions) if self.transactions is None else {}
-            metadata = self._metadata.encode(txn.stream_times_to_commit(), txn.offset_to_commit, ends)
+            metadata = self._source.metadata.encode(txn.stream_times_to_commit(), txn.offset_to_commit, ends)
             offsets.append(TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit, metadata))
         return offsets
 
@@ -428,23 +399,8 @@ class Committer:
             return self._positions.after_delivery(prepared)
         self._await_acknowledgements([txn.partition for txn in pending])
         positions = self._positions.after_delivery(prepared)
-        for _ in range(METADATA_ATTEMPTS):
-            offsets = self._offsets(pending, positions)
-            if self._commit_offsets(offsets):
-                return positions
-            self._metadata.refused(max((tp.metadata or "" for tp in offsets), key=len))
-        raise self._metadata_refused(offsets)
-
-    def _metadata_refused(self, offsets: list[TopicPartition]) -> ConfigurationError:
-        longest = max((tp.metadata or "" for tp in offsets), key=len)
-        return ConfigurationError(
-            f"the brokers refused the metadata of the offset commit of {self._source_topic} partitions "
-            f"{[tp.partition for tp in offsets]} in consumer group {self._group!r} as too large "
-            f"(OFFSET_METADATA_TOO_LARGE), even at {len(longest.encode())} bytes with only the stream times of the "
-            f"window and TTL stores ({longest[:200]!r}): raise offset.metadata.max.bytes on every broker, or give "
-            "those stores shorter names or fewer per app. Nothing was committed: the next run processes these "
-            "messages again."
-        )
+        self._source.commit(lambda: self._offsets(pending, positions))
+        return positions
 
     def _await_acknowledgements(self, partitions: list[int]) -> None:
         if self._deadline.passed():
@@ -456,30 +412,3 @@ class Committer:
             raise CallTimedOut(f"waiting for Kafka to acknowledge {remaining} records", "the worker's deadline passed")
         if remaining or self._tracker.errors:
             self._fail(remaining, partitions)
-
-    def _commit_offsets(self, offsets: list[TopicPartition]) -> bool:
-        """Commit `offsets`; False when the broker refused their metadata as too large."""
-        try:
-            # On the worker's own thread: a commit made from another one while this thread waits
-            # (serving no rebalance callback) stalled a cooperative rebalance for minutes.
-            result = self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as error:
-            kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
-            if kafka_error is None:
-                raise
-            return self._commit_refused(kafka_error, error)
-        for refused in (tp.error for tp in result or () if tp.error is not None):
-            return self._commit_refused(refused, KafkaException(refused))
-        return True
-
-    def _commit_refused(self, kafka_error: KafkaError, error: KafkaException) -> bool:
-        """False for metadata too large; raises what the other refusals of a source commit mean."""
-        if kafka_error.code() == KafkaError.OFFSET_METADATA_TOO_LARGE:
-            return False
-        if is_authorization_failure(kafka_error):
-            doing = f"committing the offsets of {self._source_topic} in consumer group {self._group!r}"
-            needs = [Access("Read", GROUP, self._group)] if self._group else []
-            raise authorization_error(kafka_error, doing, needs) from error
-        if kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:
-            raise error
-        raise CommitDeferred(kafka_error.str()) from error
