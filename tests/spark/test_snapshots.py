@@ -19,6 +19,7 @@ from core_helpers import store_content
 from kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
+from dagster_stateful.core.kafka.records import Headers
 from dagster_stateful.core.processing.commit_metadata import encode_commit_metadata
 from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS, block_headers, source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
@@ -489,23 +490,34 @@ def test_snapshot_asset_reads_the_committed_offsets_and_shows_the_cut(spark, kaf
     assert latest is not None and latest.end_offsets == {0: 7, 1: 3, 2: 0, 3: 4}
 
 
+def one_partition_app(bootstrap: str, unique_name, tmp_path, name: str) -> tuple[str, App]:
+    """A one-partition source of 10 visits and the provisioned app reading it."""
+    source = unique_name("visits")
+    create_topic(bootstrap, source, partitions=1)
+    produce(bootstrap, source, events(0, 10, users=2))
+    app = profiles_app(bootstrap, source, tmp_path / "state", unique_name(name))
+    app.provision()
+    return source, app
+
+
+def write_changelog(bootstrap: str, topic: str, written: list[tuple[str, Headers | None, str]]) -> None:
+    """(user, headers, value) records to partition 0 of the changelog `topic`, in order."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for user, headers, value in written:
+        producer.produce(topic, key=scoped(user), value=encoded(value), partition=0, headers=headers)
+    assert producer.flush(30) == 0
+
+
 def test_a_snapshot_stops_at_records_without_headers_past_the_end_the_last_commit_recorded(
     spark, kafka_bootstrap, unique_name, tmp_path
 ):
     """A worker writes records without headers in commits that record where the changelog ends; a
     crash before the source commit leaves them past the end the group's last commit recorded, where
     they are of uncommitted messages. Metadata of an older engine leaves them committed."""
-    source = unique_name("visits")
-    create_topic(kafka_bootstrap, source, partitions=1)
-    produce(kafka_bootstrap, source, events(0, 10, users=2))
-    app = profiles_app(kafka_bootstrap, source, tmp_path / "state", unique_name("bare"))
-    app.provision()
+    source, app = one_partition_app(kafka_bootstrap, unique_name, tmp_path, "bare")
     topic = app.changelog_topic("profiles")
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
     written = [("a", source_offset_header(0), "a1"), ("b", None, "b1"), ("a", None, "in-flight a"), ("b", None, "b2")]
-    for user, headers, value in written:
-        producer.produce(topic, key=scoped(user), value=encoded(value), partition=0, headers=headers)
-    assert producer.flush(30) == 0
+    write_changelog(kafka_bootstrap, topic, written)
 
     def snapshot_with_metadata(metadata: str, root: str) -> tuple[SnapshotManifest, SnapshotStore]:
         consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": app.consumer_group})
@@ -536,18 +548,11 @@ def test_a_snapshot_stops_at_a_crashed_commits_block_whatever_the_metadata_says(
     """Each at-least-once commit writes a block (headers on its first record only). After a crash
     between delivering a block and committing the source, and an offset reset that dropped the
     metadata (`--reset-offsets --to-current`), the snapshot still cuts where the crashed block begins."""
-    source = unique_name("visits")
-    create_topic(kafka_bootstrap, source, partitions=1)
-    produce(kafka_bootstrap, source, events(0, 10, users=2))
-    app = profiles_app(kafka_bootstrap, source, tmp_path / "state", unique_name("blocks"))
-    app.provision()
+    source, app = one_partition_app(kafka_bootstrap, unique_name, tmp_path, "blocks")
     topic = app.changelog_topic("profiles")
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
     committed_block, crashed_block = block_headers(0, 5, 2), block_headers(5, 10, 2)
     written = [("a", committed_block, "a1"), ("b", None, "b1"), ("a", crashed_block, "a2"), ("b", None, "b2")]
-    for user, headers, value in written:
-        producer.produce(topic, key=scoped(user), value=encoded(value), partition=0, headers=headers)
-    assert producer.flush(30) == 0
+    write_changelog(kafka_bootstrap, topic, written)
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": app.consumer_group})
     try:
         consumer.commit(offsets=[TopicPartition(source, 0, 5, "")], asynchronous=False)

@@ -70,12 +70,7 @@ from dagster_stateful.core.processing.source_commit import CommitDeferred, Sourc
 from dagster_stateful.core.processing.transactions import KafkaTransactions, TransactionAborted
 from dagster_stateful.core.recovery.changelog_format import block_headers, source_offset_header
 from dagster_stateful.core.state.transaction import Change, PartitionTransaction
-from dagster_stateful.errors import (
-    CommitTimeoutError,
-    DeliveryError,
-    StatefulError,
-    StoreCorruptedError,
-)
+from dagster_stateful.errors import CommitTimeoutError, DeliveryError, StatefulError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 

@@ -260,6 +260,7 @@ class ChangelogRestore:
         bare_from = self.bare_uncommitted_from
         block = self._block
         block_end = -1 if block is None else block.end
+        block_uncommitted = block is not None and block.first_offset >= committed_bytes
         for message in messages:
             key = message.key()
             if key is None:
@@ -276,17 +277,20 @@ class ChangelogRestore:
                     processed = raw
                 elif (started := read_block(headers, at := message.offset() or 0)) is not None:
                     block = self._block = started
-                    block_end = started.end
-                    if self._admit_in_block(key, value, at, block, remember_committed):
-                        batch[key] = value
-                    continue
+                    block_end, block_uncommitted = started.end, started.first_offset >= committed_bytes
+                    if block_uncommitted:
+                        if uncommitted.admit_uncommitted(key, at, started.last_processed, in_block=True):
+                            batch[key] = value
+                        continue
                 else:
                     processed = processed_bytes(headers)
             elif (at := message.offset() or 0) < block_end:
-                assert block is not None
-                if self._admit_in_block(key, value, at, block, remember_committed):
-                    batch[key] = value
-                continue
+                # A record of the block: as one whose header named the block's first offset would be.
+                if block_uncommitted:
+                    assert block is not None
+                    if uncommitted.admit_uncommitted(key, at, block.last_processed, in_block=True):
+                        batch[key] = value
+                    continue
             elif bare_from is not None and at >= bare_from:
                 if not uncommitted.admit_uncommitted(key, at):
                     continue
@@ -299,14 +303,6 @@ class ChangelogRestore:
             elif remember_committed or value is None:
                 uncommitted.admit_committed(key, value)
             batch[key] = value
-
-    def _admit_in_block(self, key: bytes, value: bytes | None, at: int, block: Block, remember: bool) -> bool:
-        """Whether to apply a record of `block`: as a record whose header named its first offset would be."""
-        if block.first_offset >= self.filter.committed_bytes:
-            return self.filter.admit_uncommitted(key, at, block.last_processed, in_block=True)
-        if remember or value is None:
-            self.filter.admit_committed(key, value)
-        return True
 
     def _raise_errors(self, messages: list[Message]) -> None:
         """Raise the first error Kafka handed over among `messages` (the end of a partition is none);

@@ -59,10 +59,9 @@ def block_headers(first_offset: int, offset_to_commit: int, records: int) -> Hea
 
 @dataclass(frozen=True)
 class Block:
-    """What a block's first record says: the records at changelog offsets [`start`, `end`) were
+    """What a block's first record says: the records from it up to changelog offset `end` were
     written by a commit covering source offsets [`first_offset`, `offset_to_commit`)."""
 
-    start: int
     end: int
     first_offset: bytes
     """8 big-endian bytes, compared as `UncommittedFilter.committed_bytes` is."""
@@ -82,7 +81,7 @@ def read_block(headers: object, at: int) -> Block | None:
     if not isinstance(value, bytes) or len(value) != _BLOCK.size:
         return None
     offset_to_commit, records = _BLOCK.unpack(value)
-    return Block(at, at + records, first, encode_processed_offset(max(offset_to_commit - 1, 0)))
+    return Block(at + records, first, encode_processed_offset(max(offset_to_commit - 1, 0)))
 
 
 def processed_offset(headers: Headers | None) -> int | None:
