@@ -12,6 +12,7 @@ import ctypes
 import errno
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -23,6 +24,9 @@ from dagster_stateful.errors import JavaNotFoundError, PortInUseError
 
 HOST = "127.0.0.1"
 MIN_JAVA_MAJOR = 17
+LISTENING_PORT_FLOOR = 20000
+EPHEMERAL_DEFAULT = (32768, 60999)
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def find_java() -> str:
@@ -64,12 +68,36 @@ def free_ports(count: int) -> list[int]:
 
 
 def free_port(avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((HOST, 0))
-            port = probe.getsockname()[1]
-        if port not in avoid:
+    """A port nothing is bound to, chosen below the kernel's ephemeral range: a port the kernel hands
+    out (bind to 0) lies inside that range, where any outgoing connection, the brokers' own among
+    them, may take it as its local port between the choice and the listener's bind."""
+    low, high = _listening_port_range()
+    for _ in range(1000):
+        port = random.randint(low, high)
+        if port not in avoid and _bindable(port):
             return port
+    raise PortInUseError(f"no free port on {HOST} between {low} and {high} after 1000 tries")
+
+
+def _listening_port_range() -> tuple[int, int]:
+    """Ports for listeners: from 20000 up to just below the ephemeral range (32768-60999 on Linux
+    by default), or above the range when it starts too low to leave room."""
+    ephemeral_low, ephemeral_high = EPHEMERAL_DEFAULT
+    with contextlib.suppress(OSError, ValueError):
+        ephemeral_low, ephemeral_high = map(int, EPHEMERAL_RANGE_FILE.read_text().split())
+    if ephemeral_low - 1 >= LISTENING_PORT_FLOOR + 1000:
+        return LISTENING_PORT_FLOOR, ephemeral_low - 1
+    return ephemeral_high + 1, 65535
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def check_port_free(port: int, purpose: str) -> int:

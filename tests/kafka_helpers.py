@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -11,6 +10,7 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from dagster_stateful import local_processes
 from dagster_stateful.core.kafka.records import Headers
 
 T = TypeVar("T")
@@ -159,6 +159,4 @@ def answers_http(url: str) -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return local_processes.free_port()
