@@ -3,7 +3,7 @@
 Measures two things:
 
 1. Processing throughput: an App with one store ("totals") keeping a running total per key
-   (a stateful `apply`, like tests/core_helpers.py's add_to_total) consumes a source topic of
+   (a stateful `apply`, like tests/support/core_helpers.py's add_to_total) consumes a source topic of
    --messages JSON orders over --keys keys in --partitions partitions with
    `run_worker(until_caught_up=True)`. Printed: messages/s = report.total_processed / wall
    seconds of run_worker. The totals in the store are then checked against the expected ones

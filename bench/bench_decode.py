@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from dagster_stateful.core.processing.columns import decode_field
+from dagster_stateful.core.processing.paths.columns import decode_field
 
 FIELD = "amount"
 _READ = pajson.ReadOptions(use_threads=False, block_size=1 << 22)

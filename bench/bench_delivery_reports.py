@@ -36,7 +36,7 @@ from bench_core import create_topic, load, print_machine
 from bench_restore import bench_broker
 from confluent_kafka import Producer
 
-from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.processing.commit.delivery import DeliveryTracker
 from dagster_stateful.core.recovery.changelog_format import source_offset_header
 
 VARIANTS = ("reports", "errors only", "errors only, no header")

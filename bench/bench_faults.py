@@ -1,6 +1,6 @@
 """Fault-injection benchmark: the cases of tests/faults/ repeated at scale, with a table of what they found.
 
-Runs the seven cases of the issue "Correct under every failure" (tests/fault_scenarios.py: real
+Runs the seven cases of the issue "Correct under every failure" (tests/faults/scenarios.py: real
 worker subprocesses against a real broker), and three under exactly-once (1e: case 1's SIGKILL
 storm with an output topic; 8e: a zombie worker frozen with SIGSTOP, fenced by its successor with
 the same group_instance_id, resumed; 9e: a worker frozen until the group evicts it, fenced by the
@@ -66,8 +66,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))  # the harness and the cases live with the tests
 
-from fault_harness import FaultResult, RestartableBroker  # noqa: E402
-from fault_scenarios import (  # noqa: E402
+from faults.harness import FaultResult, RestartableBroker  # noqa: E402
+from faults.scenarios import (  # noqa: E402
     AT_LEAST_ONCE,
     EXACTLY_ONCE,
     UNCOMMITTED_APPLIED,

@@ -25,7 +25,7 @@ import uuid
 from bench_compare import Systems, Workload, check_totals, prepare_topic
 from bench_restore import bench_broker, print_machine
 
-from dagster_stateful.core.processing.client_settings import FETCH_QUEUE_BACKOFF_MS, PARTITION_FETCH_BYTES
+from dagster_stateful.core.processing.worker.client_settings import FETCH_QUEUE_BACKOFF_MS, PARTITION_FETCH_BYTES
 
 MIB = 1 << 20
 

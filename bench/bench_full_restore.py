@@ -41,7 +41,7 @@ from confluent_kafka import Message, TopicPartition
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS
+from dagster_stateful.core.recovery.changelog_replay import FULL_RESTORE_CHUNK_RECORDS
 from dagster_stateful.core.recovery.parallel_replay import replay_partitions
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.verification import partition_digest

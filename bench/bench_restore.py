@@ -49,8 +49,8 @@ from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.recovery.changelog_format import source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
 from dagster_stateful.core.recovery.restorer import Restorer
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.recovery.snapshot_load import ingest_sst_files
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix

@@ -26,7 +26,7 @@ from pathlib import Path
 from bench_restore import bench_broker, print_machine, produce_changelog
 
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
-from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS
+from dagster_stateful.core.recovery.changelog_replay import FULL_RESTORE_CHUNK_RECORDS
 
 TOPIC = f"bench-restore-memory-{uuid.uuid4().hex[:8]}-state-changelog"
 MIB = 1 << 20

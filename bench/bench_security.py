@@ -72,7 +72,7 @@ from bench_core import (
 )
 
 from dagster_stateful.core import App
-from dagster_stateful.core.kafka.acls import acl_bindings, required_acls
+from dagster_stateful.core.kafka.security.acls import acl_bindings, required_acls
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 from dagster_stateful.local_kafka.secured import DEVELOPER, SCRAM_MECHANISM, SecuredEndpoints, developer_password
 

@@ -45,9 +45,9 @@ from bench_restore import COMMITTED, bench_broker, print_machine, produce_change
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
+from dagster_stateful.core.recovery.offline_restore import RestoreRequest, restore_partitions
 from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
-from dagster_stateful.core.recovery.restore import RestoreRequest, restore_partitions
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import WrittenFiles
 from dagster_stateful.core.recovery.verification import partition_digest
 from dagster_stateful.core.state.directory import StateDirectory

@@ -49,6 +49,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -65,18 +66,67 @@ from bench_restore import bench_broker
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "dagster_stateful"
 FEATURE_FILE = f"{PACKAGE}/core/monitoring/store_metrics.py"
-METERED_FILES = [
-    f"{PACKAGE}/core/state/kv.py",
-    f"{PACKAGE}/core/state/live.py",
-    f"{PACKAGE}/core/state/view.py",
-    f"{PACKAGE}/core/state/partition.py",
-    f"{PACKAGE}/core/state/transaction.py",
-    f"{PACKAGE}/core/state/rocksdb.py",
-    f"{PACKAGE}/core/processing/commit.py",
-    f"{PACKAGE}/core/processing/worker.py",
-    f"{PACKAGE}/core/monitoring/report.py",
-]
-"""The files that count, time and gather the store metrics (the new modules are left in place, unused)."""
+METERED_FILES = {
+    f"{PACKAGE}/core/state/kv.py": f"{PACKAGE}/core/state/kv.py",
+    f"{PACKAGE}/core/state/live.py": f"{PACKAGE}/core/state/live.py",
+    f"{PACKAGE}/core/state/view.py": f"{PACKAGE}/core/state/view.py",
+    f"{PACKAGE}/core/state/partition.py": f"{PACKAGE}/core/state/partition.py",
+    f"{PACKAGE}/core/state/transaction.py": f"{PACKAGE}/core/state/transaction.py",
+    f"{PACKAGE}/core/state/rocksdb.py": f"{PACKAGE}/core/state/rocksdb.py",
+    f"{PACKAGE}/core/processing/commit.py": f"{PACKAGE}/core/processing/commit/committer.py",
+    f"{PACKAGE}/core/processing/worker.py": f"{PACKAGE}/core/processing/worker/loop.py",
+    f"{PACKAGE}/core/monitoring/report.py": f"{PACKAGE}/core/monitoring/report.py",
+}
+"""The files that count, time and gather the store metrics, at the baseline -> where they are now (the new
+modules are left in place, unused)."""
+RENAMED_MODULES = {
+    "core.kafka.acls": "core.kafka.security.acls",
+    "core.kafka.authorization": "core.kafka.security.authorization",
+    "core.kafka.security_failures": "core.kafka.security.failures",
+    "core.kafka.tls_probe": "core.kafka.security.tls_probe",
+    "core.kafka.errors": "core.kafka.error_codes",
+    "core.monitoring.store_metrics": "core.state.metrics",
+    "core.monitoring.latency": "core.state.latency",
+    "core.monitoring.describe": "core.queries.describe",
+    "core.monitoring.key_location": "core.queries.key_location",
+    "core.monitoring.key_reads": "core.queries.key_reads",
+    "core.processing.commit_metadata": "core.state.commit_metadata",
+    "core.recovery.state_table": "core.state_tables.table",
+    "core.recovery.state_encoding": "core.state_tables.encoding",
+    "core.recovery.state_writes": "core.state_tables.writes",
+    "core.recovery.bootstrap": "core.state_tables.bootstrap",
+    "core.recovery.migration": "core.state_tables.migration",
+    "core.recovery.changelog": "core.recovery.changelog_replay",
+    "core.recovery.restore": "core.recovery.offline_restore",
+    "core.recovery.snapshots": "core.recovery.snapshot_format",
+    "core.state.windows": "core.state.window_state",
+    "core.processing.aggregations": "core.processing.dsl.aggregations",
+    "core.processing.windows": "core.processing.dsl.windows",
+    "core.processing.steps": "core.processing.dsl.steps",
+    "core.processing.dataframe": "core.processing.dsl.dataframe",
+    "core.processing.commit": "core.processing.commit.committer",
+    "core.processing.source_commit": "core.processing.commit.source_commit",
+    "core.processing.delivery": "core.processing.commit.delivery",
+    "core.processing.transactions": "core.processing.commit.transactions",
+    "core.processing.changelog_positions": "core.processing.commit.changelog_positions",
+    "core.processing.restoring": "core.processing.restores.state_updater",
+    "core.processing.background_restores": "core.processing.restores.background",
+    "core.processing.bad_input": "core.processing.paths.bad_input",
+    "core.processing.batch": "core.processing.paths.batch",
+    "core.processing.batch_path": "core.processing.paths.batch_path",
+    "core.processing.columns": "core.processing.paths.columns",
+    "core.processing.vectorized": "core.processing.paths.vectorized",
+    "core.processing.window_columns": "core.processing.paths.window_columns",
+    "core.processing.emission": "core.processing.paths.emission",
+    "core.processing.standbys": "core.processing.standbys.replicas",
+    "core.processing.standby_placement": "core.processing.standbys.placement",
+    "core.processing.worker": "core.processing.worker.loop",
+    "core.processing.rebalance": "core.processing.worker.rebalance",
+    "core.processing.progress": "core.processing.worker.progress",
+    "core.processing.starting_offsets": "core.processing.worker.starting_offsets",
+    "core.processing.client_settings": "core.processing.worker.client_settings",
+}
+"""Modules moved since the baseline (by the reshaping into one home per concept): old name -> new name."""
 MOVED_IMPORTS = {
     f"from {PACKAGE}.core.recovery.changelog import Restorer": f"from {PACKAGE}.core.recovery.restorer import Restorer",
     f"from {PACKAGE}.core.recovery.changelog import source_offset_header": (
@@ -124,8 +174,8 @@ def make_variants(directory: Path, baseline: str) -> dict[str, Path]:
     variants = {"on": directory / "on", "off": directory / "off"}
     for root in variants.values():
         shutil.copytree(ROOT / PACKAGE, root / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
-    for path in METERED_FILES:
-        target = variants["off"] / path
+    for path, current in METERED_FILES.items():
+        target = variants["off"] / current
         try:
             target.write_text(with_moved_imports(git("show", f"{baseline}:{path}")))
         except subprocess.CalledProcessError:
@@ -136,7 +186,12 @@ def make_variants(directory: Path, baseline: str) -> dict[str, Path]:
 def with_moved_imports(source: str) -> str:
     for old, new in MOVED_IMPORTS.items():
         source = source.replace(old, new)
-    return source
+    modules = "|".join(re.escape(f"{PACKAGE}.{old}") for old in sorted(RENAMED_MODULES, key=len, reverse=True))
+    return re.sub(
+        rf"(?<![\w.])({modules})(?!\w)",
+        lambda m: f"{PACKAGE}.{RENAMED_MODULES[m.group(1)[len(PACKAGE) + 1 :]]}",
+        source,
+    )
 
 
 class Runner:
@@ -238,11 +293,11 @@ def bench_app(state_dir: Path, aggregate: bool, **settings: Any) -> Any:
 
 def process(batches: list[list[Any]], partitions: int, aggregate: bool, commit_every: int) -> dict[str, Any]:
     """One pass over `batches` on fresh stores: messages/s, and the store metrics where this engine has them."""
-    from dagster_stateful.core.processing.bad_input import BadInputHandler
-    from dagster_stateful.core.processing.batch import BatchProcessor
-    from dagster_stateful.core.processing.commit import Committer
-    from dagster_stateful.core.processing.delivery import DeliveryTracker
-    from dagster_stateful.core.processing.restoring import Restorations
+    from dagster_stateful.core.processing.commit.committer import Committer
+    from dagster_stateful.core.processing.commit.delivery import DeliveryTracker
+    from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+    from dagster_stateful.core.processing.paths.batch import BatchProcessor
+    from dagster_stateful.core.processing.restores.state_updater import Restorations
     from dagster_stateful.core.state.transaction import PartitionTransaction
 
     state_dir = Path(tempfile.mkdtemp(prefix="bench-store-metrics-"))

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dagster_stateful.core import App, Sum
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY
-from dagster_stateful.core.state.windows import split_window_key
+from dagster_stateful.core.state.window_state import split_window_key
 
 STORE = "windows"
 BASE_MS = (time.time_ns() // 1_000_000_000 - 3600) * 1000

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster_stateful.local_kafka.maven import cache_root
+from dagster_stateful.maven import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from pydantic import Field
 from dagster_stateful.checks import freshness_check_spec, freshness_result
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole, TopicStatus
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
-from dagster_stateful.core.recovery.state_table import write_snapshot_table
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
+from dagster_stateful.core.state_tables.table import write_snapshot_table
 from dagster_stateful.metadata import (
     partitions_metadata,
     snapshot_metadata,

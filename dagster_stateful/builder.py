@@ -25,6 +25,8 @@ from dagster import (
 )
 
 from dagster_stateful.assets import changelog_assets, snapshot_assets, source_topic_spec, store_assets
+from dagster_stateful.automation import lag_sensor, rebalance_sensor, snapshot_sensor
+from dagster_stateful.automation.worker_target import WorkerTarget, worker_target
 from dagster_stateful.checks import checks_sensor, stateful_checks
 from dagster_stateful.core.app import App
 from dagster_stateful.core.monitoring.lag import partition_lag
@@ -39,10 +41,8 @@ from dagster_stateful.jobs import (
 )
 from dagster_stateful.naming import job_name, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
-from dagster_stateful.sensors import lag_sensor, rebalance_sensor, snapshot_sensor
 from dagster_stateful.state_table_jobs import bootstrap_state_job, transform_state_job
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
-from dagster_stateful.worker_target import WorkerTarget, worker_target
 
 
 def build_stateful_definitions(

@@ -40,8 +40,8 @@ from dagster import (
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicAspect, TopicCheck, TopicStatus
-from dagster_stateful.core.monitoring.describe import PartitionDescription
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.queries.describe import PartitionDescription
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
 from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key

@@ -27,7 +27,7 @@ from dagster_stateful.checks import freshness_evaluation
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.recovery.restore import PartitionRestore
+from dagster_stateful.core.recovery.offline_restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import (
     commit_metadata,

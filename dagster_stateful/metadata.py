@@ -24,12 +24,12 @@ import pyarrow as pa
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.monitoring.describe import PartitionDescription
-from dagster_stateful.core.monitoring.key_reads import client_state_root, copy_behind
-from dagster_stateful.core.monitoring.latency import Latency
 from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
-from dagster_stateful.core.monitoring.store_metrics import OPERATIONS, StoreMetrics
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest
+from dagster_stateful.core.queries.describe import PartitionDescription
+from dagster_stateful.core.queries.key_reads import client_state_root, copy_behind
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest
+from dagster_stateful.core.state.latency import Latency
+from dagster_stateful.core.state.metrics import OPERATIONS, StoreMetrics
 
 
 def worker_metadata(report: WorkerReport, store_totals: bool = True) -> dict[str, Any]:

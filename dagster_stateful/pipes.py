@@ -25,8 +25,8 @@ from dagster import (
 from pydantic import Field
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.recovery.restore import SstWriter
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.offline_restore import SstWriter
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging, WrittenFiles
 from dagster_stateful.errors import RecoveryError
 from dagster_stateful.resources import KafkaResource, SparkRunner

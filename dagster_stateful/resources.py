@@ -21,8 +21,8 @@ from pydantic import Field
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.recovery.restore import SstWriter
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.offline_restore import SstWriter
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 
 
 class KafkaResource(ConfigurableResource):

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from dagster_stateful.core.app import App
-from dagster_stateful.core.monitoring.key_reads import KeyRead, StateCopy
+from dagster_stateful.core.queries.key_reads import KeyRead, StateCopy
 from dagster_stateful.core.state.decoding import StateEntry, WindowEntry
 
 STATE_SAMPLE_ROWS = 5

@@ -19,10 +19,10 @@ import pyarrow as pa
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import Partitioner
-from dagster_stateful.core.recovery.bootstrap import BootstrapReport, SourcePositions, StoreTarget, bootstrap_arrow
-from dagster_stateful.core.recovery.migration import MigrationReport, migrate_snapshot
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
-from dagster_stateful.core.recovery.state_table import (
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.state_tables.bootstrap import BootstrapReport, SourcePositions, StoreTarget, bootstrap_arrow
+from dagster_stateful.core.state_tables.migration import MigrationReport, migrate_snapshot
+from dagster_stateful.core.state_tables.table import (
     read_snapshot_table,
     table_layout,
     table_written,

@@ -18,8 +18,8 @@ from pydantic import Field
 
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import PARTITIONERS
-from dagster_stateful.core.recovery.bootstrap import SourcePositions
-from dagster_stateful.core.recovery.state_table import read_snapshot_table
+from dagster_stateful.core.state_tables.bootstrap import SourcePositions
+from dagster_stateful.core.state_tables.table import read_snapshot_table
 from dagster_stateful.metadata import snapshot_metadata, state_table_metadata
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource

@@ -37,11 +37,9 @@ from dagster_stateful.errors import (
 if TYPE_CHECKING:
     from dagster_stateful.core.app import App
     from dagster_stateful.core.config import AppConfig, ErrorPolicy, ProcessingGuarantee
-    from dagster_stateful.core.monitoring.key_location import KeyLocation
-    from dagster_stateful.core.monitoring.key_reads import KeyRead, StateCopy
     from dagster_stateful.core.monitoring.listeners import AppState, RestoreListener, StateListener
     from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, StopReason, WorkerReport
-    from dagster_stateful.core.processing.aggregations import (
+    from dagster_stateful.core.processing.dsl.aggregations import (
         Aggregate,
         Aggregator,
         Collect,
@@ -52,7 +50,9 @@ if TYPE_CHECKING:
         Reduce,
         Sum,
     )
-    from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+    from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+    from dagster_stateful.core.queries.key_location import KeyLocation
+    from dagster_stateful.core.queries.key_reads import KeyRead, StateCopy
     from dagster_stateful.core.recovery.planner import RestoreMethod, RestorePath
     from dagster_stateful.core.state.kv import State
     from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
@@ -66,23 +66,23 @@ _EXPORTS = {
     "AppState": "dagster_stateful.core.monitoring.listeners",
     "RestoreListener": "dagster_stateful.core.monitoring.listeners",
     "StateListener": "dagster_stateful.core.monitoring.listeners",
-    "KeyLocation": "dagster_stateful.core.monitoring.key_location",
-    "KeyRead": "dagster_stateful.core.monitoring.key_reads",
-    "StateCopy": "dagster_stateful.core.monitoring.key_reads",
+    "KeyLocation": "dagster_stateful.core.queries.key_location",
+    "KeyRead": "dagster_stateful.core.queries.key_reads",
+    "StateCopy": "dagster_stateful.core.queries.key_reads",
     "RestoreKind": "dagster_stateful.core.monitoring.report",
     "RestoreReport": "dagster_stateful.core.monitoring.report",
     "StopReason": "dagster_stateful.core.monitoring.report",
     "WorkerReport": "dagster_stateful.core.monitoring.report",
-    "Aggregate": "dagster_stateful.core.processing.aggregations",
-    "Aggregator": "dagster_stateful.core.processing.aggregations",
-    "Collect": "dagster_stateful.core.processing.aggregations",
-    "Count": "dagster_stateful.core.processing.aggregations",
-    "Max": "dagster_stateful.core.processing.aggregations",
-    "Mean": "dagster_stateful.core.processing.aggregations",
-    "Min": "dagster_stateful.core.processing.aggregations",
-    "Reduce": "dagster_stateful.core.processing.aggregations",
-    "Sum": "dagster_stateful.core.processing.aggregations",
-    "StreamingDataFrame": "dagster_stateful.core.processing.dataframe",
+    "Aggregate": "dagster_stateful.core.processing.dsl.aggregations",
+    "Aggregator": "dagster_stateful.core.processing.dsl.aggregations",
+    "Collect": "dagster_stateful.core.processing.dsl.aggregations",
+    "Count": "dagster_stateful.core.processing.dsl.aggregations",
+    "Max": "dagster_stateful.core.processing.dsl.aggregations",
+    "Mean": "dagster_stateful.core.processing.dsl.aggregations",
+    "Min": "dagster_stateful.core.processing.dsl.aggregations",
+    "Reduce": "dagster_stateful.core.processing.dsl.aggregations",
+    "Sum": "dagster_stateful.core.processing.dsl.aggregations",
+    "StreamingDataFrame": "dagster_stateful.core.processing.dsl.dataframe",
     "RestoreMethod": "dagster_stateful.core.recovery.planner",
     "RestorePath": "dagster_stateful.core.recovery.planner",
     "State": "dagster_stateful.core.state.kv",

@@ -27,8 +27,7 @@ from dagster_stateful.core.config import (
 )
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.connection import KafkaConnection, kafka_clients
-from dagster_stateful.core.kafka.errors import kafka_errors
-from dagster_stateful.core.kafka.partitioner import Partitioner
+from dagster_stateful.core.kafka.error_codes import kafka_errors
 from dagster_stateful.core.kafka.provisioning import (
     ProvisioningPlan,
     TopicSpec,
@@ -36,21 +35,21 @@ from dagster_stateful.core.kafka.provisioning import (
     provision,
     provisioning_plan,
 )
-from dagster_stateful.core.monitoring.describe import PartitionDescription, describe_partitions
-from dagster_stateful.core.monitoring.key_location import KeyLocation, locate_key
-from dagster_stateful.core.monitoring.key_reads import KeyRead, read_key
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.processing.commit_metadata import check_metadata_fits
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
-from dagster_stateful.core.processing.worker import RunLimits, Worker
+from dagster_stateful.core.processing.worker.loop import RunLimits, Worker
+from dagster_stateful.core.queries.app_queries import AppQueries
+from dagster_stateful.core.recovery.offline_restore import (
+    PartitionRestore,
+    RestoreRequest,
+    SstWriter,
+    restore_partitions,
+)
 from dagster_stateful.core.recovery.planner import RestoreMethod
-from dagster_stateful.core.recovery.restore import PartitionRestore, RestoreRequest, SstWriter, restore_partitions
-from dagster_stateful.core.recovery.verification import Digest, replay_digest
-from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
+from dagster_stateful.core.state.commit_metadata import check_metadata_fits
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
 from dagster_stateful.core.state.stores import StoreDeclaration, backends_of, store_specs, warn_of_stores_in_memory
 from dagster_stateful.errors import ConfigurationError
@@ -58,7 +57,7 @@ from dagster_stateful.errors import ConfigurationError
 log = logging.getLogger(__name__)
 
 
-class App:
+class App(AppQueries):
     def __init__(
         self,
         name: str,
@@ -163,16 +162,8 @@ class App:
     # What the app is (read from its configuration).
 
     @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
     def source(self) -> str:
         return self.config.source
-
-    @property
-    def stores(self) -> list[str]:
-        return list(self.config.stores)
 
     @property
     def output(self) -> str | None:
@@ -181,9 +172,6 @@ class App:
     @property
     def consumer_group(self) -> str:
         return self.config.consumer_group
-
-    def changelog_topic(self, store: str) -> str:
-        return self.config.changelog_topic(store)
 
     @property
     def dead_letter_topic(self) -> str:
@@ -358,85 +346,6 @@ class App:
         )
         with kafka_errors(f"restoring state of app {self.name!r}"):
             return restore_partitions(self.config, self.kafka, self.state, self.listeners, request)
-
-    def describe_partitions(
-        self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None
-    ) -> list[PartitionDescription]:
-        """Offsets, lag, keys and bytes of each store partition, without running a worker."""
-        with kafka_errors(f"describing the state of app {self.name!r}"):
-            return describe_partitions(self.config, self.kafka, self.state, partitions, stores)
-
-    def replay_digest(self, store: str, partition: int) -> Digest:
-        """Digest of a store partition rebuilt from its changelog alone, in a scratch directory."""
-        with kafka_errors(f"replaying {self.changelog_topic(store)}[{partition}]"):
-            return replay_digest(self.config, self.kafka, store, partition)
-
-    def store_profile(self, store: str) -> dict[str, str | int]:
-        """What `store` is, for people: its kind (rocksdb, memory, lru or custom), what it holds
-        (key-value state, aggregates or windows), and its ttl, bound, or windows' size, grace and
-        retention (ms) where it has them."""
-        spec = self._store_specs[store]
-        profile: dict[str, str | int] = {"kind": "custom" if spec.backend is not None else spec.kind}
-        live = self._dataframe.live_stores
-        bounds = live.get(store)
-        profile["holds"] = "key-value state" if store not in live else "aggregates" if bounds is None else "windows"
-        if spec.ttl_ms is not None:
-            profile["ttl_ms"] = spec.ttl_ms
-        if spec.max_entries is not None:
-            profile["max_entries"] = spec.max_entries
-        if bounds is not None:
-            profile["window_size_ms"] = bounds.size
-            profile["window_grace_ms"] = bounds.grace
-            profile["window_retention_ms"] = bounds.retention
-        return profile
-
-    def read_state(self, store: str, partitions: Iterable[int] | None = None) -> StoreReader:
-        """A reader of `store`'s local partitions (all, or `partitions`) that takes no lock, so it reads
-        a running worker's state as well as a stopped one's: `get(message_key, state_key)`,
-        `items(...)`, or a window store's `windows(...)`. Close it when done (it is a context manager)."""
-        return self._reader(self.state, self._readable_shape(store), partitions)
-
-    def _readable_shape(self, store: str) -> StoreShape:
-        if store in self.config.store_backends:
-            raise ConfigurationError(
-                f"store {store!r} is not kept in RocksDB (an in-memory store lives only inside its worker), so it "
-                "cannot be read from outside: read its changelog topic, or keep it in RocksDB to query it"
-            )
-        return self.store_shape(store)
-
-    def _reader(self, directory: StateDirectory, shape: StoreShape, partitions: Iterable[int] | None) -> StoreReader:
-        return StoreReader(directory, shape, self.config.key_serde, self.config.state_serde, partitions)
-
-    def read_key(self, store: str, key: Any, partitioner: Partitioner = "murmur2") -> KeyRead:
-        """`key`'s state in `store`, from the freshest copy of its partition on this machine: the
-        active owner's, a standby's (while the active copy restores, or once its owner is gone) or
-        this app's own; the answer says which copy it came from and how far behind that copy is."""
-        shape = self._readable_shape(store)
-        location = self.key_location(store, key, partitioner)
-        return read_key(
-            self.config, self.kafka, self.state.root, location, lambda d, parts: self._reader(d, shape, parts)
-        )
-
-    def key_location(self, store: str, key: Any, partitioner: Partitioner = "murmur2") -> KeyLocation:
-        """Where `key`'s state lives now: its partition under the producers' `partitioner`, the member
-        owning it (static id, client id, host) and those keeping its standbys (Kafka Streams' queryMetadataForKey)."""
-        return locate_key(self.config, self.kafka, store, key, partitioner)
-
-    def store_shape(self, store: str) -> StoreShape:
-        """What decoding `store`'s rows needs beyond the serializers: its TTL or its windows."""
-        if store not in self.config.stores:
-            raise ConfigurationError(f"unknown store {store!r}; app {self.name!r} declares {self.stores}")
-        bounds = self._dataframe.live_stores.get(store)
-        return StoreShape(
-            store,
-            self.config.store_ttls.get(store),
-            None if bounds is None else bounds.size,
-            None if bounds is None else bounds.retention,
-        )
-
-    def row_decoder(self, store: str) -> RowDecoder:
-        """Decodes `store`'s stored rows (from RocksDB or a snapshot) with this app's serializers."""
-        return RowDecoder(self.store_shape(store), self.config.key_serde, self.config.state_serde)
 
     def clear_state(self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None) -> list[Path]:
         """Delete local state (all, or some stores / partitions). Refused while a worker of the app runs here."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from dagster_stateful.core.processing.commit_metadata import check_metadata_fits
 from dagster_stateful.core.state.backend import BackendFactory
+from dagster_stateful.core.state.commit_metadata import check_metadata_fits
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
 from dagster_stateful.errors import ConfigurationError
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from dagster_stateful.errors import BrokerStartError, LocalKafkaError, PortInUseError
 from dagster_stateful.local_kafka.config import HOST, LOG4J2_PROPERTIES, server_properties
-from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
 from dagster_stateful.local_kafka.secured import (
     DEVELOPER,
     SecuredEndpoints,
@@ -44,6 +43,7 @@ from dagster_stateful.local_processes import (
     send_signal,
     write_state_file,
 )
+from dagster_stateful.maven import JarBundle, bundle_jars
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _snapshot(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext | None) -> dict[str, Any]:
     from dagster_stateful.core.kafka.clients import KafkaClients
-    from dagster_stateful.core.recovery.snapshots import SnapshotStore
+    from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
     from dagster_stateful.spark.kafka_options import process_secrets, spark_kafka_options
     from dagster_stateful.spark.snapshots import snapshot_changelog
 
@@ -72,7 +72,7 @@ def _snapshot(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesCo
 
 
 def _sst(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext | None) -> dict[str, Any]:
-    from dagster_stateful.core.recovery.snapshots import SnapshotStore
+    from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
     from dagster_stateful.core.recovery.sst_staging import SstStaging
     from dagster_stateful.errors import ConfigurationError
     from dagster_stateful.spark.bulk_restore import write_sst_files

@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging, WrittenFiles
 
 RESULT_SCHEMA = "partition int, path string, keys long"

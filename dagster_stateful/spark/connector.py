@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagster_stateful.local_kafka.maven import JarBundle, bundle_jars
+from dagster_stateful.maven import JarBundle, bundle_jars
 
 SCALA_BINARY_VERSION = "2.13"
 CONNECTOR_ARTIFACTS = (

@@ -30,9 +30,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.recovery.changelog_format import SOURCE_OFFSET_HEADER, bare_uncommitted_from
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.spark.bulk_restore import write_sst_files
 
 log = logging.getLogger(__name__)

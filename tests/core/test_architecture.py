@@ -77,6 +77,54 @@ def test_the_core_import_graph_has_no_cycle():
             visit(module)
 
 
+CORE_LAYERS = (
+    ("gc_pause", "state"),
+    ("config",),
+    ("kafka",),
+    ("monitoring",),
+    ("recovery",),
+    ("state_tables",),
+    ("processing",),
+    ("queries",),
+    ("app",),
+)
+"""The core's packages from the bottom up: a module imports from its own layer or those below."""
+PROCESSING_LAYERS = (("lifecycle",), ("dsl",), ("commit",), ("restores",), ("paths",), ("standbys",), ("worker",))
+"""The same inside `core.processing`."""
+
+
+def layer_of(module: str, package: str, layers: tuple[tuple[str, ...], ...]) -> int | None:
+    if not module.startswith(package + "."):
+        return None
+    part = module[len(package) + 1 :].split(".")[0]
+    return next((index for index, layer in enumerate(layers) if part in layer), None)
+
+
+def upward_imports(package: str, layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    found = []
+    for module, imports in core_modules().items():
+        own = layer_of(module, package, layers)
+        for imported in imports:
+            theirs = layer_of(imported, package, layers)
+            if own is not None and theirs is not None and theirs > own:
+                found.append(f"{module} -> {imported}")
+    return sorted(found)
+
+
+def test_every_core_package_has_its_layer():
+    packages = {
+        p.name.removesuffix(".py") for p in CORE.iterdir() if p.name != "__init__.py" and p.name != "__pycache__"
+    }
+    assert packages == {part for layer in CORE_LAYERS for part in layer}
+    processing = {p.name.removesuffix(".py") for p in (CORE / "processing").iterdir()}
+    assert processing - {"__init__", "__pycache__"} == {part for layer in PROCESSING_LAYERS for part in layer}
+
+
+def test_no_import_runs_up_the_layers():
+    assert upward_imports("dagster_stateful.core", CORE_LAYERS) == []
+    assert upward_imports("dagster_stateful.core.processing", PROCESSING_LAYERS) == []
+
+
 def test_rocksdict_and_confluent_kafka_stay_in_their_adapters():
     """RocksDB is touched only by the rocksdb adapter; the Kafka client library only under core/kafka,
     the worker's processing path and the recovery replay (which handle its messages)."""
@@ -91,9 +139,10 @@ def test_rocksdict_and_confluent_kafka_stay_in_their_adapters():
         "dagster_stateful.core.kafka",
         "dagster_stateful.core.processing",
         "dagster_stateful.core.recovery",
+        "dagster_stateful.core.state_tables",
     )
     assert all(m.startswith(allowed_packages) for m in kafka_users), sorted(kafka_users)
-    assert not any(m.startswith("dagster_stateful.core.state") for m in kafka_users)
+    assert not any(m.startswith("dagster_stateful.core.state.") for m in kafka_users)
 
 
 def test_every_module_says_what_it_owns():
@@ -129,7 +178,7 @@ def test_a_worker_loads_numpy_and_arrow_only_for_a_columnar_aggregation():
     check = (
         "import sys\n"
         "from dagster_stateful.core import App, Sum\n"
-        "import dagster_stateful.core.processing.worker, dagster_stateful.core.recovery.parallel_replay\n"
+        "import dagster_stateful.core.processing.worker.loop, dagster_stateful.core.recovery.parallel_replay\n"
         "app = App(name='a', source='orders', stores=['totals'], kafka='127.0.0.1:9')\n"
         "app.dataframe().update(lambda value, state: None, stateful=True)\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pyarrow'))\n"

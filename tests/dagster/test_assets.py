@@ -5,9 +5,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
-from kafka_helpers import produce
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.checks import stateful_checks

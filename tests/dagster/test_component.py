@@ -19,7 +19,7 @@ import orjson
 import pytest
 from dagster import DagsterInstance, Definitions, EnvVar, load_from_defs_folder
 from dagster.components.testing import DefsFolderSandbox, create_defs_folder_sandbox
-from kafka_helpers import create_topic, produce, read_messages
+from support.kafka_helpers import create_topic, produce, read_messages
 
 import dagster_stateful.component
 from dagster_stateful import KafkaResource, StatefulAppComponent, StatefulSparkResource, StateStoreResource

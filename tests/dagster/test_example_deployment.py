@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 from dagster import AssetKey, DagsterInstance, load_from_defs_folder
-from kafka_helpers import answers_http, free_port, read_messages, wait_for
+from support.kafka_helpers import answers_http, free_port, read_messages, wait_for
 
 from dagster_stateful import KafkaResource, StateStoreResource
 from dagster_stateful.core import App

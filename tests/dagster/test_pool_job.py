@@ -18,9 +18,9 @@ from typing import Any
 
 import pool_job
 import pytest
-from core_helpers import expected_totals, make_orders, totals_in_store
 from dagster import DagsterEventType, DagsterInstance
-from kafka_helpers import create_topic, produce, wait_for
+from support.core_helpers import expected_totals, make_orders, totals_in_store
+from support.kafka_helpers import create_topic, produce, wait_for
 
 from dagster_stateful.core import App
 from dagster_stateful.core.kafka.descriptions import GroupDescription

@@ -15,7 +15,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from core_helpers import (
+from dagster import DagsterInstance, EnvVar, build_sensor_context, materialize
+from dagster._serdes import serialize_value
+from faults.counting_worker import COMPACT_FAST
+from support.core_helpers import (
     FAST_COMMITS,
     FAST_GROUP,
     add_to_total,
@@ -24,13 +27,10 @@ from core_helpers import (
     orders_topic,
     totals_in_store,
 )
-from dagster import DagsterInstance, EnvVar, build_sensor_context, materialize
-from dagster._serdes import serialize_value
-from fault_worker import COMPACT_FAST
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App
-from dagster_stateful.core.kafka.acls import acl_bindings, required_acls
+from dagster_stateful.core.kafka.security.acls import acl_bindings, required_acls
 from dagster_stateful.naming import job_name, snapshot_key, store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app
 from dagster import DagsterInstance, SkipReason, build_sensor_context
-from kafka_helpers import produce, wait_for
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core.kafka.partitioner import partition_of
-from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.processing.worker.loop import Worker
 from dagster_stateful.naming import job_name, store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 
@@ -156,7 +156,7 @@ def test_snapshot_sensor_asks_for_a_first_snapshot_and_for_one_when_the_latest_i
 
     from dagster import DagsterRunStatus, RunRequest
 
-    from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+    from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 
     _defs, app, bound, resources = deployment
     state_store = StateStoreResource(state_dir=str(tmp_path / "here"), snapshot_root=str(tmp_path / "snapshots"))

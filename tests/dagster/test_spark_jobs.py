@@ -5,14 +5,14 @@ import threading
 
 import orjson
 import pytest
-from core_helpers import store_content
 from dagster import AssetSelection, DagsterInstance, build_sensor_context, materialize
-from kafka_helpers import create_topic, produce, wait_for
+from support.core_helpers import store_content
+from support.kafka_helpers import create_topic, produce, wait_for
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.checks import stateful_checks
 from dagster_stateful.core import App, State
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 

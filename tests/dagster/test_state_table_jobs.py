@@ -9,10 +9,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from core_helpers import FAST_COMMITS, FAST_GROUP, store_content
 from dagster import DagsterInstance
-from fault_worker import COMPACT_FAST
-from kafka_helpers import create_topic, produce
+from faults.counting_worker import COMPACT_FAST
+from support.core_helpers import FAST_COMMITS, FAST_GROUP, store_content
+from support.kafka_helpers import create_topic, produce
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App

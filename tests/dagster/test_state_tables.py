@@ -15,8 +15,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 from dagster import Definitions, TableMetadataValue, TableSchemaMetadataValue, materialize
-from fault_worker import COMPACT_FAST
-from kafka_helpers import create_topic, produce, read_messages
+from faults.counting_worker import COMPACT_FAST
+from support.kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App

@@ -27,8 +27,8 @@ from pathlib import Path
 import orjson
 import pytest
 from dagster_graphql import DagsterGraphQLClient
-from kafka_helpers import answers_http, free_port, produce, wait_for
 from playwright.sync_api import Page, expect, sync_playwright
+from support.kafka_helpers import answers_http, free_port, produce, wait_for
 
 from dagster_stateful.core.kafka.clients import KafkaClients
 

@@ -3,7 +3,7 @@
 Every case checks the final store against counts recomputed from the source topic read back from
 Kafka (never against the engine's own figures): "lost" orders must be 0 in every case; "doubled"
 ones are allowed under at-least-once where a crash left delivered but uncommitted work, and must be
-0 where nothing crashed. The cases live in `fault_scenarios` (bench/bench_faults.py runs them at
+0 where nothing crashed. The cases live in `faults.scenarios` (bench/bench_faults.py runs them at
 scale); a failure message prints the whole case, including the random seed (set FAULT_SEED to
 replay the same choices).
 """
@@ -15,8 +15,9 @@ import random
 from pathlib import Path
 
 import pytest
-from fault_harness import FaultResult, KillPoint, RestartableBroker
-from fault_scenarios import (
+from faults.counting_worker import WORKER_FAILED
+from faults.harness import FaultResult, KillPoint, RestartableBroker
+from faults.scenarios import (
     AT_LEAST_ONCE,
     EXACTLY_ONCE,
     UNCOMMITTED_APPLIED,
@@ -35,7 +36,6 @@ from fault_scenarios import (
     windowed_sigkill_storm,
     zombie_fenced,
 )
-from fault_worker import WORKER_FAILED
 
 # Case 3 runs a broker of its own; every other case uses the session's (`kafka_bootstrap`).
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fault_harness import (
+from faults.counting_worker import STORE, WorkerSpec, build_app
+from faults.harness import (
     FaultResult,
     OrderFeeder,
     RunSummary,
@@ -29,14 +30,13 @@ from fault_harness import (
     summarize,
     watermarks,
 )
-from fault_scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
-from fault_worker import STORE, WorkerSpec, build_app
-from kafka_helpers import wait_for
+from faults.scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
+from support.kafka_helpers import wait_for
 
 from dagster_stateful.core import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.partitioner import partition_of
-from dagster_stateful.core.monitoring.key_reads import ACTIVE, STANDBY
+from dagster_stateful.core.queries.key_reads import ACTIVE, STANDBY
 from dagster_stateful.core.state.checkpoint import read_checkpoint
 from dagster_stateful.core.state.directory import StateDirectory
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from confluent_kafka.admin import AdminClient, ConfigResource
-from kafka_helpers import create_topic, produce, read_all, wait_for
+from support.kafka_helpers import create_topic, produce, read_all, wait_for
 
 
 def test_broker_produces_consumes_and_keeps_topic_config(kafka_bootstrap, unique_name):

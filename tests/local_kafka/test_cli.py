@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from kafka_helpers import create_topic, free_port, read_all, wait_for
+from support.kafka_helpers import create_topic, free_port, read_all, wait_for
 
 from dagster_stateful.errors import JavaNotFoundError, PortInUseError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker

@@ -16,14 +16,14 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
-from core_helpers import add_to_total, expected_totals, make_orders, totals_app, totals_in_store
-from kafka_helpers import produce, read_committed, wait_for
+from support.core_helpers import add_to_total, expected_totals, make_orders, totals_app, totals_in_store
+from support.kafka_helpers import produce, read_committed, wait_for
 
 from dagster_stateful.core import State
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
-from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.processing.worker.loop import Worker
 from dagster_stateful.core.state.keys import split_store_key
 from dagster_stateful.local_kafka.cluster import LocalKafkaCluster
 

@@ -22,13 +22,13 @@ import orjson
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer
-from core_helpers import expected_totals, totals_app, totals_in_store
-from fault_worker import COMPACT_FAST
-from kafka_helpers import create_topic, read_messages, wait_for
+from faults.counting_worker import COMPACT_FAST
 from pyspark.sql import functions as F
+from support.core_helpers import expected_totals, totals_app, totals_in_store
+from support.kafka_helpers import create_topic, read_messages, wait_for
 
 from dagster_stateful.core.config import ProcessingGuarantee
-from dagster_stateful.core.recovery.bootstrap import BootstrapReport
+from dagster_stateful.core.state_tables.bootstrap import BootstrapReport
 from dagster_stateful.errors import StateTableError
 from dagster_stateful.state_table import bootstrap_store
 

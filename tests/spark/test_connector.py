@@ -2,7 +2,7 @@
 
 import pytest
 from dagster import job, op
-from kafka_helpers import create_topic, produce
+from support.kafka_helpers import create_topic, produce
 
 from dagster_stateful.resources import StatefulSparkResource
 from dagster_stateful.spark.connector import installed_spark_version, kafka_connector_jars

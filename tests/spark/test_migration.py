@@ -14,14 +14,14 @@ import random
 
 import orjson
 import pytest
-from core_helpers import FAST_COMMITS, FAST_GROUP, store_content
-from fault_worker import COMPACT_FAST
-from kafka_helpers import create_topic, produce, read_messages
+from faults.counting_worker import COMPACT_FAST
 from pyspark.sql import functions as F
+from support.core_helpers import FAST_COMMITS, FAST_GROUP, store_content
+from support.kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.config import ProcessingGuarantee
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.errors import StateTableError
 from dagster_stateful.spark.snapshots import snapshot_changelog
 from dagster_stateful.state_table import transform_state

@@ -12,12 +12,12 @@ from dataclasses import asdict
 
 import orjson
 import pytest
-from core_helpers import FAST_COMMITS, FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic
-from fault_worker import COMPACT_FAST
+from faults.counting_worker import COMPACT_FAST
+from support.core_helpers import FAST_COMMITS, FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic
 
 from dagster_stateful.core import App
-from dagster_stateful.core.kafka.acls import acl_bindings, required_acls
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.kafka.security.acls import acl_bindings, required_acls
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.keys import split_store_key
 from dagster_stateful.local_kafka.secured import SecuredEndpoints
 from dagster_stateful.spark.kafka_options import SecretsFile, spark_kafka_options

@@ -15,17 +15,17 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from core_helpers import store_content
-from kafka_helpers import create_topic, produce, read_keyed
+from support.core_helpers import store_content
+from support.kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.kafka.records import Headers
-from dagster_stateful.core.processing.commit_metadata import encode_commit_metadata
 from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS, block_headers, source_offset_header
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.snapshot_image import fetch_image
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.verification import partition_digest
+from dagster_stateful.core.state.commit_metadata import encode_commit_metadata
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.spark.snapshots import build_snapshot, snapshot_changelog

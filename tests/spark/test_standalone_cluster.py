@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from core_helpers import make_orders, orders_topic, totals_app
 from dagster import DagsterInstance, materialize
+from support.core_helpers import make_orders, orders_topic, totals_app
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.naming import job_name, snapshot_key
 from dagster_stateful.pipes import SparkPipesResource
 from dagster_stateful.resources import KafkaResource, StateStoreResource

@@ -4,10 +4,10 @@ the snapshot and replays only the changelog tail after it."""
 from __future__ import annotations
 
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce
 
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.spark.snapshots import build_snapshot
 
 pytestmark = pytest.mark.spark

@@ -40,19 +40,19 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
-from dagster_stateful.core.kafka.authorization import GROUP, TOPIC, Access, is_authorization_failure
 from dagster_stateful.core.kafka.backoff import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
 from dagster_stateful.core.kafka.backoff import BACKOFF_FIRST, MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
 from dagster_stateful.core.kafka.client_log import CLIENT_LOG
 from dagster_stateful.core.kafka.descriptions import GroupDescription, GroupMember, TopicLayout
-from dagster_stateful.core.kafka.errors import (
+from dagster_stateful.core.kafka.error_codes import (
     STALE_METADATA,
     as_operation_error,
     gave_up_error,
     is_transient,
     kafka_error_of,
 )
-from dagster_stateful.core.kafka.security_failures import ClientIdentity, SecurityWatch
+from dagster_stateful.core.kafka.security.authorization import GROUP, TOPIC, Access, is_authorization_failure
+from dagster_stateful.core.kafka.security.failures import ClientIdentity, SecurityWatch
 from dagster_stateful.errors import ConfigurationError, KafkaOperationError
 
 log = logging.getLogger(__name__)

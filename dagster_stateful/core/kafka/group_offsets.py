@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from confluent_kafka import TopicPartition
 
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.kafka.errors import kafka_errors
+from dagster_stateful.core.kafka.error_codes import kafka_errors
 from dagster_stateful.errors import KafkaOperationError
 
 __all__ = ["commit_group_offsets", "offsets_for_time"]

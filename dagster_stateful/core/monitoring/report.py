@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dagster_stateful.core.monitoring.latency import Latency
-from dagster_stateful.core.monitoring.store_metrics import ALL_STORES, StoreMetrics
+from dagster_stateful.core.state.latency import Latency
+from dagster_stateful.core.state.metrics import ALL_STORES, StoreMetrics
 
 
 class RestoreKind(StrEnum):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dagster_stateful.core.monitoring.report import RestoreReport
 from dagster_stateful.core.recovery.child_processes import balanced_groups, child_command, last_words
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.snapshot_image import has_image
 from dagster_stateful.core.recovery.snapshot_load import (
     BULK_LOAD_DIRECTORY,
@@ -32,7 +33,6 @@ from dagster_stateful.core.recovery.snapshot_load import (
     snapshot_end,
     write_snapshot_files,
 )
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SstFile
 from dagster_stateful.errors import RecoveryError

@@ -37,7 +37,7 @@ from confluent_kafka import Consumer
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
-from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
+from dagster_stateful.core.recovery.changelog_replay import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
 from dagster_stateful.core.recovery.child_processes import balanced_groups, child_command, last_words
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest
 
 # Measured on a 2-core machine (bench/bench_restore.py): changelog replay ~195k records/s; snapshot
 # load (pyarrow read + SST write + ingest) ~1.2M keys/s in one process (more with several partitions,

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaException
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreReport
-from dagster_stateful.core.recovery.changelog import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
+from dagster_stateful.core.recovery.changelog_replay import FULL_RESTORE_CHUNK_RECORDS, ChangelogRestore
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
@@ -61,6 +61,14 @@ class Restorer:
         self._batch_size = batch_size
         self._chunk_records = chunk_records
         self._known_topics: set[str] = set()
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
 
     def begin(
         self,

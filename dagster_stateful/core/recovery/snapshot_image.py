@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging
 from dagster_stateful.errors import RecoveryError
 

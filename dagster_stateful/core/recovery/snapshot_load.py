@@ -20,8 +20,8 @@ from pathlib import Path
 
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.planner import RestorePath, plan_restore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.snapshot_image import fetch_image, has_image
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.rocksdb import PartitionDatabase, SortedSstWriter, SstFile
 from dagster_stateful.errors import RecoveryError, StateStoreError

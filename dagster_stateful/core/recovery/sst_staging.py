@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster_stateful.core.recovery.snapshots import filesystem
+from dagster_stateful.core.recovery.snapshot_format import filesystem
 from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from pathlib import Path
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.recovery.restorer import Restorer
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 

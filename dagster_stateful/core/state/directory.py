@@ -14,10 +14,11 @@ import logging
 import shutil
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
-from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.state.backend import BackendFactory
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, AppActivityLock
 from dagster_stateful.core.state.partition import StorePartition
@@ -31,13 +32,27 @@ DEFAULT_CORRUPT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_CORRUPT_COPIES_KEPT = 2
 
 
+class AppLayout(Protocol):
+    """What the directory needs of an app's configuration (`AppConfig` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def stores(self) -> tuple[str, ...]: ...
+    @property
+    def store_backends(self) -> Mapping[str, BackendFactory]: ...
+    def changelog_topic(self, store: str) -> str: ...
+
+
 class StateDirectory:
     """The local state of one app under `root`."""
 
     def __init__(
         self,
         root: str | Path,
-        config: AppConfig,
+        config: AppLayout,
         corrupt_retention_seconds: float = DEFAULT_CORRUPT_RETENTION_SECONDS,
         corrupt_copies_kept: int = DEFAULT_CORRUPT_COPIES_KEPT,
         lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,

@@ -19,15 +19,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from dagster_stateful.core.monitoring.store_metrics import (
-    PENDING_COMPACTION_PROPERTY,
-    PartitionMetrics,
-    RocksDBCounters,
-)
 from dagster_stateful.core.state.backend import BackendFactory, StoreBackend
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, write_checkpoint
 from dagster_stateful.core.state.locks import DEFAULT_LOCK_TIMEOUT_SECONDS, PartitionLock
+from dagster_stateful.core.state.metrics import (
+    PENDING_COMPACTION_PROPERTY,
+    PartitionMetrics,
+    RocksDBCounters,
+)
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.errors import ConfigurationError, StateLockedError, StateStoreError, StoreCorruptedError
 

@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from itertools import repeat
 
-from dagster_stateful.core.monitoring.store_metrics import SAMPLE_EVERY, TIMED_BURST
 from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
+from dagster_stateful.core.state.metrics import SAMPLE_EVERY, TIMED_BURST
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.view import KeyView, timed_variant
-from dagster_stateful.core.state.windows import WindowBounds, WindowState
+from dagster_stateful.core.state.window_state import WindowBounds, WindowState
 from dagster_stateful.errors import StateStoreError
 
 __all__ = ["Change", "PartitionTransaction"]

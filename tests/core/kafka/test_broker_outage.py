@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka_helpers import create_topic, produce, wait_for
+from support.kafka_helpers import create_topic, produce, wait_for
 
 from dagster_stateful.core import AppConfig, JsonSerde
 from dagster_stateful.core.kafka.clients import ATTEMPT_TIMEOUT, KafkaClients
-from dagster_stateful.core.processing.commit import FLUSH_MARGIN_SECONDS, Committer
-from dagster_stateful.core.processing.delivery import DeliveryTracker, delivery_timeout_seconds
+from dagster_stateful.core.processing.commit.committer import FLUSH_MARGIN_SECONDS, Committer
+from dagster_stateful.core.processing.commit.delivery import DeliveryTracker, delivery_timeout_seconds
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.transaction import PartitionTransaction

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from kafka_helpers import create_topic
+from support.kafka_helpers import create_topic
 
 from dagster_stateful.core import KafkaOperationError, StatefulError
 from dagster_stateful.core.kafka.clients import ADMIN_TIMEOUT, KafkaClients
-from dagster_stateful.core.kafka.errors import gave_up_error, is_transient, kafka_errors
+from dagster_stateful.core.kafka.error_codes import gave_up_error, is_transient, kafka_errors
 from dagster_stateful.errors import ConfigurationError
 
 
@@ -25,7 +25,7 @@ def test_a_kafka_exception_becomes_a_stateful_error_with_its_code():
 
 
 def test_a_broker_refusal_reaches_the_caller_as_a_stateful_error(kafka_bootstrap, unique_name, tmp_path):
-    from core_helpers import totals_app
+    from support.core_helpers import totals_app
 
     source = unique_name("orders")
     create_topic(kafka_bootstrap, source, partitions=1)

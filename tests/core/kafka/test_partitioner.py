@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import Producer
-from kafka_helpers import create_topic, read_messages
+from support.kafka_helpers import create_topic, read_messages
 
 from dagster_stateful.core.kafka.partitioner import murmur2, partition_of
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import create_topic, wait_for
+from support.core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import create_topic, wait_for
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.kafka.provisioning import TopicRole, TopicStatus

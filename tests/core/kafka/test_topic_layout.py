@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import orjson
 from confluent_kafka.admin import AdminClient, ConfigResource
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app
-from kafka_helpers import create_topic, produce, read_all
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app
+from support.kafka_helpers import create_topic, produce, read_all
 
 from dagster_stateful.core import App
 from dagster_stateful.core.kafka.descriptions import TopicLayout

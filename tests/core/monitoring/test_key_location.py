@@ -12,7 +12,7 @@ import pytest
 
 from dagster_stateful.core import App, ConfigurationError, KeyLocation
 from dagster_stateful.core.kafka.descriptions import GroupMember
-from dagster_stateful.core.monitoring.key_reads import member_state_root
+from dagster_stateful.core.queries.key_reads import member_state_root
 
 
 def member(instance: str, host: str) -> GroupMember:

@@ -9,15 +9,15 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from core_helpers import opened_partition
+from support.core_helpers import opened_partition
 
 from dagster_stateful.core import AppConfig, JsonSerde, Sum
-from dagster_stateful.core.monitoring.latency import LatencyHistogram, bucket_middle, bucket_of
-from dagster_stateful.core.monitoring.store_metrics import SAMPLE_EVERY, TIMED_BURST, RunStoreMetrics, summarize
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
+from dagster_stateful.core.state.latency import LatencyHistogram, bucket_middle, bucket_of
+from dagster_stateful.core.state.metrics import SAMPLE_EVERY, TIMED_BURST, RunStoreMetrics, summarize
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
 

@@ -4,7 +4,7 @@ RocksDB's bytes written, timed calls and the commits' durations."""
 
 from __future__ import annotations
 
-from core_helpers import make_orders, orders_topic, totals_app
+from support.core_helpers import make_orders, orders_topic, totals_app
 
 ORDERS = 2_000
 CUSTOMERS = 50

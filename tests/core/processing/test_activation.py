@@ -18,8 +18,8 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.processing.rebalance import PartitionAssignments
-from dagster_stateful.core.processing.restoring import RestoringPartition
+from dagster_stateful.core.processing.restores.state_updater import RestoringPartition
+from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
 from dagster_stateful.core.state.directory import StateDirectory
 
 CONFIG = AppConfig(name="totals", source="orders", stores=("totals",))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from core_helpers import FAST_COMMITS, FAST_GROUP, expected_totals, make_orders, orders_topic, totals_in_store
-from kafka_helpers import create_topic, produce, read_keyed
+from support.core_helpers import FAST_COMMITS, FAST_GROUP, expected_totals, make_orders, orders_topic, totals_in_store
+from support.kafka_helpers import create_topic, produce, read_keyed
 
 from dagster_stateful.core import App, Sum
 

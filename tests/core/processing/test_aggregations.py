@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from core_helpers import opened_partition
+from support.core_helpers import opened_partition
 
 from dagster_stateful.core import (
     Aggregate,
@@ -23,8 +23,8 @@ from dagster_stateful.core import (
     Reduce,
     Sum,
 )
-from dagster_stateful.core.processing.aggregations import Aggregator
-from dagster_stateful.core.processing.dataframe import DROPPED, StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.dsl.aggregations import Aggregator
+from dagster_stateful.core.processing.dsl.dataframe import DROPPED, StepFailed, StreamingDataFrame
 from dagster_stateful.core.state.cache import ENTRY_OVERHEAD_BYTES, live_entry_bytes
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix

@@ -15,17 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, wait_for
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.core import App, RestoreListener
 from dagster_stateful.core.monitoring.report import StopReason
-from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.processing.worker.loop import Worker
 from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD
 
 PARTITIONS = 4
 CUSTOMERS = 40_000
-LOGGER = "dagster_stateful.core.processing.background_restores"
+LOGGER = "dagster_stateful.core.processing.restores.background"
 
 
 def replay_children() -> list[int]:

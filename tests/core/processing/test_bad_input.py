@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Producer
-from core_helpers import (
+from support.core_helpers import (
     FAST_COMMITS,
     FAST_GROUP,
     expected_totals,
@@ -17,10 +17,10 @@ from core_helpers import (
     totals_app,
     totals_in_store,
 )
-from kafka_helpers import create_topic, read_messages
+from support.kafka_helpers import create_topic, read_messages
 
 from dagster_stateful.core import App, AppState, State
-from dagster_stateful.core.processing.bad_input import ERROR_HEADER_PREFIX
+from dagster_stateful.core.processing.paths.bad_input import ERROR_HEADER_PREFIX
 from dagster_stateful.errors import ProcessingError
 
 NOT_JSON = b"{not json"

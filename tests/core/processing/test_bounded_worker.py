@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from core_helpers import (
+from support.core_helpers import (
     FAST_GROUP,
     add_to_total,
     expected_totals,
@@ -34,17 +34,17 @@ from core_helpers import (
     running_sums,
     totals_in_store,
 )
-from kafka_helpers import create_topic, produce, read_committed, read_messages, wait_for
+from support.kafka_helpers import create_topic, produce, read_committed, read_messages, wait_for
 
 from dagster_stateful.core import App, State
 from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.processing.client_settings import worker_producer_config
-from dagster_stateful.core.processing.commit import Committer
-from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.processing.commit.committer import Committer
+from dagster_stateful.core.processing.commit.delivery import DeliveryTracker
+from dagster_stateful.core.processing.commit.transactions import KafkaTransactions
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
-from dagster_stateful.core.processing.transactions import KafkaTransactions
+from dagster_stateful.core.processing.worker.client_settings import worker_producer_config
 from dagster_stateful.errors import CommitTimeoutError
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka_helpers import create_topic, produce, read_messages
+from support.kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.core import AppConfig, JsonSerde
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.processing.commit import Committer
-from dagster_stateful.core.processing.commit_metadata import CommitMetadata, decode_commit_metadata
-from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.processing.commit.committer import Committer
+from dagster_stateful.core.processing.commit.delivery import DeliveryTracker
 from dagster_stateful.core.recovery.changelog_format import block_headers
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
+from dagster_stateful.core.state.commit_metadata import CommitMetadata, decode_commit_metadata
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.partition import StorePartition

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka_helpers import create_topic, produce
+from support.kafka_helpers import create_topic, produce
 
 from dagster_stateful.core import AppConfig, JsonSerde
-from dagster_stateful.core.processing.commit import Committer
-from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.processing.commit.committer import Committer
+from dagster_stateful.core.processing.commit.delivery import DeliveryTracker
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.partition import StorePartition

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from dagster_stateful.core import App, ConfigurationError, Store
-from dagster_stateful.core.processing.commit_metadata import (
+from dagster_stateful.core.state.commit_metadata import (
     CommitMetadata,
     MetadataLimit,
     carried_over,

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from core_helpers import FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic
+from support.core_helpers import FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic
 
 from dagster_stateful.core import App, State, Store
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, split_store_key
 from dagster_stateful.core.state.ttl import split_expiry
 from dagster_stateful.errors import ConfigurationError

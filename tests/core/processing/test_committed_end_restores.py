@@ -9,11 +9,11 @@ to it), the next full restore reads every header, and its own commits record end
 from __future__ import annotations
 
 from confluent_kafka import Producer
-from core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce
+from support.core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce
 
 from dagster_stateful.core import App, State
-from dagster_stateful.core.processing.commit_metadata import CommitMetadata, decode_commit_metadata
+from dagster_stateful.core.state.commit_metadata import CommitMetadata, decode_commit_metadata
 from dagster_stateful.core.state.keys import message_prefix
 
 PARTITIONS = 2

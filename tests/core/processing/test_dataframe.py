@@ -8,10 +8,10 @@ worker under on_error="skip" would skip every message of a damaged partition and
 from __future__ import annotations
 
 import pytest
-from state_damage import MESSAGE_KEY, STATE_KEYS, committed_store, damage_data_block
+from support.state_damage import MESSAGE_KEY, STATE_KEYS, committed_store, damage_data_block
 
 from dagster_stateful.core import JsonSerde, State
-from dagster_stateful.core.processing.dataframe import StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.dsl.dataframe import StepFailed, StreamingDataFrame
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import StoreCorruptedError
 

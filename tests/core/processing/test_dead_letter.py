@@ -8,12 +8,12 @@ not raise `BufferError` out of the worker.
 from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer
-from kafka_helpers import create_topic, produce, read_messages
+from support.kafka_helpers import create_topic, produce, read_messages
 
 from dagster_stateful.core.config import ErrorPolicy
-from dagster_stateful.core.processing.bad_input import ERROR_HEADER_PREFIX, BadInputHandler
-from dagster_stateful.core.processing.commit import Committer
-from dagster_stateful.core.processing.delivery import DeliveryTracker
+from dagster_stateful.core.processing.commit.committer import Committer
+from dagster_stateful.core.processing.commit.delivery import DeliveryTracker
+from dagster_stateful.core.processing.paths.bad_input import ERROR_HEADER_PREFIX, BadInputHandler
 
 BAD_MESSAGES = 40
 

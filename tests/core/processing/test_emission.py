@@ -11,13 +11,13 @@ from typing import Any
 
 import orjson
 import pytest
-from core_helpers import opened_partition
+from support.core_helpers import opened_partition
 
 from dagster_stateful.core import AppConfig, JsonSerde, Sum
 from dagster_stateful.core.config import ErrorPolicy
-from dagster_stateful.core.processing.bad_input import ERROR_HEADER_PREFIX, BadInputHandler
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
-from dagster_stateful.core.processing.emission import CommitEmitter
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.paths.bad_input import ERROR_HEADER_PREFIX, BadInputHandler
+from dagster_stateful.core.processing.paths.emission import CommitEmitter
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction

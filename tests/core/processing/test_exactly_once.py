@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from core_helpers import (
+from support.core_helpers import (
     FAST_GROUP,
     NOT_JSON,
     add_to_total,
@@ -22,7 +22,7 @@ from core_helpers import (
     running_sums,
     totals_in_store,
 )
-from kafka_helpers import create_topic, produce, read_committed
+from support.kafka_helpers import create_topic, produce, read_committed
 
 from dagster_stateful.core import App, State
 from dagster_stateful.errors import ConfigurationError

@@ -10,8 +10,15 @@ transaction timeout here is 50 s, past the 45 s that reading offsets used to all
 from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from core_helpers import add_to_total, expected_totals, make_orders, orders_topic, outputs_per_customer, running_sums
-from kafka_helpers import create_topic, produce
+from support.core_helpers import (
+    add_to_total,
+    expected_totals,
+    make_orders,
+    orders_topic,
+    outputs_per_customer,
+    running_sums,
+)
+from support.kafka_helpers import create_topic, produce
 from test_exactly_once import exactly_once_app
 
 from dagster_stateful.core import App

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from dagster_stateful.core.processing.transactions import KafkaTransactions
+from dagster_stateful.core.processing.commit.transactions import KafkaTransactions
 from dagster_stateful.errors import ProducerFencedError
 
 

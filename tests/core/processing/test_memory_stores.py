@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import orjson
 import pytest
-from core_helpers import FAST_COMMITS, FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic
-from kafka_helpers import create_topic, produce, read_committed, read_messages
+from support.core_helpers import FAST_COMMITS, FAST_GROUP, add_to_total, expected_totals, make_orders, orders_topic
+from support.kafka_helpers import create_topic, produce, read_committed, read_messages
 
 from dagster_stateful.core import App, Store
 from dagster_stateful.core.state.keys import split_store_key

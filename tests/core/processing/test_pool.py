@@ -11,11 +11,11 @@ import threading
 import time
 
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, wait_for
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.core import State, WorkerReport
-from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.processing.worker.loop import Worker
 
 PARTITIONS = 6
 MEMBERS = 3

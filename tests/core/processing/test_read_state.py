@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app
-from kafka_helpers import produce, wait_for
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.core import StateLockedError
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, wait_for
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.core import AppState, State, WorkerReport
-from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.processing.worker.loop import Worker
 
 
 def slow_total(order: dict, state: State) -> dict:

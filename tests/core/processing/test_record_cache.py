@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
 
-from dagster_stateful.core.processing.worker import CONSUME_BATCH
+from dagster_stateful.core.processing.worker.loop import CONSUME_BATCH
 from dagster_stateful.core.state.cache import entry_bytes
 
 ORDERS = 4_000

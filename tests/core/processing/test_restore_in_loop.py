@@ -17,11 +17,11 @@ from pathlib import Path
 
 import orjson
 from confluent_kafka import Producer
-from core_helpers import expected_totals, totals_app, totals_in_store
-from kafka_helpers import create_topic, wait_for
+from support.core_helpers import expected_totals, totals_app, totals_in_store
+from support.kafka_helpers import create_topic, wait_for
 
 from dagster_stateful.core import App, RestoreListener, WorkerReport
-from dagster_stateful.core.processing.worker import Worker
+from dagster_stateful.core.processing.worker.loop import Worker
 
 TESTS = Path(__file__).resolve().parents[2]
 RESTORE_BATCH = 50
@@ -142,7 +142,7 @@ def test_a_restore_longer_than_the_poll_interval_survives_a_join_and_leave(kafka
 SIGTERMED_RESTORE = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {tests!r})
-    from core_helpers import totals_app
+    from support.core_helpers import totals_app
     from dagster_stateful.core import RestoreListener
 
     class Slow(RestoreListener):

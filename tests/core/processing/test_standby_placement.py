@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dagster_stateful.core.processing.standby_placement import (
+from dagster_stateful.core.processing.standbys.placement import (
     StandbyChanges,
     standby_changes,
     standby_placement,

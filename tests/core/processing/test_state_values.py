@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Producer
-from core_helpers import FAST_GROUP, store_content
-from kafka_helpers import create_topic
+from support.core_helpers import FAST_GROUP, store_content
+from support.kafka_helpers import create_topic
 
 from dagster_stateful.core import App, State
 from dagster_stateful.errors import ProcessingError

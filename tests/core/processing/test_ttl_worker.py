@@ -22,8 +22,8 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Producer
-from core_helpers import FAST_COMMITS, FAST_GROUP
-from kafka_helpers import create_topic, read_committed, read_messages
+from support.core_helpers import FAST_COMMITS, FAST_GROUP
+from support.kafka_helpers import create_topic, read_committed, read_messages
 
 from dagster_stateful.core import App, State, Store
 from dagster_stateful.core.kafka.clients import KafkaClients

@@ -25,13 +25,13 @@ import pytest
 from confluent_kafka import Message
 
 from dagster_stateful.core import AppConfig, Count, JsonSerde, Max, Mean, Min, Sum
-from dagster_stateful.core.processing.aggregations import Aggregator
-from dagster_stateful.core.processing.bad_input import BadInputHandler
-from dagster_stateful.core.processing.batch import BatchProcessor
-from dagster_stateful.core.processing.columns import decode_field
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
-from dagster_stateful.core.processing.restoring import Restorations
-from dagster_stateful.core.processing.vectorized import VectorizedBatchProcessor
+from dagster_stateful.core.processing.dsl.aggregations import Aggregator
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.processing.paths.batch import BatchProcessor
+from dagster_stateful.core.processing.paths.columns import decode_field
+from dagster_stateful.core.processing.paths.vectorized import VectorizedBatchProcessor
+from dagster_stateful.core.processing.restores.state_updater import Restorations
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from core_helpers import (
+from support.core_helpers import (
     FAST_COMMITS,
     FAST_GROUP,
     checkpoint_of,
@@ -20,10 +20,10 @@ from core_helpers import (
     orders_topic,
     totals_in_store,
 )
-from kafka_helpers import create_topic, produce, read_committed, read_messages
+from support.kafka_helpers import create_topic, produce, read_committed, read_messages
 
 from dagster_stateful.core import App, Sum
-from dagster_stateful.core.processing import vectorized
+from dagster_stateful.core.processing.paths import vectorized
 from dagster_stateful.errors import ProcessingError
 
 PARTITIONS = 3

@@ -20,12 +20,12 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Producer
-from core_helpers import FAST_COMMITS, FAST_GROUP
-from kafka_helpers import create_topic, read_committed, read_messages
+from support.core_helpers import FAST_COMMITS, FAST_GROUP
+from support.kafka_helpers import create_topic, read_committed, read_messages
 
 from dagster_stateful.core import Aggregate, App, Count
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.state.windows import STREAM_TIME_KEY, split_window_key
+from dagster_stateful.core.state.window_state import STREAM_TIME_KEY, split_window_key
 
 PARTITIONS = 2
 CUSTOMERS = 12

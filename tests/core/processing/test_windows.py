@@ -10,15 +10,15 @@ from typing import Any
 
 import orjson
 import pytest
-from core_helpers import opened_partition
+from support.core_helpers import opened_partition
 
 from dagster_stateful.core import AppConfig, Collect, ConfigurationError, Count, JsonSerde, Sum
-from dagster_stateful.core.processing.dataframe import StepFailed, StreamingDataFrame
-from dagster_stateful.core.processing.windows import Emitted, Windows
+from dagster_stateful.core.processing.dsl.dataframe import StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.dsl.windows import Emitted, Windows
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.core.state.windows import STREAM_TIME_KEY, split_window_key
+from dagster_stateful.core.state.window_state import STREAM_TIME_KEY, split_window_key
 
 SIZE, GRACE = 1000, 200
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import orjson
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, read_all
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, read_all
 
 
 def test_totals_are_correct_after_processing(kafka_bootstrap, unique_name, tmp_path):

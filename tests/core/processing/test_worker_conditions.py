@@ -9,8 +9,8 @@ import time
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import create_topic, produce
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import create_topic, produce
 
 from dagster_stateful.core import KafkaOperationError, RecoveryError
 

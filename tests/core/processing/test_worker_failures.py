@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import create_topic, produce, read_all
-from state_damage import damage_data_block
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import create_topic, produce, read_all
+from support.state_damage import damage_data_block
 
 from dagster_stateful.core import DeliveryError, State
 from dagster_stateful.core.state.checkpoint import read_checkpoint

@@ -16,17 +16,17 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from commit_crash import crash_mid_commit
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
-from core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, wait_for
+from support.commit_crash import crash_mid_commit
+from support.core_helpers import add_to_total, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.core import App, State, Store
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.group_offsets import commit_group_offsets
 from dagster_stateful.core.monitoring.report import WorkerReport
-from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.errors import MetadataVersionError
 from dagster_stateful.state_table import bootstrap_store
 

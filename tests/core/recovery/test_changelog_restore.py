@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import orjson
-from core_helpers import (
+from support.core_helpers import (
     checkpoint_of,
     expected_totals,
     make_orders,
@@ -22,7 +22,7 @@ from core_helpers import (
     totals_app,
     totals_in_store,
 )
-from kafka_helpers import produce, read_keyed, wait_for
+from support.kafka_helpers import produce, read_keyed, wait_for
 
 from dagster_stateful.core import App, RestoreListener, State
 from dagster_stateful.core.state.checkpoint import read_checkpoint
@@ -155,7 +155,7 @@ def test_tombstones_delete_keys_in_the_store_and_the_compacted_changelog(kafka_b
 KILLABLE_WORKER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    from core_helpers import totals_app
+    from support.core_helpers import totals_app
     from dagster_stateful.core import State
 
     def slow_count(order, state: State):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kafka_helpers import wait_for
+from support.kafka_helpers import wait_for
 
 PARENT = """
 import subprocess, time

@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 
 from confluent_kafka import Producer
-from kafka_helpers import create_topic
+from support.kafka_helpers import create_topic
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from confluent_kafka import Producer
-from kafka_helpers import create_topic, read_keyed
+from support.kafka_helpers import create_topic, read_keyed
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import TopicPartition
-from core_helpers import opened_partition
+from support.core_helpers import opened_partition
 
 from dagster_stateful.core import AppConfig
 from dagster_stateful.core.monitoring.listeners import Listeners
-from dagster_stateful.core.recovery.changelog import BATCH_WAIT, BATCH_WAIT_SLICE, ChangelogRestore
+from dagster_stateful.core.recovery.changelog_replay import BATCH_WAIT, BATCH_WAIT_SLICE, ChangelogRestore
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 

@@ -14,8 +14,8 @@ import pytest
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.recovery.parallel_load import load_snapshot_partitions
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.recovery.snapshot_load import BULK_LOAD_DIRECTORY
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError

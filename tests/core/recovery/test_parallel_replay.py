@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import create_topic
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import create_topic
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients

@@ -4,7 +4,7 @@ import dataclasses
 import time
 
 from dagster_stateful.core.recovery.planner import plan_restore
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest
 
 
 def manifest(end: int, keys: int, age_seconds: float = 0.0) -> SnapshotManifest:

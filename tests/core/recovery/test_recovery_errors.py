@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
-from core_helpers import checkpoint_of, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, wait_for
+from support.core_helpers import checkpoint_of, expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, wait_for
 
 from dagster_stateful.core.state.checkpoint import read_checkpoint
 from dagster_stateful.errors import RecoveryError
@@ -78,7 +78,7 @@ def test_committed_offset_below_the_low_watermark_is_reported(kafka_bootstrap, u
 SIGTERM_WORKER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {tests!r})
-    from core_helpers import totals_app
+    from support.core_helpers import totals_app
 
     app = totals_app({bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, commit_every=100)
     app.dataframe().update(lambda order: time.sleep(0.003))

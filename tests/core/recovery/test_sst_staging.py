@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.recovery.snapshots import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.recovery.sst_staging import SstStaging
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.rocksdb import SortedSstWriter

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 
 from dagster_stateful.core.kafka.partitioner import partition_of
-from dagster_stateful.core.recovery.state_encoding import encode_state_table
 from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.serialization import resolve_serde
+from dagster_stateful.core.state_tables.encoding import encode_state_table
 from dagster_stateful.errors import StateTableError
 
 TOTALS = RowDecoder(StoreShape("totals"), resolve_serde("str"), resolve_serde("json"))

@@ -11,19 +11,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_stateful.core.recovery.snapshots import SnapshotManifest, SnapshotStore
-from dagster_stateful.core.recovery.state_encoding import encode_state_table
-from dagster_stateful.core.recovery.state_table import (
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
+from dagster_stateful.core.state.serialization import resolve_serde
+from dagster_stateful.core.state.ttl import encode_stream_time, with_expiry
+from dagster_stateful.core.state.window_state import window_key
+from dagster_stateful.core.state_tables.encoding import encode_state_table
+from dagster_stateful.core.state_tables.table import (
     read_snapshot_table,
     snapshot_table,
     table_written,
     write_snapshot_table,
 )
-from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
-from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
-from dagster_stateful.core.state.serialization import resolve_serde
-from dagster_stateful.core.state.ttl import encode_stream_time, with_expiry
-from dagster_stateful.core.state.windows import window_key
 
 STR, JSON = resolve_serde("str"), resolve_serde("json")
 

@@ -8,12 +8,12 @@ recomputed from the source topic, never read back from the code under test.
 from __future__ import annotations
 
 import pytest
-from commit_crash import faulty_worker
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import produce, read_messages, wait_for
+from support.commit_crash import faulty_worker
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import produce, read_messages, wait_for
 
-from dagster_stateful.core.processing.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.keys import message_prefix
 
 COMPACT_FAST = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}

@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import core_helpers
 import orjson
 import pytest
-from commit_crash import faulty_worker
-from core_helpers import WINDOW_GRACE_MS, WINDOW_MS
-from fault_harness import TimedOrder, produce_timed_orders, replay_windows
-from kafka_helpers import create_topic, produce, read_messages, wait_for
+from faults.harness import TimedOrder, produce_timed_orders, replay_windows
+from support import core_helpers
+from support.commit_crash import faulty_worker
+from support.core_helpers import WINDOW_GRACE_MS, WINDOW_MS
+from support.kafka_helpers import create_topic, produce, read_messages, wait_for
 from test_uncommitted_restore import COMPACT_FAST, changelog_end, changelog_records
 
 from dagster_stateful.core.recovery.changelog_format import STATE_WRITE_HEADERS

@@ -95,7 +95,7 @@ def test_windows_cannot_live_in_an_lru_store_and_memory_stores_warn(caplog) -> N
 
 def test_an_lru_store_of_aggregates_evicts_at_the_commit_with_tombstones(tmp_path: Path) -> None:
     from dagster_stateful.core import AppConfig, JsonSerde, Sum
-    from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+    from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
     from dagster_stateful.core.state.directory import StateDirectory
     from dagster_stateful.core.state.keys import message_prefix
     from dagster_stateful.core.state.transaction import PartitionTransaction

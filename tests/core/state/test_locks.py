@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
-from kafka_helpers import wait_for
+from support.core_helpers import expected_totals, make_orders, orders_topic, totals_app, totals_in_store
+from support.kafka_helpers import wait_for
 
 from dagster_stateful.core import AppConfig, AppState, WorkerReport
 from dagster_stateful.core.state.directory import StateDirectory

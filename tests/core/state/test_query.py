@@ -15,7 +15,7 @@ from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.query import StateEntry, StoreReader, StoreShape, WindowEntry
 from dagster_stateful.core.state.ttl import with_expiry
-from dagster_stateful.core.state.windows import window_key
+from dagster_stateful.core.state.window_state import window_key
 from dagster_stateful.errors import StateLockedError
 
 CONFIG = AppConfig(name="app", source="orders", stores=("totals", "seen", "windows"), store_ttls={"seen": 1000})

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from state_damage import CONFIG, KEYS, committed_store, damage_data_block
+from support.state_damage import CONFIG, KEYS, committed_store, damage_data_block
 
 from dagster_stateful.core import AppConfig
 from dagster_stateful.core.state.directory import StateDirectory

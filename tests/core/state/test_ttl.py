@@ -12,10 +12,10 @@ from datetime import timedelta
 
 import orjson
 import pytest
-from core_helpers import opened_partition
+from support.core_helpers import opened_partition
 
 from dagster_stateful.core import App, AppConfig, ConfigurationError, Count, JsonSerde, Store
-from dagster_stateful.core.processing.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
 from dagster_stateful.core.state.partition import StorePartition

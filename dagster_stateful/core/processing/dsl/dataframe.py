@@ -1,0 +1,327 @@
+"""The processing steps of an app, declared in the style of Quix Streams' StreamingDataFrame.
+
+Owns `StreamingDataFrame` (each step it declares runs as `steps.step_call` makes it): `apply`
+maps a value, `update` runs a function for its effect and passes the value through, `filter`
+drops values for which it returns false. A step is stateful when declared so: it then receives
+the `State` of its store (the app's only store unless named) as second argument. `aggregate`
+folds each value into a per-key aggregate (`aggregations.Aggregator`) kept in a store of its own,
+and passes on the updated result. `run` pushes one value through every step; what a step raises
+is a `StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable
+store), which is the store's failure, not the message's, and passes through as it is.
+`tumbling_window` and `hopping_window` declare windowed aggregations
+(`windows.WindowedAggregation`): their step passes on an `Emitted` list of window results, which
+the stateless steps after it map one by one. `compiled` gives the worker's hot path a function
+that does what `run` does, specialised for the common one-step frame. An aggregation that emits
+per commit (the default of the columnar ones, `Count()` and `Sum("field")` say) passes nothing on
+while processing: `commit_emission` describes what the worker sends at each commit instead (each
+changed key's latest result, through the steps after it), and `vectorized` says when the worker
+may fold whole batches in columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dagster_stateful.core.processing.dsl.aggregations import Aggregator
+from dagster_stateful.core.processing.dsl.steps import (
+    DROPPED,
+    REPLACING,
+    AggregateEmit,
+    ColumnarAggregation,
+    CommitEmission,
+    Step,
+    StepCall,
+    StepFailed,
+    Views,
+    step_call,
+    through,
+)
+from dagster_stateful.core.processing.dsl.windows import Duration, Emit, WindowedAggregation, Windows
+from dagster_stateful.core.state.window_state import WindowBounds
+from dagster_stateful.errors import ConfigurationError
+
+__all__ = ["DROPPED", "CommitEmission", "Step", "StepFailed", "StreamingDataFrame", "Views"]
+
+
+class StreamingDataFrame:
+    """The app's steps, in order. Methods add a step and return the same frame."""
+
+    def __init__(
+        self, store_names: list[str], expiring: frozenset[str] = frozenset(), evicting: frozenset[str] = frozenset()
+    ) -> None:
+        """expiring: the stores declared with a ttl (only apply, update and filter steps may use them);
+        evicting: the LRU stores (windows may not use them)."""
+        self._store_names = store_names
+        self._expiring = expiring
+        self._evicting = evicting
+        self._steps: tuple[Step, ...] = ()
+        self._chain: tuple[tuple[str, StepCall], ...] = ()
+        """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The steps, in order (add them with `apply`, `update` and `filter`)."""
+        return self._steps
+
+    @property
+    def is_stateful(self) -> bool:
+        return any(step.store is not None for step in self.steps)
+
+    @property
+    def aggregated_stores(self) -> frozenset[str]:
+        """The stores aggregate and window steps keep their aggregates in (no other step uses them)."""
+        return frozenset(step.store for step in self.steps if step.aggregation is not None and step.store)
+
+    @property
+    def window_stores(self) -> list[str]:
+        """The stores of windowed aggregations (each keeps a stream time)."""
+        return [name for name, bounds in self.live_stores.items() if bounds is not None]
+
+    @property
+    def live_stores(self) -> dict[str, WindowBounds | None]:
+        """The aggregations' stores: None for a keyed aggregation's, the bounds of a window store's."""
+        return {
+            step.store: None if step.windows is None else step.windows.bounds
+            for step in self.steps
+            if step.aggregation is not None and step.store
+        }
+
+    @property
+    def commit_emission(self) -> CommitEmission | None:
+        """What an aggregation emitting per commit sends at each commit, or None without one."""
+        for index, step in enumerate(self.steps):
+            if step.per_commit:
+                assert isinstance(step.function, Aggregator) and step.store is not None
+                return CommitEmission(step.store, step.name.encode(), step.function, self._chain[index + 1 :])
+        return None
+
+    @property
+    def vectorized(self) -> ColumnarAggregation | None:
+        """The first step when a worker may fold whole batches of it in columns: a columnar
+        aggregation (`Aggregator.vectorizable`) emitting per commit, or windowed over the messages'
+        timestamps and emitting `final()`, with no other stateful step."""
+        if not self.steps:
+            return None
+        first = self.steps[0]
+        aggregator = first.function
+        if not (isinstance(aggregator, Aggregator) and aggregator.vectorizable):
+            return None
+        windows = first.windows
+        if not (first.per_commit or (windows is not None and first.emit == "final" and windows.timestamp is None)):
+            return None
+        if any(step.store is not None for step in self.steps[1:]):
+            return None
+        assert first.store is not None
+        state_key = b"" if windows is not None else first.name.encode()
+        return ColumnarAggregation(first.store, state_key, aggregator, windows, first.name, self._chain[1:])
+
+    @property
+    def is_windowed(self) -> bool:
+        return any(step.windows is not None for step in self.steps)
+
+    def changelog_configs(self) -> dict[str, dict[str, str]]:
+        """Changelog topic settings of the stores that need their own (the window stores')."""
+        return {step.store: step.windows.changelog_config() for step in self.steps if step.windows and step.store}
+
+    def apply(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
+        """Replace the value with `function(value)` or, stateful, `function(value, state)`."""
+        return self._add("apply", function, stateful, store)
+
+    def update(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
+        """Call `function` for its effect (on state, say); the value passes through unchanged."""
+        return self._add("update", function, stateful, store)
+
+    def filter(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
+        """Keep the value only when `function` returns true."""
+        return self._add("filter", function, stateful, store)
+
+    def aggregate(
+        self,
+        aggregator: Aggregator,
+        *,
+        store: str | None = None,
+        name: str | None = None,
+        emit: AggregateEmit | None = None,
+    ):
+        """Fold each value into its message key's aggregate and pass on the result, as Kafka Streams'
+        `groupByKey().aggregate(...)` does: `aggregator` is a `Count`, `Sum`, `Min`, `Max`, `Mean`,
+        `Reduce`, `Aggregate` or an `Aggregator` of your own. The aggregate is kept in `store` (the
+        app's only store unless named) under state key `name` (the aggregator's name unless given);
+        that store is then the aggregations' own: no stateful apply, update or filter may use it.
+
+        emit="per-commit" passes on each changed key's latest result once per commit (Kafka Streams'
+        record cache; the steps after it then run at the commit), "per-message" the result after
+        every message. The default is per commit for the columnar aggregators (`Count()`, and `Sum`,
+        `Min`, `Max`, `Mean` of a named field), which a worker then folds a batch at a time, and per
+        message for the others. After an aggregation emitting per commit only stateless steps may come."""
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(f"aggregate needs an Aggregator (Count(), Sum(...), Aggregate(...)), got {aggregator!r}")
+        if emit not in (None, "per-commit", "per-message"):
+            raise ConfigurationError(f"emit is 'per-commit' or 'per-message', got {emit!r}")
+        per_commit = emit == "per-commit" or (emit is None and aggregator.vectorizable)
+        self._refuse_after_per_commit("an aggregation")
+        name = name or aggregator.name
+        resolved = self._resolve_store(store)
+        self._refuse_expiring(resolved, "an aggregation")
+        taken = [step for step in self.steps if step.store == resolved]
+        if any(step.aggregation is None for step in taken):
+            raise self._shared_store(resolved)
+        if any(step.aggregation == name for step in taken):
+            raise ConfigurationError(
+                f"store {resolved!r} already has an aggregation named {name!r}: give this one another name=..."
+            )
+        self._refuse_after_windows("aggregate")
+        return self._append(Step("aggregate", aggregator, resolved, name, per_commit=per_commit))
+
+    def tumbling_window(
+        self,
+        size: Duration,
+        *,
+        grace: Duration = 0,
+        retention: Duration | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        store: str | None = None,
+    ) -> WindowedAggregation[StreamingDataFrame]:
+        """Windows of `size` one after the other (timedelta, or int ms), over event time: the message's
+        timestamp, or `timestamp(value)` in ms. A message up to `grace` behind stream time (the
+        latest event time its partition has seen) still counts in its window; later, it is late
+        (counted, logged, or dead-lettered under on_error="dead-letter"). Windows are kept in
+        `store` (the app's only store unless named; no other step may use it) for `retention`
+        (default and least: size + grace), then deleted and tombstoned in the changelog. Continue
+        with `.aggregate(Count()).final()` (say)."""
+        return self._windows(Windows.define(size, None, grace, retention, timestamp), store)
+
+    def hopping_window(
+        self,
+        size: Duration,
+        step: Duration,
+        *,
+        grace: Duration = 0,
+        retention: Duration | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        store: str | None = None,
+    ) -> WindowedAggregation[StreamingDataFrame]:
+        """Windows of `size` starting every `step` (so a message counts in size / step of them); the
+        rest as `tumbling_window`."""
+        return self._windows(Windows.define(size, step, grace, retention, timestamp), store)
+
+    def _windows(self, windows: Windows, store: str | None) -> WindowedAggregation[StreamingDataFrame]:
+        self._refuse_after_windows("a windowed aggregation")
+        self._refuse_after_per_commit("a windowed aggregation")
+        return WindowedAggregation(self._add_windowed, windows, store)
+
+    def _add_windowed(
+        self, windows: Windows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+    ) -> StreamingDataFrame:
+        resolved = self._resolve_store(store)
+        self._refuse_expiring(resolved, "a windowed aggregation")
+        if resolved in self._evicting:
+            raise ConfigurationError(
+                f"store {resolved!r} is an LRU store, which would evict windows before they close: keep the windows in "
+                "a store of their own (a window store expires its windows by its retention)"
+            )
+        if any(step.store == resolved for step in self.steps):
+            raise ConfigurationError(
+                f"store {resolved!r} is already used by another step; a windowed aggregation keeps its windows in a "
+                "store of its own: declare another store in the app's stores and name it with store=..."
+            )
+        self._refuse_after_windows("a windowed aggregation")
+        return self._append(Step("window", aggregator, resolved, name, windows, emit))
+
+    def _refuse_expiring(self, store: str, what: str) -> None:
+        if store in self._expiring:
+            raise ConfigurationError(
+                f"store {store!r} has a ttl, which {what} cannot use: a window store's windows expire by its "
+                "retention, and an aggregate by key lives until deleted. Keep the aggregation in a store without a "
+                "ttl (declare another store and name it with store=...)."
+            )
+
+    def _refuse_after_windows(self, what: str) -> None:
+        if self.is_windowed:
+            raise ConfigurationError(
+                f"{what} cannot follow a windowed aggregation: its results belong to windows, not to the message's "
+                "key. After a windowed aggregation only stateless apply, update and filter steps may come."
+            )
+
+    def _refuse_after_per_commit(self, what: str) -> None:
+        if any(step.per_commit for step in self.steps):
+            raise ConfigurationError(
+                f"{what} cannot follow an aggregation that emits per commit: its results flow once per key and "
+                "commit, not per message. Only stateless apply, update and filter steps may follow it; give the "
+                "aggregation emit='per-message' to chain stateful steps after it."
+            )
+
+    def _add(self, kind: str, function: Callable[..., Any], stateful: bool, store: str | None):
+        if not callable(function):
+            raise TypeError(f"{kind} needs a callable, got {function!r}")
+        if store is not None:
+            stateful = True
+        resolved = self._resolve_store(store) if stateful else None
+        if resolved is not None and resolved in self.aggregated_stores:
+            raise self._shared_store(resolved)
+        if stateful:
+            self._refuse_after_per_commit(f"a stateful {kind}")
+        if resolved is not None:
+            self._refuse_after_windows(f"a stateful {kind}")
+        return self._append(Step(kind, function, resolved))
+
+    def _append(self, step: Step):
+        if isinstance(step.function, Aggregator) and step.function.vectorizable:
+            # The columnar path's NumPy and Arrow load as the app is declared, not when its worker starts.
+            import numpy  # noqa: F401
+            import pyarrow  # noqa: F401
+
+        self._steps += (step,)
+        self._chain += (("fold" if step.per_commit else step.kind, step_call(step)),)
+        return self
+
+    @staticmethod
+    def _shared_store(store: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"store {store!r} would hold both aggregates and the state of an apply, update or filter step; "
+            "an aggregation keeps its aggregates as live objects between commits, so it needs a store of its own: "
+            "declare another store in the app's stores and name it with store=..."
+        )
+
+    def _resolve_store(self, store: str | None) -> str:
+        if store is None:
+            if len(self._store_names) != 1:
+                raise ConfigurationError(
+                    f"this app has stores {self._store_names}: name the one this stateful step uses with store=..."
+                )
+            return self._store_names[0]
+        if store not in self._store_names:
+            raise ConfigurationError(f"unknown store {store!r}; the app declares {self._store_names}")
+        return store
+
+    def compiled(self) -> StepCall:
+        """A function doing what `run` does; for a frame of one `apply` or `update` step, without
+        the loop over the steps (call it again after adding steps)."""
+        if len(self._chain) != 1 or self._chain[0][0] == "filter":
+            return self.run
+        kind, call = self._chain[0]
+        if kind in REPLACING:
+            return call
+
+        def update_one(value: Any, states: Views) -> Any:
+            call(value, states)
+            return value
+
+        return update_one
+
+    def run(self, value: Any, states: Views) -> Any:
+        """The value after every step, or DROPPED when a filter dropped it; after a window step, the
+        `Emitted` window results, each through the steps that follow it."""
+        chain = self._chain
+        for index, (kind, call) in enumerate(chain):
+            result = call(value, states)
+            if kind == "fold":
+                return DROPPED  # its results flow at the commit (`commit_emission`)
+            if kind == "window":
+                return through(result, chain[index + 1 :], states)
+            if kind in REPLACING:
+                value = result
+            elif kind == "filter" and not result:
+                return DROPPED
+        return value

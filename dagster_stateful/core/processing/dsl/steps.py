@@ -1,0 +1,235 @@
+"""How each declared step runs: the functions of (value, states) the worker's hot path calls.
+
+Owns `Step` (a declared step), `StepFailed` (what a step raised, for the error policy) and the
+callables `step_call` makes of steps: an apply, update or filter calls the user's function; an
+aggregate step folds the value into its key's aggregate (`LiveState.fold`), and passes on its
+result, or DROPPED when it emits per commit; a window step updates the key's windows and passes on
+the `Emitted` window results (or `LATE`). What a step raises becomes `StepFailed`, except a
+`StateStoreError` (a damaged or unwritable store: the store's failure, not the message's), which
+passes through as it is. Also `CommitEmission`, what an aggregation emitting per commit sends, and
+`through`, window results run through the stateless steps after the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dagster_stateful.core.processing.dsl.aggregations import Aggregator
+from dagster_stateful.core.processing.dsl.windows import LATE, Emit, Emitted, Windows, window_result
+from dagster_stateful.core.state.kv import State
+from dagster_stateful.core.state.live import LiveState
+from dagster_stateful.core.state.window_state import WindowState
+from dagster_stateful.errors import StateStoreError
+
+DROPPED = object()
+REPLACING = frozenset({"apply", "aggregate", "window", "fold"})
+"""Kinds of step whose result replaces the value ("fold": an aggregation emitting per commit, whose
+result is always DROPPED)."""
+
+AggregateEmit = Literal["per-commit", "per-message"]
+"""When an aggregation passes its results on: each changed key's latest once per commit (Kafka
+Streams' record cache), or after every message."""
+
+
+class StepFailed(Exception):
+    """A step raised; carries which one, for the error policy's message."""
+
+    def __init__(self, step: str, error: Exception) -> None:
+        super().__init__(f"step {step!r} raised {type(error).__name__}: {error}")
+        self.step = step
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    function: Callable[..., Any] | Aggregator
+    store: str | None
+    """The store a stateful step reads and writes; None for a stateless step."""
+    aggregation: str | None = None
+    """An aggregate step's name: the state key of its aggregates (of a window step: its name only)."""
+    windows: Windows | None = None
+    """A window step's windows."""
+    emit: Emit = "current"
+    """A window step's results: each update ("current") or each window once it closes ("final")."""
+    per_commit: bool = False
+    """An aggregate step's results are passed on once per key and commit, not per message."""
+
+    @property
+    def name(self) -> str:
+        if self.aggregation is not None:
+            return self.aggregation
+        return str(getattr(self.function, "__name__", repr(self.function)))
+
+
+Views = Mapping[str, State | LiveState | WindowState]
+"""The state of each store, scoped to the current message key."""
+StepCall = Callable[[Any, Views], Any]
+"""(value, states by store) -> what the step returns."""
+
+
+def _call_fold(step: Step, aggregator: Aggregator) -> StepCall:
+    """An aggregate step as a function of (value, states): the aggregator's result after folding the
+    value into its key's aggregate (DROPPED when it emits per commit). Raises like `_call_step`'s functions."""
+    store, name, per_commit = step.store, step.name, step.per_commit
+    suffix, first, add = name.encode(), aggregator.first, aggregator.add
+    result = aggregator.result if aggregator.has_result else None
+
+    def fold(value: Any, states: Views) -> Any:
+        try:
+            aggregate = states[store].fold(suffix, value, first, add)  # type: ignore[index, union-attr]
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+        if per_commit:
+            return DROPPED
+        try:
+            return aggregate if result is None else result(aggregate)
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return fold
+
+
+def _call_windowed(step: Step, aggregator: Aggregator, windows: Windows) -> StepCall:
+    """A window step as a function of (value, states): the `Emitted` window results of the value, or
+    `LATE`. Raises like `_call_step`'s functions."""
+    store, name, size, final = step.store, step.name, windows.size, step.emit == "final"
+    first, add, starts, event_time = aggregator.first, aggregator.add, windows.starts, windows.timestamp
+    result = aggregator.result if aggregator.has_result else None
+
+    def windowed(value: Any, states: Views) -> Emitted:
+        try:
+            state: WindowState = states[store]  # type: ignore[index, assignment]
+            if event_time is not None:
+                state.timestamp = _event_time(event_time(value))
+            elif state.timestamp < 0:
+                raise ValueError("the message has no timestamp; give the windows a timestamp= function of the value")
+            updated, closed = state.update(starts(state.timestamp), value, first, add)
+            if not updated:
+                return LATE
+            if final:
+                windows_out = [(key, start, aggregate) for key, start, aggregate in closed]
+            else:
+                key = state.message_key
+                windows_out = [(key, start, aggregate) for start, aggregate in updated]
+            return window_results(windows_out, size, result)
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return windowed
+
+
+def window_results(windows: list[tuple[bytes, int, Any]], size: int, result: Callable[[Any], Any] | None) -> Emitted:
+    """What windows (message key, start, aggregate) pass on: each one's `window_result`, of its
+    aggregate's `result` (None: the aggregate itself)."""
+    return Emitted(
+        [
+            window_result(key, start, size, aggregate if result is None else result(aggregate))
+            for key, start, aggregate in windows
+        ]
+    )
+
+
+def _event_time(timestamp: Any) -> int:
+    if timestamp.__class__ is not int or timestamp < 0:
+        raise ValueError(f"the timestamp function returned {timestamp!r}; event times are ints of ms since the epoch")
+    return timestamp
+
+
+def step_call(step: Step) -> StepCall:
+    """The step as a function of (value, states): it raises `StepFailed` for what the step raises,
+    except `StateStoreError`, which passes through."""
+    function, store, name = step.function, step.store, step.name
+    if isinstance(function, Aggregator):
+        if step.windows is not None:
+            return _call_windowed(step, function, step.windows)
+        return _call_fold(step, function)
+
+    def call(value: Any, states: Views) -> Any:
+        try:
+            return function(value) if store is None else function(value, states[store])
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return call
+
+
+@dataclass(frozen=True)
+class CommitEmission:
+    """An aggregation emitting per commit: its store and state key, and how an aggregate becomes
+    what is sent (its result, through the stateless steps after it)."""
+
+    store: str
+    state_key: bytes
+    aggregator: Aggregator
+    after: tuple[tuple[str, StepCall], ...]
+
+    def output(self, aggregate: Any) -> Any:
+        """What the aggregate sends, or DROPPED when a step after it filtered it out; raises
+        `StepFailed` for what a step raises."""
+        aggregator = self.aggregator
+        try:
+            value = aggregator.result(aggregate) if aggregator.has_result else aggregate
+        except Exception as error:
+            raise StepFailed(self.state_key.decode(errors="replace"), error) from error
+        for kind, call in self.after:
+            result = call(value, {})
+            if kind in REPLACING:
+                value = result
+            elif kind == "filter" and not result:
+                return DROPPED
+        return value
+
+
+@dataclass(frozen=True)
+class ColumnarAggregation:
+    """A frame's first step when a worker may fold it a batch at a time in columns (`vectorized`):
+    an aggregation emitting per commit, or a windowed one emitting `final()` windows of the
+    messages' timestamps."""
+
+    store: str
+    state_key: bytes
+    """What follows the message key in each store key: the aggregation's name; for windows, nothing
+    (a window's key is its start and the message key, `windows.window_key`)."""
+    aggregator: Aggregator
+    windows: Windows | None
+    name: str
+    """The step's name, for the error policy's messages."""
+    after: tuple[tuple[str, StepCall], ...]
+    """The (stateless) steps after it, which each closed window's result goes through."""
+
+    def closed_results(self, closed: list[tuple[bytes, int, Any]]) -> Emitted:
+        """What closed windows (message key, start, aggregate) pass on, as the per-message path's
+        window step and the steps after it would; raises `StepFailed` for what a step raises."""
+        windows, aggregator = self.windows, self.aggregator
+        assert windows is not None
+        try:
+            emitted = window_results(closed, windows.size, aggregator.result if aggregator.has_result else None)
+        except Exception as error:
+            raise StepFailed(self.name, error) from error
+        return through(emitted, self.after, {})
+
+
+def through(emitted: Emitted, chain: tuple[tuple[str, StepCall], ...], states: Views) -> Emitted:
+    """Window results, each through the (stateless) steps of `chain`."""
+    if emitted.late or not chain:
+        return emitted
+    out = Emitted()
+    for key, value in emitted:
+        for kind, call in chain:
+            result = call(value, states)
+            if kind in REPLACING:
+                value = result
+            elif kind == "filter" and not result:
+                break
+        else:
+            out.append((key, value))
+    return out

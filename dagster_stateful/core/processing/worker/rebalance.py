@@ -1,0 +1,449 @@
+"""What a worker does when Kafka gives it partitions, takes them back, or declares them lost.
+
+Owns `PartitionAssignments`, the rebalance callbacks and the partitions they hand to the worker.
+On assignment (inside the callback, quick work only): read the group's committed offsets and
+decide where processing starts (`starting_offsets.StartingOffsets`), open each store partition,
+wipe local state that is ahead of the starting offset, and take the partition paused when a store
+needs restoring: the worker restores it between polls (`restoring.Restorations`) and `activate()`
+resumes it. On revocation: commit, close the partition's stores (or suspend their restore) before
+letting go. On loss (the group moved on without us): drop uncommitted work and close.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.error_codes import kafka_error_of
+from dagster_stateful.core.monitoring.listeners import AppState, Listeners
+from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, WorkerReport
+from dagster_stateful.core.processing.commit.changelog_positions import END_QUERY_SECONDS, bound_unknown_prefixes
+from dagster_stateful.core.processing.restores.background import BackgroundRestores, ChildReplay
+from dagster_stateful.core.processing.restores.state_updater import Restorations, RestoringPartition, suspend_started
+from dagster_stateful.core.processing.standbys.replicas import StandbyReplicas
+from dagster_stateful.core.processing.worker.starting_offsets import StartingOffsets, reset_position
+from dagster_stateful.core.recovery.changelog_replay import ChangelogRestore
+from dagster_stateful.core.recovery.restorer import Restorer
+from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
+from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.core.state.window_state import WindowBounds
+from dagster_stateful.errors import StateLockedError, StateStoreError, StoreCorruptedError
+
+log = logging.getLogger(__name__)
+
+
+class PartitionAssignments:
+    def __init__(
+        self,
+        config: AppConfig,
+        kafka: KafkaClients,
+        state: StateDirectory,
+        listeners: Listeners,
+        restorer: Restorer | None,
+        report: WorkerReport,
+        commit: Callable[[], object],
+        offset_reader: Consumer,
+        cooperative: bool = True,
+        snapshots: Callable[[str], SnapshotStore] | None = None,
+        drop_in_flight: Callable[[], None] | None = None,
+        live_stores: Mapping[str, WindowBounds | None] | None = None,
+        background: BackgroundRestores | None = None,
+        standbys: StandbyReplicas | None = None,
+    ) -> None:
+        """live_stores: the stores of aggregations, with their windows' bounds (see
+        `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
+        restore loads the latest one when the planner says that is faster than replaying the
+        changelog. drop_in_flight: called when partitions are lost, once they are closed
+        (exactly-once: abort the open transaction, which holds their records, and rewind the
+        partitions kept). background: runs full restores on the machine's other cores. standbys:
+        the standby replicas this worker keeps; a partition assigned here takes over its store."""
+        self._drop_in_flight = drop_in_flight
+        self._standbys = standbys
+        self._background = background
+        self._live_stores = live_stores
+        self.config = config
+        self._kafka = kafka
+        self._state = state
+        self._listeners = listeners
+        self._starts = StartingOffsets(config, kafka, state, offset_reader)
+        self._restorer = restorer
+        self._report = report
+        self._commit = commit
+        self._cooperative = cooperative
+        self._snapshots = snapshots
+        self.transactions: dict[int, PartitionTransaction] = {}
+        """Partitions ready to process."""
+        self.restorations = Restorations()
+        """Partitions whose stores are still restoring (paused)."""
+        self.empty_since: float | None = None
+        """Since when this worker has held no partition, once it joined the group (None after a loss,
+        until the group assigns again)."""
+        self.shutting_down = False
+        """Set before the worker closes its consumer: the final revocation is not a rebalance."""
+        self.dirty = False
+        """Set when the worker must not commit any more (a failed delivery): revocation only closes."""
+        self.failure: BaseException | None = None
+
+    @property
+    def held(self) -> set[int]:
+        return set(self.transactions) | set(self.restorations.partitions)
+
+    # Taking partitions.
+
+    def take(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Newly assigned partitions, with the offsets to assign them at; every one stays paused until
+        `advance()` has opened its stores and restored them."""
+        if not partitions:
+            self._note_empty()
+            return []
+        self.empty_since = None
+        self._listeners.transition(AppState.REBALANCING)
+        self._report.rebalances += 1
+        starts = []
+        now = time.monotonic()
+        reset = reset_position(self.config)
+        for topic_partition in self._starts.committed(partitions):
+            partition = topic_partition.partition
+            committed = topic_partition.offset if topic_partition.offset >= 0 else None
+            self._starts.check_source_offset(partition, committed)
+            metadata = decode_commit_metadata(topic_partition.metadata, committed, f"{self.config.source}[{partition}]")
+            warm = self._standbys is not None and self._standbys.release(partition)
+            restoring = RestoringPartition(partition, committed, now, stream_times=metadata.stream_times)
+            restoring.from_standby, restoring.changelog_ends = warm, metadata.changelog_ends
+            restoring.bare_uncommitted = metadata.bare_uncommitted
+            self.restorations.add(restoring)
+            # Without a committed offset, assigned where `auto.offset.reset` says: librdkafka then starts
+            # the partition's fetch at once, instead of after asking the group coordinator again.
+            at = topic_partition.offset if committed is not None or reset is None else reset
+            starts.append(TopicPartition(self.config.source, partition, at))
+        log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
+        return starts
+
+    def advance(self, consumer: Consumer) -> None:
+        """Between polls: open the stores of new partitions (waiting for locks without blocking),
+        replay one changelog batch, and resume the partitions whose stores are up to date."""
+        opening = self.restorations.unopened()
+        for restoring in opening:
+            self._try_open(restoring)
+        if self._background is not None and opening:
+            self._background.launch(restoring.pending for restoring in self.restorations.partitions.values())
+        try:
+            ready = self.restorations.step()
+        except StoreCorruptedError as damage:
+            self._restart_damaged_restore(damage)
+            return
+        for restored in ready:
+            self.activate(consumer, restored)
+
+    def _restart_damaged_restore(self, error: StoreCorruptedError) -> None:
+        """A store was found damaged while it restored: move it aside and restore it from scratch."""
+        restoring = self.restorations.partitions.get(error.partition) if error.partition is not None else None
+        damaged = _damaged_store(restoring.stores if restoring else {}, error)
+        if restoring is None or damaged is None:
+            raise error
+        self.restorations.reports.extend(suspend_started(restoring))
+        aside = damaged.quarantine(error)
+        log.warning(
+            "Store %r partition %d was found damaged while restoring (%s); moved it to %s and restoring it fully",
+            damaged.store,
+            damaged.partition,
+            error,
+            aside,
+        )
+        self._report.stores_recovered += 1
+        restoring.from_standby = False
+        restoring.pending = self._replays(restoring)
+
+    def recover_corrupted(self, consumer: Consumer, partition: int, error: StoreCorruptedError) -> None:
+        """A store was found damaged while processing `partition`: never the message's fault. Drop
+        the partition's uncommitted work, move the damaged store aside, restore it from its
+        changelog and process the partition again from its committed offset."""
+        txn = self.transactions.get(partition)
+        damaged = _damaged_store(txn.stores if txn else {}, error)
+        if txn is None or damaged is None:
+            raise error
+        del self.transactions[partition]
+        aside = damaged.quarantine(error)
+        start = txn.committed_offset
+        if start is None:
+            start = self._kafka.watermarks(self.config.source, [partition])[partition][0]
+        log.warning(
+            "Store %r partition %d is damaged (%s); moved it to %s, restoring it from %s and processing "
+            "%s[%d] again from offset %d",
+            damaged.store,
+            partition,
+            error,
+            aside,
+            damaged.changelog_topic,
+            self.config.source,
+            partition,
+            start,
+        )
+        self._report.stores_recovered += 1
+        consumer.pause([TopicPartition(self.config.source, partition)])
+        restoring = RestoringPartition(
+            partition, txn.committed_offset, time.monotonic(), dict(txn.stores), txn.committed_stream_times
+        )
+        [committed] = self._starts.committed([TopicPartition(self.config.source, partition)])
+        metadata = decode_commit_metadata(
+            committed.metadata, txn.committed_offset, f"{self.config.source}[{partition}]"
+        )
+        restoring.changelog_ends, restoring.bare_uncommitted = metadata.changelog_ends, metadata.bare_uncommitted
+        restoring.rewind_to = start
+        self.restorations.add(restoring)
+
+    def rewind(self, consumer: Consumer) -> None:
+        """Drop every partition's uncommitted work and process it again from its committed offset."""
+        for partition, txn in self.transactions.items():
+            txn.roll_back()
+            start = OFFSET_BEGINNING if txn.committed_offset is None else txn.committed_offset
+            consumer.seek(TopicPartition(self.config.source, partition, start))
+        log.warning(
+            "Dropped the uncommitted work of %s partitions %s; processing them again from their committed offsets",
+            self.config.source,
+            sorted(self.transactions),
+        )
+
+    def activate(self, consumer: Consumer, restored: RestoringPartition) -> None:
+        """A partition's stores are restored: process it from its starting offset."""
+        self.transactions[restored.partition] = PartitionTransaction(
+            restored.partition,
+            restored.stores,
+            self.config.state_serde,
+            restored.committed,
+            self._live_stores,
+            self.config.store_ttls,
+            restored.stream_times,
+        )
+        source, partition = self.config.source, restored.partition
+        query = self._kafka.time_left(END_QUERY_SECONDS, at_least=0.1)  # a bounded worker stays bounded
+        bound_unknown_prefixes(
+            restored.stores.values(), lambda: self._kafka.ends(source, [partition], query)[partition]
+        )
+        start = self._start_of(restored)
+        if restored.committed is None and start is not None and start >= 0:
+            self.transactions[restored.partition].next_offset = start  # caught up there, and committed there
+        consumer.resume([TopicPartition(self.config.source, restored.partition)])
+        if start is not None:
+            self._seek(consumer, restored, start)
+        log.info("Partition %d is up to date; processing resumes", restored.partition)
+        if not self.restorations:
+            self._listeners.transition(AppState.RUNNING)
+
+    def _seek(self, consumer: Consumer, restored: RestoringPartition, start: int) -> None:
+        """Seek a resumed partition to `start`. After the resume: librdkafka fetches a resumed partition
+        from its broker thread's next wake-up, up to a second later (bench/README.md); a seek starts
+        the fetch at once. A partition without a committed offset was assigned at its reset position,
+        where librdkafka starts it anyway: if its fetch has not started yet (`_STATE`), that is kept."""
+        try:
+            consumer.seek(TopicPartition(self.config.source, restored.partition, start))
+        except KafkaException as error:
+            kafka_error = kafka_error_of(error)
+            optional = restored.committed is None and restored.rewind_to is None
+            if not (optional and kafka_error is not None and kafka_error.code() == KafkaError._STATE):
+                raise
+            log.debug("%s[%d] starts where auto.offset.reset says: %s", self.config.source, restored.partition, error)
+
+    def _start_of(self, restored: RestoringPartition) -> int | None:
+        """Where a restored partition's processing starts: its committed (or rewound) offset, else
+        where `auto.offset.reset` says, the end read now (a position the lag check can count from)."""
+        offsets = [o for o in (restored.committed, restored.rewind_to) if o is not None]
+        if offsets:
+            return min(offsets)
+        start = reset_position(self.config)
+        if start == OFFSET_END:
+            marks = self._kafka.watermarks(self.config.source, [restored.partition], committed=self.config.exactly_once)
+            return marks[restored.partition][1]
+        return start
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        starts = self.take(partitions)
+        if not starts:
+            return
+        if self._cooperative:
+            consumer.incremental_assign(starts)
+        else:
+            consumer.assign(starts)
+        consumer.pause(starts)
+
+    # Letting partitions go.
+
+    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = [tp.partition for tp in partitions if tp.partition in self.held]
+        if not revoked:
+            return
+        if not self.shutting_down:
+            self._listeners.transition(AppState.REBALANCING)
+            self._report.rebalances += 1
+        if not self.dirty:
+            self._commit()
+        self._close_partitions(revoked)
+        self._note_empty()
+        log.info("Revoked %s partitions %s", self.config.source, revoked)
+        if self.transactions and not self.restorations and not self.shutting_down:
+            self._listeners.transition(AppState.RUNNING)  # the partitions kept go on processing
+
+    def _lose(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = [tp.partition for tp in partitions if tp.partition in self.held]
+        if lost:
+            log.warning(
+                "Lost %s partitions %s (the group moved on without this worker); their uncommitted work "
+                "is dropped and will be processed again by the new owner",
+                self.config.source,
+                lost,
+            )
+            self._report.rebalances += 1
+            self._report.partitions_lost += len(lost)
+        try:
+            self._close_partitions(lost)
+        finally:
+            if lost and self._drop_in_flight is not None:
+                self._drop_in_flight()
+        # Holding nothing now says nothing about the group: the idle clock starts again only once
+        # the group has answered this worker's rejoin with an assignment (empty or not).
+        self.empty_since = None
+
+    def close_all(self) -> None:
+        if self._background is not None:
+            self._background.close()
+        self._close_partitions(list(self.held))
+
+    def _close_partitions(self, partitions: list[int]) -> None:
+        """Close the partitions' stores, all of them even when some fail; raises the first failure."""
+        failures: list[StateStoreError] = []
+        for partition in partitions:
+            failures.extend(self._close(partition))
+        for failure in failures[1:]:
+            log.error("Closing a store also failed: %s", failure)
+        if failures:
+            raise failures[0]
+
+    def _close(self, partition: int) -> list[StateStoreError]:
+        """Close the partition's stores (each releases its lock even when closing fails); returns the failures."""
+        txn = self.transactions.pop(partition, None)
+        restoring = self.restorations.suspend(partition)
+        stores = txn.stores if txn is not None else restoring.stores if restoring is not None else {}
+        failures = []
+        for store in stores.values():
+            try:
+                store.close()
+            except StateStoreError as error:
+                failures.append(error)
+        return failures
+
+    def _note_empty(self) -> None:
+        if not self.held and self.empty_since is None:
+            self.empty_since = time.monotonic()
+
+    # confluent-kafka's propagation of an exception out of a rebalance callback is unreliable (it can
+    # surface as a bare KafkaError, which is no exception), so failures are kept and re-raised by
+    # `raise_failure` once `consume()` has returned.
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guarded(self._on_assign, consumer, partitions)
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guarded(self._revoke, consumer, partitions)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._guarded(self._lose, consumer, partitions)
+
+    def _guarded(
+        self,
+        handler: Callable[[Consumer, list[TopicPartition]], None],
+        consumer: Consumer,
+        partitions: list[TopicPartition],
+    ) -> None:
+        if self.failure is not None:
+            return
+        try:
+            handler(consumer, partitions)
+        except BaseException as error:  # noqa: BLE001 - re-raised by raise_failure
+            self.failure = error
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+
+    # Opening a partition.
+
+    def _try_open(self, restoring: RestoringPartition) -> None:
+        """Open the partition's stores without waiting for a lock another holder keeps (the evicted
+        owner may still be letting go): try again on the next call, until the state directory's
+        lock timeout has passed since the assignment."""
+        partition = restoring.partition
+        try:
+            for name in self.config.stores:
+                if name not in restoring.stores:
+                    store = self._state.partition(name, partition)
+                    store.open(lock_timeout=0)
+                    restoring.stores[name] = store
+        except StateLockedError:
+            if time.monotonic() - restoring.assigned_at < self._state.lock_timeout_seconds:
+                return
+            raise
+        try:
+            restoring.committed = self._starts.starting_offset(partition, restoring.committed, restoring.stores)
+            self._starts.wipe_ahead(partition, restoring.committed, restoring.stores)
+            restoring.pending = self._replays(restoring)
+        except BaseException:
+            self.restorations.suspend(partition)
+            for store in restoring.stores.values():
+                store.close()
+            raise
+        restoring.opened = True
+        if restoring.pending:
+            log.info(
+                "Partition %d is paused while %d store(s) restore %d changelog records",
+                partition,
+                len(restoring.pending),
+                restoring.records_left,
+            )
+
+    def _replays(self, restoring: RestoringPartition) -> list[ChangelogRestore | ChildReplay]:
+        if self._restorer is None:
+            return []
+        replays: list[ChangelogRestore | ChildReplay] = []
+        for store in restoring.stores.values():
+            warm = restoring.from_standby or store.kept_by_standby
+            if self._snapshots is not None and not warm:
+                self._load_snapshot_if_faster(store)
+            end = restoring.changelog_ends.get(store.store)
+            replay = self._restorer.begin(store, restoring.committed, end, restoring.bare_uncommitted)
+            if warm:
+                self._note_standby_restore(store, replay)
+            if replay is not None:
+                replays.append(replay)
+        return replays
+
+    def _note_standby_restore(self, store: StorePartition, replay: ChangelogRestore | None) -> None:
+        """Report a store that a standby of this client kept as such: its tail, or nothing left to apply."""
+        if replay is None:
+            at = store.changelog_offset or 0
+            self.restorations.reports.append(RestoreReport(store.store, store.partition, RestoreKind.STANDBY, at, at))
+            log.info("Store %r partition %d: its standby was up to date", store.store, store.partition)
+        elif replay.report.kind is RestoreKind.PARTIAL:
+            replay.report.kind = RestoreKind.STANDBY
+
+    def _load_snapshot_if_faster(self, store: StorePartition) -> None:
+        assert self._snapshots is not None
+        partition = store.partition
+        low, high = self._kafka.watermarks(store.changelog_topic, [partition], committed=True)[partition]
+        loaded = load_snapshot_if_faster(store, self._snapshots(store.store), low, high)
+        if loaded is not None:
+            self.restorations.reports.append(loaded)
+
+
+def _damaged_store(stores: dict[str, StorePartition], error: StoreCorruptedError) -> StorePartition | None:
+    """The store among `stores` whose directory the corruption error names."""
+    return next((store for store in stores.values() if str(store.path) == error.path), None)
