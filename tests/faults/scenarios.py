@@ -45,6 +45,8 @@ from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
+from support.kafka_helpers import wait_for
+
 from faults.counting_worker import COMPACT_FAST, PROGRESS_EVERY, STORE, WorkerSpec, build_app
 from faults.harness import (
     QUIET,
@@ -80,7 +82,6 @@ from faults.harness import (
     watermarks,
     with_kill_point,
 )
-from support.kafka_helpers import wait_for
 
 UNPRIVILEGED_USER = "nobody"
 

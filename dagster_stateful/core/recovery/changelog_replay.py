@@ -10,15 +10,17 @@ partial restore deduplicates each batch by key and writes it sorted, in one Writ
 changelog position; a full restore gathers the last value per key over many batches (a chunk of
 up to `FULL_RESTORE_CHUNK_RECORDS` keys) and ingests each chunk as sorted SST files, so the
 rebuilt store is written once, already compacted, instead of through the memtable. Each
-restore's end or suspension is logged through `restore_log`.
+restore's end or suspension is logged through `restore_log`. Also `RestoreTarget`, what a replay
+writes into: a `StorePartition`, or the SST files of a full restore run in another process.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -41,7 +43,6 @@ from dagster_stateful.core.recovery.changelog_format import (
     read_block,
 )
 from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
-from dagster_stateful.core.recovery.restore_target import RestoreTarget
 from dagster_stateful.core.recovery.uncommitted import UncommittedFilter, decode_processed_offset
 from dagster_stateful.core.state.changelog_prefix import ChangelogPrefix
 from dagster_stateful.errors import RecoveryError
@@ -59,6 +60,29 @@ PROGRESS_LOG_INTERVAL = 10.0
 _error_of = Message.error
 _key_of, _value_of, _offset_of = Message.key, Message.value, Message.offset
 _first = itemgetter(0)
+
+
+class RestoreTarget(Protocol):
+    """Where a `ChangelogRestore` writes: a `StorePartition`, or the SST files of a full restore run
+    in another process (`parallel_replay.SstFilesTarget`)."""
+
+    store: str
+    partition: int
+    changelog_topic: str
+    changelog_offset: int | None
+    source_offset: int | None
+    changelog_prefix: ChangelogPrefix | None
+    keys_to_rewrite: set[bytes]
+
+    def holds(self, key: bytes) -> bool: ...
+
+    def write_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None: ...
+
+    def ingest_restored(self, changes: Iterable[tuple[bytes, bytes | None]], changelog_offset: int) -> None: ...
+
+    def finish_restore(self, changelog_offset: int, source_offset: int | None) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class ChangelogRestore:

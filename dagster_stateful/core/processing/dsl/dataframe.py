@@ -20,6 +20,7 @@ may fold whole batches in columns.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -28,14 +29,16 @@ from dagster_stateful.core.processing.dsl.steps import (
     DROPPED,
     REPLACING,
     AggregateEmit,
+    Chain,
     ColumnarAggregation,
     CommitEmission,
     Step,
     StepCall,
     StepFailed,
+    StepKind,
     Views,
+    run_chain,
     step_call,
-    through,
 )
 from dagster_stateful.core.processing.dsl.windows import Duration, Emit, WindowedAggregation, Windows
 from dagster_stateful.core.state.window_state import WindowBounds
@@ -56,7 +59,7 @@ class StreamingDataFrame:
         self._expiring = expiring
         self._evicting = evicting
         self._steps: tuple[Step, ...] = ()
-        self._chain: tuple[tuple[str, StepCall], ...] = ()
+        self._chain: Chain = ()
         """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
 
     @property
@@ -126,15 +129,15 @@ class StreamingDataFrame:
 
     def apply(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Replace the value with `function(value)` or, stateful, `function(value, state)`."""
-        return self._add("apply", function, stateful, store)
+        return self._add(StepKind.APPLY, function, stateful, store)
 
     def update(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Call `function` for its effect (on state, say); the value passes through unchanged."""
-        return self._add("update", function, stateful, store)
+        return self._add(StepKind.UPDATE, function, stateful, store)
 
     def filter(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Keep the value only when `function` returns true."""
-        return self._add("filter", function, stateful, store)
+        return self._add(StepKind.FILTER, function, stateful, store)
 
     def aggregate(
         self,
@@ -172,7 +175,7 @@ class StreamingDataFrame:
                 f"store {resolved!r} already has an aggregation named {name!r}: give this one another name=..."
             )
         self._refuse_after_windows("aggregate")
-        return self._append(Step("aggregate", aggregator, resolved, name, per_commit=per_commit))
+        return self._append(Step(StepKind.AGGREGATE, aggregator, resolved, name, per_commit=per_commit))
 
     def tumbling_window(
         self,
@@ -227,7 +230,7 @@ class StreamingDataFrame:
                 "store of its own: declare another store in the app's stores and name it with store=..."
             )
         self._refuse_after_windows("a windowed aggregation")
-        return self._append(Step("window", aggregator, resolved, name, windows, emit))
+        return self._append(Step(StepKind.WINDOW, aggregator, resolved, name, windows, emit))
 
     def _refuse_expiring(self, store: str, what: str) -> None:
         if store in self._expiring:
@@ -252,7 +255,7 @@ class StreamingDataFrame:
                 "aggregation emit='per-message' to chain stateful steps after it."
             )
 
-    def _add(self, kind: str, function: Callable[..., Any], stateful: bool, store: str | None):
+    def _add(self, kind: StepKind, function: Callable[..., Any], stateful: bool, store: str | None):
         if not callable(function):
             raise TypeError(f"{kind} needs a callable, got {function!r}")
         if store is not None:
@@ -273,7 +276,7 @@ class StreamingDataFrame:
             import pyarrow  # noqa: F401
 
         self._steps += (step,)
-        self._chain += (("fold" if step.per_commit else step.kind, step_call(step)),)
+        self._chain += ((StepKind.FOLD if step.per_commit else step.kind, step_call(step)),)
         return self
 
     @staticmethod
@@ -298,8 +301,8 @@ class StreamingDataFrame:
     def compiled(self) -> StepCall:
         """A function doing what `run` does; for a frame of one `apply` or `update` step, without
         the loop over the steps (call it again after adding steps)."""
-        if len(self._chain) != 1 or self._chain[0][0] == "filter":
-            return self.run
+        if len(self._chain) != 1 or self._chain[0][0] is StepKind.FILTER:
+            return functools.partial(run_chain, self._chain)
         kind, call = self._chain[0]
         if kind in REPLACING:
             return call
@@ -313,15 +316,4 @@ class StreamingDataFrame:
     def run(self, value: Any, states: Views) -> Any:
         """The value after every step, or DROPPED when a filter dropped it; after a window step, the
         `Emitted` window results, each through the steps that follow it."""
-        chain = self._chain
-        for index, (kind, call) in enumerate(chain):
-            result = call(value, states)
-            if kind == "fold":
-                return DROPPED  # its results flow at the commit (`commit_emission`)
-            if kind == "window":
-                return through(result, chain[index + 1 :], states)
-            if kind in REPLACING:
-                value = result
-            elif kind == "filter" and not result:
-                return DROPPED
-        return value
+        return run_chain(self._chain, value, states)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
@@ -24,9 +25,30 @@ from dagster_stateful.core.state.window_state import WindowState
 from dagster_stateful.errors import StateStoreError
 
 DROPPED = object()
-REPLACING = frozenset({"apply", "aggregate", "window", "fold"})
-"""Kinds of step whose result replaces the value ("fold": an aggregation emitting per commit, whose
-result is always DROPPED)."""
+
+
+class StepKind(StrEnum):
+    """What a step does with the value it is given: the one place a new operator says so."""
+
+    APPLY = "apply"
+    """Its result replaces the value."""
+    UPDATE = "update"
+    """Called for its effect; the value passes on unchanged."""
+    FILTER = "filter"
+    """The value passes on while its result is true."""
+    AGGREGATE = "aggregate"
+    """Folds the value into its key's aggregate and passes on the aggregate's result."""
+    FOLD = "fold"
+    """An aggregation emitting per commit: nothing passes on now; its results flow at the commit."""
+    WINDOW = "window"
+    """Updates the key's windows and passes on the `Emitted` window results, each through the steps
+    after it."""
+
+
+REPLACING = frozenset({StepKind.APPLY, StepKind.AGGREGATE, StepKind.WINDOW, StepKind.FOLD})
+"""Kinds of step whose result replaces the value (a fold's result is always DROPPED)."""
+Chain = tuple[tuple[StepKind, "StepCall"], ...]
+"""Steps as the hot path runs them: each one's kind and call."""
 
 AggregateEmit = Literal["per-commit", "per-message"]
 """When an aggregation passes its results on: each changed key's latest once per commit (Kafka
@@ -44,7 +66,7 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class Step:
-    kind: str
+    kind: StepKind
     function: Callable[..., Any] | Aggregator
     store: str | None
     """The store a stateful step reads and writes; None for a stateless step."""
@@ -170,7 +192,7 @@ class CommitEmission:
     store: str
     state_key: bytes
     aggregator: Aggregator
-    after: tuple[tuple[str, StepCall], ...]
+    after: Chain
 
     def output(self, aggregate: Any) -> Any:
         """What the aggregate sends, or DROPPED when a step after it filtered it out; raises
@@ -180,13 +202,7 @@ class CommitEmission:
             value = aggregator.result(aggregate) if aggregator.has_result else aggregate
         except Exception as error:
             raise StepFailed(self.state_key.decode(errors="replace"), error) from error
-        for kind, call in self.after:
-            result = call(value, {})
-            if kind in REPLACING:
-                value = result
-            elif kind == "filter" and not result:
-                return DROPPED
-        return value
+        return run_chain(self.after, value, {})
 
 
 @dataclass(frozen=True)
@@ -203,7 +219,7 @@ class ColumnarAggregation:
     windows: Windows | None
     name: str
     """The step's name, for the error policy's messages."""
-    after: tuple[tuple[str, StepCall], ...]
+    after: Chain
     """The (stateless) steps after it, which each closed window's result goes through."""
 
     def closed_results(self, closed: list[tuple[bytes, int, Any]]) -> Emitted:
@@ -218,18 +234,29 @@ class ColumnarAggregation:
         return through(emitted, self.after, {})
 
 
-def through(emitted: Emitted, chain: tuple[tuple[str, StepCall], ...], states: Views) -> Emitted:
+def run_chain(chain: Chain, value: Any, states: Views) -> Any:
+    """The value after every step of `chain`, or DROPPED when a filter or a fold took it; after a
+    window step, the `Emitted` window results, each through the steps that follow it."""
+    for index, (kind, call) in enumerate(chain):
+        result = call(value, states)
+        if kind is StepKind.FOLD:
+            return DROPPED  # its results flow at the commit (`CommitEmission`)
+        if kind is StepKind.WINDOW:
+            return through(result, chain[index + 1 :], states)
+        if kind in REPLACING:
+            value = result
+        elif kind is StepKind.FILTER and not result:
+            return DROPPED
+    return value
+
+
+def through(emitted: Emitted, chain: Chain, states: Views) -> Emitted:
     """Window results, each through the (stateless) steps of `chain`."""
     if emitted.late or not chain:
         return emitted
     out = Emitted()
     for key, value in emitted:
-        for kind, call in chain:
-            result = call(value, states)
-            if kind in REPLACING:
-                value = result
-            elif kind == "filter" and not result:
-                break
-        else:
+        value = run_chain(chain, value, states)
+        if value is not DROPPED:
             out.append((key, value))
     return out

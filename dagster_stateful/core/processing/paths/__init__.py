@@ -1,6 +1,7 @@
 """The two paths a consumed batch takes through the steps.
 
 `batch` (per message), `vectorized` with `columns` and `window_columns` (folded in columns),
-`batch_path` (which one a worker runs), `emission` (results sent per commit) and `bad_input`
-(the error policy for records that do not decode or fail a step).
+`batch_path` (which one a worker runs: the seam that keeps NumPy and Arrow out of every other
+worker), `emission` (results sent per commit) and `bad_input` (the error policy for records that
+do not decode or fail a step).
 """
