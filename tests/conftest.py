@@ -56,7 +56,7 @@ GROUP_SECONDS: dict[str, int] = {
     "bench/test_bench_compare.py": 80,
     "dagster/test_sensors.py": 80,
     "core/recovery/test_uncommitted_windows.py": 60,
-    "core/security/test_least_privilege.py": 50,
+    "core/kafka/security/test_least_privilege.py": 50,
     "core/processing/test_restore_in_loop.py": 45,
     "bench/test_bench_standbys.py": 40,
 }

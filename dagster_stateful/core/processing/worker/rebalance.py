@@ -1,12 +1,13 @@
 """What a worker does when Kafka gives it partitions, takes them back, or declares them lost.
 
 Owns `PartitionAssignments`, the rebalance callbacks and the partitions they hand to the worker.
-On assignment (inside the callback, quick work only): read the group's committed offsets and
-decide where processing starts (`starting_offsets.StartingOffsets`), open each store partition,
-wipe local state that is ahead of the starting offset, and take the partition paused when a store
-needs restoring: the worker restores it between polls (`restoring.Restorations`) and `activate()`
-resumes it. On revocation: commit, close the partition's stores (or suspend their restore) before
-letting go. On loss (the group moved on without us): drop uncommitted work and close.
+On assignment (inside the callback, quick work only): read the group's committed offsets, decide
+where processing starts (`starting_offsets.StartingOffsets`) and take the partition paused;
+between polls `store_opening.StoreOpener` opens its stores, wipes local state ahead of the
+starting offset and starts the restores they need, which the worker runs between polls
+(`state_updater.Restorations`); `activate()` resumes the partition. On revocation: commit, close
+the partition's stores (or suspend their restore) before letting go. On loss (the group moved on
+without us): drop uncommitted work and close.
 """
 
 from __future__ import annotations
@@ -21,22 +22,20 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.error_codes import kafka_error_of
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
-from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport, WorkerReport
+from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.commit.changelog_positions import END_QUERY_SECONDS, bound_unknown_prefixes
-from dagster_stateful.core.processing.restores.background import BackgroundRestores, ChildReplay
-from dagster_stateful.core.processing.restores.state_updater import Restorations, RestoringPartition, suspend_started
+from dagster_stateful.core.processing.restores.background import BackgroundRestores
+from dagster_stateful.core.processing.restores.state_updater import Restorations, RestoringPartition
 from dagster_stateful.core.processing.standbys.replicas import StandbyReplicas
 from dagster_stateful.core.processing.worker.starting_offsets import StartingOffsets, reset_position
-from dagster_stateful.core.recovery.changelog_replay import ChangelogRestore
+from dagster_stateful.core.processing.worker.store_opening import StoreOpener, damaged_store
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
-from dagster_stateful.core.recovery.snapshot_load import load_snapshot_if_faster
 from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.window_state import WindowBounds
-from dagster_stateful.errors import StateLockedError, StateStoreError, StoreCorruptedError
+from dagster_stateful.errors import StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +91,7 @@ class PartitionAssignments:
         self.dirty = False
         """Set when the worker must not commit any more (a failed delivery): revocation only closes."""
         self.failure: BaseException | None = None
+        self._opener = StoreOpener(config, state, self._starts, self.restorations, report, restorer, kafka, snapshots)
 
     @property
     def held(self) -> set[int]:
@@ -133,42 +133,23 @@ class PartitionAssignments:
         replay one changelog batch, and resume the partitions whose stores are up to date."""
         opening = self.restorations.unopened()
         for restoring in opening:
-            self._try_open(restoring)
+            self._opener.try_open(restoring)
         if self._background is not None and opening:
             self._background.launch(restoring.pending for restoring in self.restorations.partitions.values())
         try:
             ready = self.restorations.step()
         except StoreCorruptedError as damage:
-            self._restart_damaged_restore(damage)
+            self._opener.restart_damaged(damage)
             return
         for restored in ready:
             self.activate(consumer, restored)
-
-    def _restart_damaged_restore(self, error: StoreCorruptedError) -> None:
-        """A store was found damaged while it restored: move it aside and restore it from scratch."""
-        restoring = self.restorations.partitions.get(error.partition) if error.partition is not None else None
-        damaged = _damaged_store(restoring.stores if restoring else {}, error)
-        if restoring is None or damaged is None:
-            raise error
-        self.restorations.reports.extend(suspend_started(restoring))
-        aside = damaged.quarantine(error)
-        log.warning(
-            "Store %r partition %d was found damaged while restoring (%s); moved it to %s and restoring it fully",
-            damaged.store,
-            damaged.partition,
-            error,
-            aside,
-        )
-        self._report.stores_recovered += 1
-        restoring.from_standby = False
-        restoring.pending = self._replays(restoring)
 
     def recover_corrupted(self, consumer: Consumer, partition: int, error: StoreCorruptedError) -> None:
         """A store was found damaged while processing `partition`: never the message's fault. Drop
         the partition's uncommitted work, move the damaged store aside, restore it from its
         changelog and process the partition again from its committed offset."""
         txn = self.transactions.get(partition)
-        damaged = _damaged_store(txn.stores if txn else {}, error)
+        damaged = damaged_store(txn.stores if txn else {}, error)
         if txn is None or damaged is None:
             raise error
         del self.transactions[partition]
@@ -374,76 +355,3 @@ class PartitionAssignments:
         if self.failure is not None:
             failure, self.failure = self.failure, None
             raise failure
-
-    # Opening a partition.
-
-    def _try_open(self, restoring: RestoringPartition) -> None:
-        """Open the partition's stores without waiting for a lock another holder keeps (the evicted
-        owner may still be letting go): try again on the next call, until the state directory's
-        lock timeout has passed since the assignment."""
-        partition = restoring.partition
-        try:
-            for name in self.config.stores:
-                if name not in restoring.stores:
-                    store = self._state.partition(name, partition)
-                    store.open(lock_timeout=0)
-                    restoring.stores[name] = store
-        except StateLockedError:
-            if time.monotonic() - restoring.assigned_at < self._state.lock_timeout_seconds:
-                return
-            raise
-        try:
-            restoring.committed = self._starts.starting_offset(partition, restoring.committed, restoring.stores)
-            self._starts.wipe_ahead(partition, restoring.committed, restoring.stores)
-            restoring.pending = self._replays(restoring)
-        except BaseException:
-            self.restorations.suspend(partition)
-            for store in restoring.stores.values():
-                store.close()
-            raise
-        restoring.opened = True
-        if restoring.pending:
-            log.info(
-                "Partition %d is paused while %d store(s) restore %d changelog records",
-                partition,
-                len(restoring.pending),
-                restoring.records_left,
-            )
-
-    def _replays(self, restoring: RestoringPartition) -> list[ChangelogRestore | ChildReplay]:
-        if self._restorer is None:
-            return []
-        replays: list[ChangelogRestore | ChildReplay] = []
-        for store in restoring.stores.values():
-            warm = restoring.from_standby or store.kept_by_standby
-            if self._snapshots is not None and not warm:
-                self._load_snapshot_if_faster(store)
-            end = restoring.changelog_ends.get(store.store)
-            replay = self._restorer.begin(store, restoring.committed, end, restoring.bare_uncommitted)
-            if warm:
-                self._note_standby_restore(store, replay)
-            if replay is not None:
-                replays.append(replay)
-        return replays
-
-    def _note_standby_restore(self, store: StorePartition, replay: ChangelogRestore | None) -> None:
-        """Report a store that a standby of this client kept as such: its tail, or nothing left to apply."""
-        if replay is None:
-            at = store.changelog_offset or 0
-            self.restorations.reports.append(RestoreReport(store.store, store.partition, RestoreKind.STANDBY, at, at))
-            log.info("Store %r partition %d: its standby was up to date", store.store, store.partition)
-        elif replay.report.kind is RestoreKind.PARTIAL:
-            replay.report.kind = RestoreKind.STANDBY
-
-    def _load_snapshot_if_faster(self, store: StorePartition) -> None:
-        assert self._snapshots is not None
-        partition = store.partition
-        low, high = self._kafka.watermarks(store.changelog_topic, [partition], committed=True)[partition]
-        loaded = load_snapshot_if_faster(store, self._snapshots(store.store), low, high)
-        if loaded is not None:
-            self.restorations.reports.append(loaded)
-
-
-def _damaged_store(stores: dict[str, StorePartition], error: StoreCorruptedError) -> StorePartition | None:
-    """The store among `stores` whose directory the corruption error names."""
-    return next((store for store in stores.values() if str(store.path) == error.path), None)
