@@ -22,8 +22,8 @@ from bench_core import print_machine
 from bench_restore import bench_broker
 
 from dagster_stateful.core.kafka import clients
-from dagster_stateful.core.kafka.backoff import BACKOFF_FIRST
 from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.retrying import BACKOFF_FIRST
 
 VARIANTS = {"engine (first pause 20 ms)": clients.NEW_TOPIC_FIRST_PAUSE, "first pause 100 ms": BACKOFF_FIRST}
 

@@ -12,7 +12,7 @@ every client reports authentication and TLS failures to the connection's `Securi
 `error_cb`), which an admin call checks after each failed attempt (the first attempts are short, so
 that this takes seconds: librdkafka's calls only time out meanwhile), and a refused ACL becomes a
 `KafkaAuthorizationError` naming the access the call needed. librdkafka's own log lines go through
-Python logging (`client_log.ClientLog`), not raw to stderr.
+Python logging (`ClientLog`), not raw to stderr; retried admin calls are `retrying.AdminRetries`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -40,20 +39,16 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
-from dagster_stateful.core.kafka.backoff import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
-from dagster_stateful.core.kafka.backoff import BACKOFF_FIRST, MIN_ATTEMPT_TIMEOUT, WARN_AFTER, Backoff
-from dagster_stateful.core.kafka.client_log import CLIENT_LOG
 from dagster_stateful.core.kafka.descriptions import GroupDescription, GroupMember, TopicLayout
 from dagster_stateful.core.kafka.error_codes import (
-    STALE_METADATA,
     as_operation_error,
-    gave_up_error,
-    is_transient,
     kafka_error_of,
 )
+from dagster_stateful.core.kafka.retrying import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
+from dagster_stateful.core.kafka.retrying import BACKOFF_FIRST, MIN_ATTEMPT_TIMEOUT, AdminRetries
 from dagster_stateful.core.kafka.security.authorization import GROUP, TOPIC, Access, is_authorization_failure
 from dagster_stateful.core.kafka.security.failures import ClientIdentity, SecurityWatch
-from dagster_stateful.errors import ConfigurationError, KafkaOperationError
+from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +91,22 @@ after the broker was back. A setting of the connection overrides it."""
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
 _MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _T = TypeVar("_T")
+
+
+class ClientLog:
+    """Where librdkafka's own log lines go (given to every client as its `logger`): the Python
+    logger `dagster_stateful.core.kafka.librdkafka`, at most at WARNING, since what librdkafka
+    reports as an error (a refused connection, a broker gone) is retried by the client, and the
+    engine raises what it cannot get past with its own error."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        self.logger.log(min(level, logging.WARNING), message, *args)
+
+
+CLIENT_LOG = ClientLog(logging.getLogger(f"{__name__.rsplit('.', 1)[0]}.librdkafka"))
 
 
 def describe_replication(replication_factor: int) -> str:
@@ -342,61 +353,6 @@ class KafkaClients:
         state = getattr(description.state, "name", str(description.state))
         return GroupDescription(group, state, members)
 
-    def _retrying(
-        self,
-        call: Callable[[float], _T],
-        what: str,
-        final: Collection[int] = (),
-        topic: str | None = None,
-        needs: Sequence[Access] = (),
-        consumer: Consumer | None = None,
-        first_pause: float = BACKOFF_FIRST,
-    ) -> _T:
-        """Run `call(attempt timeout)`, retrying transient failures (see `errors.is_transient`, and a
-        request left unanswered) with capped exponential backoff until `admin_timeout_seconds` have
-        passed; then raise a retriable `KafkaOperationError` about `what`. Other errors, and codes in
-        `final`, are raised at once, a refused ACL as the `KafkaAuthorizationError` of the access in
-        `needs` (what `call` needs). So is an authentication or TLS failure that a client reported
-        (checked after each failed try, with `consumer`'s events: the one `call` uses, if any).
-        After an error that hints at stale leaders, `topic`'s metadata is refreshed before the next try."""
-        backoff = Backoff(self._seconds_allowed(), pause=first_pause)
-        if backoff.seconds <= 0:
-            raise KafkaOperationError(
-                f"the run's deadline passed before {what}: a bounded worker makes no Kafka call past its max_seconds "
-                "and grace",
-                code=KafkaError._TIMED_OUT,
-                code_name="_TIMED_OUT",
-                retriable=True,
-            )
-        failure: Exception
-        principal = self.security.identity.principal
-        while True:
-            self.security.check(what)
-            timeout = backoff.attempt_timeout()
-            try:
-                return call(timeout)
-            except FutureTimeoutError as error:
-                last, failure = KafkaError(KafkaError._TIMED_OUT, f"no answer within {timeout:.0f} s"), error
-            except KafkaException as error:
-                last, failure = _transient_or_raise(error, what, final, needs, principal), error
-            self._raise_reported(what, needs, consumer)
-            if backoff.remaining() <= 0:
-                raise gave_up_error(last, what, self.bootstrap_servers, backoff.seconds) from failure
-            self._log_retry(backoff, last, what)
-            backoff.sleep()
-            if topic is not None and last.code() in STALE_METADATA:
-                self._refresh_metadata(topic, min(timeout, backoff.remaining()))
-
-    def _raise_reported(self, what: str, needs: Sequence[Access], consumer: Consumer | None) -> None:
-        """Serve the admin client's callbacks and `consumer`'s events (librdkafka reports a refused
-        login or handshake, and a consumer a refused group, only there), then raise what they reported."""
-        self.admin().poll(0)
-        while consumer is not None and (event := consumer.poll(0)) is not None:
-            error = event.error()
-            if error is not None and is_authorization_failure(error):
-                raise as_operation_error(KafkaException(error), what, needs, self.security.identity.principal)
-        self.security.check(what)
-
     def time_left(self, seconds: float, at_least: float = -math.inf) -> float:
         """`seconds`, or the time left before the deadline when that is shorter (<= 0 once it
         passed), but not less than `at_least`."""
@@ -407,37 +363,16 @@ class KafkaClients:
         """How long the next admin call may retry: the admin timeout, or the time left before the deadline."""
         return self.time_left(self.admin_timeout_seconds)
 
-    def _log_retry(self, backoff: Backoff, last: KafkaError, what: str) -> None:
-        """A warning once failures have lasted WARN_AFTER seconds (an outage being waited out), else debug."""
-        if backoff.warned or backoff.elapsed() < WARN_AFTER:
-            log.debug("Retrying a Kafka admin call after %s while %s", last.name(), what)
-            return
-        backoff.warned = True
-        log.warning(
-            "Kafka at %s has failed for %.0f s while %s (%s); retrying for up to %g s in all",
-            self.bootstrap_servers,
-            backoff.elapsed(),
-            what,
-            last.name(),
-            backoff.seconds,
-        )
-
-    def _refresh_metadata(self, topic: str, timeout: float) -> None:
-        """Ask for the topic's metadata, which updates the admin client's cached leaders and epochs
-        (after a broker restart it would otherwise send fenced leader epochs until its periodic refresh)."""
-        if timeout <= 0:
-            return
-        try:
-            self.admin().list_topics(topic, timeout=timeout)
-        except KafkaException as error:
-            log.debug("Refreshing the metadata of %s failed: %s", topic, error)
-
-
-def _transient_or_raise(
-    error: KafkaException, what: str, final: Collection[int], needs: Sequence[Access], principal: str | None
-) -> KafkaError:
-    """Kafka's error when it is worth another try, else the `KafkaOperationError` about `what`, raised."""
-    kafka_error = kafka_error_of(error)
-    if kafka_error is None or not is_transient(error) or kafka_error.code() in final:
-        raise as_operation_error(error, what, needs, principal) from error
-    return kafka_error
+    def _retrying(
+        self,
+        call: Callable[[float], _T],
+        what: str,
+        final: Collection[int] = (),
+        topic: str | None = None,
+        needs: Sequence[Access] = (),
+        consumer: Consumer | None = None,
+        first_pause: float = BACKOFF_FIRST,
+    ) -> _T:
+        """`call(attempt timeout)`, retried as `retrying.AdminRetries` says."""
+        retries = AdminRetries(self.admin, self.security, self.bootstrap_servers, self._seconds_allowed())
+        return retries.run(call, what, final, topic, needs, consumer, first_pause)

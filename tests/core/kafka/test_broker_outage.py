@@ -76,7 +76,7 @@ def test_watermarks_wait_out_a_broker_restart_and_give_up_after_the_deadline(tmp
     broker = LocalKafkaBroker(home)
     bootstrap = broker.start(tie_to_parent=True)
     retries = RetrySeen()
-    adapter_log = logging.getLogger("dagster_stateful.core.kafka.clients")
+    adapter_log = logging.getLogger("dagster_stateful.core.kafka.retrying")
     adapter_log.addHandler(retries)
     previous_level = adapter_log.level
     adapter_log.setLevel(logging.DEBUG)
