@@ -89,7 +89,7 @@ def state_of(state_key: str, value: Any) -> dict[str, int]:
 
 
 class CommitPhase(StrEnum):
-    """Where inside its n-th commit a worker kills itself (see `processing/commit.py` for the order).
+    """Where inside its n-th commit a worker kills itself (see `processing/commit/committer.py` for the order).
     Under exactly-once: before `send_offsets_to_transaction`, before `commit_transaction`, and
     after it (the RocksDB batch not written)."""
 

@@ -95,7 +95,7 @@ class WorkerReport:
     lag: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     store_metrics: dict[str, StoreMetrics] = field(default_factory=dict)
-    """Per store, over the partitions this run committed (see `store_metrics.StoreMetrics`)."""
+    """Per store, over the partitions this run committed (see `state.metrics.StoreMetrics`)."""
     partition_store_metrics: dict[tuple[str, int], StoreMetrics] = field(default_factory=dict)
     """The same per (store, partition)."""
     store_totals: StoreMetrics = field(default_factory=lambda: StoreMetrics(ALL_STORES))

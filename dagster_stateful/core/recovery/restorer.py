@@ -2,7 +2,7 @@
 
 Owns `Restorer`: given an open store partition and where the group's last commit left it, `begin()`
 says what it lacks (nothing, the tail after its stored changelog offset, or the whole changelog)
-and returns the `changelog.ChangelogRestore` that replays it, through one assign-only consumer;
+and returns the `changelog_replay.ChangelogRestore` that replays it, through one assign-only consumer;
 `restore()` runs one to the end. Inconsistencies an operator must decide on (a stored offset
 beyond the changelog's end) are raised with the options.
 """

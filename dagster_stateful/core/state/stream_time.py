@@ -1,7 +1,7 @@
 """The stream time of a store that keeps one, against the stream time of the partition's last commit.
 
 Owns `CommittedStreamTime`, the mixin of the stores whose deletions follow stream time
-(`ttl.TtlState`, `windows.WindowState`): the stream time processing has reached (`_stream_time`,
+(`ttl.TtlState`, `window_state.WindowState`): the stream time processing has reached (`_stream_time`,
 None until read from the store) and the one the partition's last commit recorded
 (`committed_stream_time`). The latter comes from the commit itself (`start_from`, see
 `processing.commit_metadata`) and wins over the store's, unless the transaction has moved stream

@@ -3,11 +3,11 @@
 Owns `PartitionTransaction`: per store, a record cache (`cache.StoreCache`) holding the last value
 written to each key since the last commit (repeated writes to a key cost one changelog record and
 one RocksDB put) and the values read or committed lately, and the view each step gets of it
-(`kv.State`, `ttl.TtlState`, `live.LiveState` or `windows.WindowState`). The writes of the message
+(`kv.State`, `ttl.TtlState`, `live.LiveState` or `window_state.WindowState`). The writes of the message
 being processed are journaled and undone if it fails, so a step that fails half-way leaves no
 trace. Before a commit, expiring stores delete what has expired and bounded stores what the commit
 would push out (`prepare_commit`). When the transaction starts and after each commit, its views
-take their `view.timed_variant` for a burst of messages (see `store_metrics.SAMPLE_EVERY`).
+take their `view.timed_variant` for a burst of messages (see `metrics.SAMPLE_EVERY`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class PartitionTransaction:
         stream_times: Mapping[str, int] | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a
-        `State`, or, with the bounds of their windows, a `windows.WindowState`; ttls: the TTL (ms)
+        `State`, or, with the bounds of their windows, a `window_state.WindowState`; ttls: the TTL (ms)
         of the key-value stores whose entries expire, whose steps get a `ttl.TtlState`;
         stream_times: the stream time of each window or TTL store that the last commit recorded."""
         live_stores, ttls = live_stores or {}, ttls or {}

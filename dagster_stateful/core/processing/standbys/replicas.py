@@ -7,7 +7,7 @@ Owns `StandbyReplicas`, which the worker advances once per loop, after its activ
 worker pool) owns: it opens their store partitions in the state directory (the layout and locks of
 active ones; a partition whose lock another holder keeps is left alone) and closes those it no
 longer keeps. One batch per step, and one partition at a time, each kept store is brought to its
-changelog's end by the restore every other path uses (`changelog.Restorer`): records of committed
+changelog's end by the restore every other path uses (`restorer.Restorer`): records of committed
 messages only, by the same at-least-once rule, with the position checkpointed in the store; a
 partition is tailed again once a commit interval has passed. A store an active opener waits for
 (`StorePartition.handover_requested`, on a state directory shared with other members) is let go at
