@@ -44,12 +44,12 @@ from typing import IO, Any, TypeVar
 import orjson
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from faults import counting_worker
-from faults.counting_worker import STORE, CommitPhase, WorkerSpec, build_app
 from support.kafka_helpers import read_committed, read_messages, wait_for
 
 from dagster_stateful.core.state.window_state import STREAM_TIME_KEY, split_window_key
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
+from faults import counting_worker
+from faults.counting_worker import STORE, CommitPhase, WorkerSpec, build_app
 
 WORKER_SCRIPT = Path(counting_worker.__file__).resolve()
 KILLED = -signal.SIGKILL

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from faults.counting_worker import WORKER_FAILED
 from faults.harness import FaultResult, KillPoint, RestartableBroker
 from faults.scenarios import (

@@ -19,6 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.kafka_helpers import wait_for
+
+from dagster_stateful.core import AppConfig
+from dagster_stateful.core.kafka.clients import KafkaClients
+from dagster_stateful.core.kafka.partitioner import partition_of
+from dagster_stateful.core.queries.key_reads import ACTIVE, STANDBY
+from dagster_stateful.core.state.checkpoint import read_checkpoint
+from dagster_stateful.core.state.directory import StateDirectory
 from faults.counting_worker import STORE, WorkerSpec, build_app
 from faults.harness import (
     FaultResult,
@@ -31,14 +39,6 @@ from faults.harness import (
     watermarks,
 )
 from faults.scenarios import AT_LEAST_ONCE, EXACTLY_ONCE, Lab, finish_with, wait_for_takeover
-from support.kafka_helpers import wait_for
-
-from dagster_stateful.core import AppConfig
-from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.kafka.partitioner import partition_of
-from dagster_stateful.core.queries.key_reads import ACTIVE, STANDBY
-from dagster_stateful.core.state.checkpoint import read_checkpoint
-from dagster_stateful.core.state.directory import StateDirectory
 
 pytestmark = pytest.mark.integration
 
