@@ -4,45 +4,34 @@ Owns the asset builders. The source topic is an external asset (its producers wr
 Dagster). Materializing the changelog assets provisions or validates the compacted topics.
 Materializing a state store runs a bounded worker: over every partition it joins the app's consumer
 group; over chosen partitions (the store is partitioned by Kafka partition) it pins a worker to
-them, so one partition can be restored and brought up to date from the UI. Materializing a
+them, so one partition can be restored and brought up to date from the UI (`worker_runs` runs it
+and records what it did). Materializing a
 snapshot has Spark fold the changelog, up to what the consumer group committed, into the store's
 next snapshot.
 """
 
 from collections.abc import Iterator
-from typing import Any
 
 from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
-    AssetKey,
-    AssetMaterialization,
     AssetObservation,
     AssetSpec,
     BackfillPolicy,
     Config,
     Failure,
     MaterializeResult,
-    MetadataValue,
-    OpExecutionContext,
     StaticPartitionsDefinition,
     multi_asset,
 )
 from pydantic import Field
 
-from dagster_stateful.checks import freshness_check_spec, freshness_result
+from dagster_stateful.checks import freshness_check_spec
 from dagster_stateful.core.app import App
-from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole, TopicStatus
+from dagster_stateful.core.kafka.provisioning import TopicStatus
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state_tables.table import write_snapshot_table
-from dagster_stateful.metadata import (
-    partitions_metadata,
-    snapshot_metadata,
-    state_table_metadata,
-    store_run_metadata,
-    topic_metadata,
-    worker_metadata,
-)
+from dagster_stateful.metadata import changelog_states, snapshot_metadata, state_table_metadata
 from dagster_stateful.naming import (
     changelog_key,
     group_name,
@@ -53,8 +42,6 @@ from dagster_stateful.naming import (
     worker_pool,
 )
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
-from dagster_stateful.run_progress import RestoreProgressLog
-from dagster_stateful.state_rows import state_sample
 from dagster_stateful.state_table_loader import (
     APP_METADATA,
     STORE_METADATA,
@@ -62,25 +49,7 @@ from dagster_stateful.state_table_loader import (
     state_table_io_manager_key,
 )
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
-
-SHOWN_TOPIC_CONFIGS = (
-    "cleanup.policy",
-    "min.insync.replicas",
-    "segment.bytes",
-    "segment.ms",
-    "min.cleanable.dirty.ratio",
-    "max.compaction.lag.ms",
-    "delete.retention.ms",
-    "retention.ms",
-)
-
-
-class WorkerConfig(Config):
-    """Limits of one bounded worker run; it stops at the first one reached."""
-
-    max_messages: int | None = Field(default=None, description="Stop after this many messages (none: no limit).")
-    max_seconds: float = Field(default=120.0, description="Stop after this many seconds.")
-    until_caught_up: bool = Field(default=True, description="Stop once every assigned partition is at its end.")
+from dagster_stateful.worker_runs import WorkerConfig, run_store_worker
 
 
 def kafka_partitions(count: int) -> StaticPartitionsDefinition:
@@ -135,38 +104,6 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
     return changelogs
 
 
-def changelog_states(
-    app: App, bound: App, plan: ProvisioningPlan, translator: StatefulTranslator
-) -> Iterator[tuple[AssetKey, dict[str, Any]]]:
-    """Per changelog of `app`: its asset key and what provisioning found or did (status, partitions,
-    settings, offsets)."""
-    for check in plan.checks:
-        if check.spec.role is not TopicRole.CHANGELOG:
-            continue
-        topic, partitions = check.spec.name, check.found_partitions or 0
-        config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
-        store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
-        marks = bound.kafka.watermarks(topic, range(partitions))
-        yield changelog_key(app, store, translator), topic_metadata(partitions, config, marks, check.status.value)
-
-
-def first_changelog_records(
-    context: OpExecutionContext | AssetExecutionContext, app: App, bound: App, translator: StatefulTranslator
-) -> None:
-    """After a worker run: a materialization of each changelog the instance has none of yet. Workers
-    create their changelogs themselves, so without this a changelog a worker writes would show
-    "never materialized" until someone ran the provision job."""
-    if not app.config.use_changelog_topics:
-        return
-    keys = [changelog_key(app, store, translator) for store in app.stores]
-    if all(context.instance.get_latest_materialization_event(key) is not None for key in keys):
-        return
-    for key, metadata in changelog_states(app, bound, bound.provisioning_plan(), translator):
-        if context.instance.get_latest_materialization_event(key) is None:
-            description = "first recorded after a worker run, which provisions its changelogs"
-            context.log_event(AssetMaterialization(asset_key=key, description=description, metadata=metadata))
-
-
 def store_assets(
     app: App,
     source_partitions: int,
@@ -214,36 +151,7 @@ def store_assets(
         context: AssetExecutionContext, config: WorkerConfig, kafka: KafkaResource, state_store: StateStoreResource
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         bound = state_store.bind(app, kafka)
-        chosen = sorted(int(key) for key in context.partition_keys)
-        pinned = None if len(chosen) == source_partitions else chosen
-        context.log.info(
-            "Running a bounded worker of %s on %s",
-            app.name,
-            f"partitions {pinned}" if pinned else "every partition (joining the consumer group)",
-        )
-        bound.add_restore_listener(RestoreProgressLog(context.log))
-        report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up, pinned)
-        changed = bool(report.total_processed or report.restores or report.committed_offsets)
-        if not changed:
-            context.log.info(
-                "Nothing to do: no message to process and no state to restore on %s; no materialization is recorded",
-                f"partitions {chosen}" if pinned else "any partition",
-            )
-        descriptions = bound.describe_partitions(chosen) if changed else []
-        first_changelog_records(context, app, bound, translator)
-        for store in app.stores:
-            key = store_key(app, store, translator)
-            if changed:
-                yield MaterializeResult(
-                    asset_key=key,
-                    metadata={
-                        **worker_metadata(report, store_totals=False),
-                        **store_run_metadata(report, store),
-                        **partitions_metadata(d for d in descriptions if d.store == store),
-                        "state_sample": MetadataValue.json(state_sample(bound, store, chosen)),
-                    },
-                )
-            yield freshness_result(bound, store, max_changelog_lag, key)
+        yield from run_store_worker(context, app, bound, config, source_partitions, translator, max_changelog_lag)
 
     return stores
 

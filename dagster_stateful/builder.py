@@ -1,45 +1,43 @@
 """One call builds every Dagster definition of one stateful app, or of several.
 
-Owns `build_stateful_definitions`: each app's assets (source topic, changelogs, state stores,
-snapshots), asset checks, jobs (provision, worker, restore, Spark restore, query state, clear
-state, compaction, bootstrap state, transform state), the worker and daily compaction schedules,
-the lag and rebalance sensors and the sensor that evaluates the checks on a schedule, with the
-resources they need under the keys `kafka`, `state_store` and `spark` (how the Spark jobs run: in
-process or through Dagster Pipes), shared by the apps; apps reading one topic share its asset.
+Owns `build_stateful_definitions`, which gathers each app's assets (source topic, changelogs,
+state stores, snapshots: `assets`), asset checks (`checks`), jobs (provision, worker, restore,
+Spark restore, query state, clear state, compaction: `jobs`; bootstrap and transform state:
+`state_table_jobs`), schedules and sensors (worker and daily compaction schedules; lag,
+rebalance, snapshot and checks sensors: `automation`), with the resources they need under the keys
+`kafka`, `state_store` and `spark` (how the Spark jobs run: in process or through Dagster Pipes),
+shared by the apps; apps reading one topic share its asset.
 """
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagster import (
-    AssetSelection,
-    DefaultScheduleStatus,
-    DefaultSensorStatus,
-    Definitions,
-    ScheduleDefinition,
-    ScheduleEvaluationContext,
-    SkipReason,
-    define_asset_job,
-    schedule,
-)
+from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions
 
 from dagster_stateful.assets import changelog_assets, snapshot_assets, source_topic_spec, store_assets
-from dagster_stateful.automation import lag_sensor, rebalance_sensor, snapshot_sensor
+from dagster_stateful.automation import (
+    checks_sensor,
+    compaction_schedule,
+    lag_sensor,
+    rebalance_sensor,
+    snapshot_sensor,
+    worker_schedule,
+)
 from dagster_stateful.automation.worker_target import WorkerTarget, worker_target
-from dagster_stateful.checks import checks_sensor, stateful_checks
+from dagster_stateful.checks import stateful_checks
 from dagster_stateful.core.app import App
-from dagster_stateful.core.monitoring.lag import partition_lag
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.jobs import (
     clear_state_job,
+    compaction_job,
     provision_job,
     query_state_job,
     restore_job,
     spark_restore_job,
     worker_job,
 )
-from dagster_stateful.naming import job_name, snapshot_key, store_key
+from dagster_stateful.naming import store_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
 from dagster_stateful.state_table_jobs import bootstrap_state_job, transform_state_job
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
@@ -171,52 +169,9 @@ class _Parts:
             self.schedules.append(worker_schedule(app, target, worker_every_minutes, status))
         if not app.config.use_changelog_topics:
             return target
-        compaction = define_asset_job(
-            job_name(app, "compaction"),
-            selection=AssetSelection.assets(*(snapshot_key(app, s, translator) for s in app.stores)),
-            description=f"Spark folds the changelogs of `{app.name}` into new snapshots.",
-        )
+        compaction = compaction_job(app, translator)
         self.assets += [changelog_assets(app, translator), snapshot_assets(app, translator)]
         self.jobs += [provision_job(app, translator), spark_restore_job(app, translator), compaction]
         self.jobs += [bootstrap_state_job(app, translator), transform_state_job(app, translator)]
-        self.schedules.append(
-            ScheduleDefinition(
-                name=job_name(app, "daily_compaction"),
-                job=compaction,
-                cron_schedule=compaction_cron,
-                default_status=status,
-                description="Daily snapshot of every store (Spark).",
-            )
-        )
+        self.schedules.append(compaction_schedule(app, compaction, compaction_cron, status))
         return target
-
-
-def worker_schedule(app: App, target: WorkerTarget, every_minutes: int, status: DefaultScheduleStatus):
-    @schedule(
-        name=job_name(app, "worker_schedule"),
-        job=target.job,
-        cron_schedule=f"*/{every_minutes} * * * *",
-        default_status=status,
-        description=f"A bounded worker of `{app.name}` every {every_minutes} minutes (skipped while the "
-        "source topic does not exist yet, while the consumer group has no lag, or while a worker run is still "
-        "in progress).",
-    )
-    def run_worker_on_schedule(context: ScheduleEvaluationContext, kafka: KafkaResource):
-        clients = kafka.clients()
-        partitions = clients.partition_count(app.source)
-        if partitions is None:
-            return SkipReason(f"source topic {app.source} does not exist yet: nothing to process")
-        committed = clients.committed_offsets(app.consumer_group, app.source, range(partitions))
-        marks = clients.watermarks(app.source, range(partitions))
-        lag = sum(partition_lag(committed.get(p), *marks[p]) for p in range(partitions))
-        if lag == 0:
-            return SkipReason(
-                f"no lag: group {app.consumer_group} has processed every message of {app.source} "
-                f"({partitions} partitions); nothing to do"
-            )
-        running = target.run_in_progress(context.instance)
-        if running:
-            return SkipReason(f"worker run {running.run_id} is still in progress")
-        return target.run_request(None, {"dagster-stateful/lag": str(lag)})
-
-    return run_worker_on_schedule

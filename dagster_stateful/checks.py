@@ -11,9 +11,9 @@ every worker run carries its result). Each result says what it found, where, and
 
 The checks of one store are one multi-asset check (`<app>__<store>_checks`): a run of several
 of them is one step, which reads the topic's description and the local partitions once, instead
-of a process and a Kafka connection per check. Any subset runs on its own. With a cron, an
-automation-condition sensor (`checks_sensor`) evaluates them on that schedule and after each
-materialization of the asset they check.
+of a process and a Kafka connection per check. Any subset runs on its own. With a cron, each
+check carries an automation condition (that cron's ticks, and each materialization of the asset it
+checks), which the app's checks sensor (`automation.checks_sensor`) evaluates.
 """
 
 from collections.abc import Callable, Iterator
@@ -22,18 +22,13 @@ from functools import cached_property
 from typing import Any
 
 from dagster import (
-    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
-    AssetKey,
-    AssetSelection,
     AutomationCondition,
-    AutomationConditionSensorDefinition,
-    DefaultSensorStatus,
     MetadataValue,
     multi_asset_check,
 )
@@ -61,8 +56,8 @@ def stateful_checks(
 ) -> list[AssetChecksDefinition]:
     """The checks of the changelog and snapshot of every store of `app`, one multi-asset check per
     store; with `check_cron`, each is evaluated on that schedule and after each materialization of
-    its asset by a Dagster automation-condition sensor (see `checks_sensor`), so it never stays "Not
-    evaluated". The store's own check is part of the store asset (`freshness_check_spec`)."""
+    its asset by a Dagster automation-condition sensor (`automation.checks_sensor`), so it never
+    stays "Not evaluated". The store's own check is part of the store asset (`freshness_check_spec`)."""
     if not app.config.use_changelog_topics:
         return []
     automation = _automation(check_cron)
@@ -76,18 +71,6 @@ def _automation(check_cron: str | None) -> AutomationCondition | None:
         return None
     due = AutomationCondition.cron_tick_passed(check_cron) | AutomationCondition.any_deps_updated()
     return due & ~AutomationCondition.in_progress()
-
-
-def checks_sensor(
-    app: App, checks: list[AssetChecksDefinition], default_status: DefaultSensorStatus
-) -> AutomationConditionSensorDefinition:
-    """The sensor that evaluates the automation conditions of `app`'s checks (and launches them)."""
-    return AutomationConditionSensorDefinition(
-        job_name(app, "checks_sensor"),
-        target=AssetSelection.checks(*checks),
-        default_status=default_status,
-        description=f"Evaluates the checks of app `{app.name}` on their schedule.",
-    )
 
 
 @dataclass
@@ -260,8 +243,8 @@ def _committed_retained(evidence: _Evidence) -> Verdict:
 def freshness_check_spec(
     app: App, store: str, max_changelog_lag: int, translator: StatefulTranslator = DEFAULT_TRANSLATOR
 ) -> AssetCheckSpec:
-    """The store's own check, evaluated by every materialization of the store (`freshness_result`), so
-    the store's page always shows the status of its latest materialization."""
+    """The store's own check, evaluated by every worker run that materializes the store (see
+    `worker_runs`), so the store's page always shows the status of its latest materialization."""
     return AssetCheckSpec(
         FRESHNESS_CHECK,
         asset=store_key(app, store, translator),
@@ -270,19 +253,9 @@ def freshness_check_spec(
     )
 
 
-def freshness_result(bound: App, store: str, max_changelog_lag: int, key: AssetKey) -> AssetCheckResult:
-    """The freshness check's verdict on the local partitions of `store`, for the store asset `key`."""
-    return AssetCheckResult(asset_key=key, check_name=FRESHNESS_CHECK, **_freshness(bound, store, max_changelog_lag))
-
-
-def freshness_evaluation(bound: App, store: str, max_changelog_lag: int, key: AssetKey) -> AssetCheckEvaluation:
-    """`freshness_result` as an event an op logs (the worker job's, which materializes the store too)."""
-    return AssetCheckEvaluation(
-        asset_key=key, check_name=FRESHNESS_CHECK, **_freshness(bound, store, max_changelog_lag)
-    )
-
-
-def _freshness(bound: App, store: str, max_changelog_lag: int) -> dict[str, Any]:
+def freshness_verdict(bound: App, store: str, max_changelog_lag: int) -> Verdict:
+    """The freshness check's verdict on the local partitions of `store` (`FRESHNESS_CHECK`'s result
+    but for the asset's key)."""
     lags = {d.partition: d.changelog_lag for d in bound.describe_partitions(stores=[store])}
     behind = {partition: lag for partition, lag in lags.items() if lag > max_changelog_lag}
     return {

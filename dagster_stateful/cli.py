@@ -100,7 +100,7 @@ def _acls_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _acls(arguments: argparse.Namespace) -> int:
-    from dagster_stateful.component import load_app
+    from dagster_stateful.component_models import load_app
     from dagster_stateful.core.kafka.security.acls import kafka_acls_commands, markdown_table, required_acls
 
     sys.path.insert(0, os.getcwd())  # a module of the current project, as `python -m` would find it

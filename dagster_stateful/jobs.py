@@ -1,7 +1,8 @@
 """Jobs an operator launches from the Dagster UI for a stateful app, each with typed run config.
 
 Owns the provision job (materializes the changelog assets), the worker job (one bounded worker in
-the app's consumer group, recording a materialization of every store partition it touched), the
+the app's consumer group, or a pool of them, each recording a materialization of every store
+partition it touched: `worker_runs`), the compaction job (materializes the snapshot assets), the
 restore jobs (bring chosen partitions up to date by the planner's path: changelog replay or local
 snapshot load, or with Spark writing the SST files), the query-state job (a store's state on this
 machine, read without a lock, in the run's metadata) and the clear-state job (delete local state;
@@ -22,26 +23,17 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_stateful.assets import WorkerConfig, first_changelog_records
-from dagster_stateful.checks import freshness_evaluation
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import Partitioner
-from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.recovery.offline_restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
-from dagster_stateful.metadata import (
-    commit_metadata,
-    copies_metadata,
-    partition_metadata,
-    restore_metadata,
-    store_run_metadata,
-    worker_metadata,
-)
-from dagster_stateful.naming import changelog_key, job_name, store_key, worker_pool
+from dagster_stateful.metadata import partition_metadata, restore_metadata
+from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key, worker_pool
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
-from dagster_stateful.state_rows import copy_summary, key_read_rows, state_rows, state_sample
+from dagster_stateful.state_rows import copy_summary, key_read_rows, state_rows
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
+from dagster_stateful.worker_runs import WorkerConfig, run_worker_step
 
 
 class RestoreConfig(Config):
@@ -86,6 +78,14 @@ def provision_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR)
         job_name(app, "provision"),
         selection=AssetSelection.assets(*(changelog_key(app, s, translator) for s in app.stores)),
         description=f"Create or validate the changelog topics of app `{app.name}`.",
+    )
+
+
+def compaction_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
+    return define_asset_job(
+        job_name(app, "compaction"),
+        selection=AssetSelection.assets(*(snapshot_key(app, s, translator) for s in app.stores)),
+        description=f"Spark folds the changelogs of `{app.name}` into new snapshots.",
     )
 
 
@@ -140,50 +140,9 @@ def _worker_op(app: App, translator: StatefulTranslator, member: int | None, max
         if member is not None:
             bound = bound.pool_member(member)
             context.log.info(f"Pool member {member}: static membership id {bound.config.group_instance_id}")
-        bound.add_restore_listener(RestoreProgressLog(context.log))
-        report = bound.run_worker(config.max_messages, config.max_seconds, config.until_caught_up)
-        _record_worker_run(context, app, bound, report, translator, max_changelog_lag)
+        run_worker_step(context, app, bound, config, translator, max_changelog_lag)
 
     return run_worker_op
-
-
-def _record_worker_run(
-    context: OpExecutionContext,
-    app: App,
-    bound: App,
-    report: WorkerReport,
-    translator: StatefulTranslator,
-    max_changelog_lag: int,
-) -> None:
-    """A materialization per store partition the run changed (it processed messages or restored state
-    there): a partition the run had nothing to do for records none."""
-    processed = {p for p, count in report.messages_processed.items() if count}
-    touched = sorted(processed | {r.partition for r in report.restores})
-    if not touched:
-        context.log.info("Nothing to do: no message to process and no state to restore; no materialization recorded")
-        return
-    for description in bound.describe_partitions(touched):
-        context.log_event(
-            AssetMaterialization(
-                asset_key=store_key(app, description.store, translator),
-                partition=str(description.partition),
-                description=f"worker run: {report.messages_processed.get(description.partition, 0)} messages",
-                metadata={
-                    **partition_metadata(description),
-                    **copies_metadata(bound, report, description),
-                    "messages_processed": report.messages_processed.get(description.partition, 0),
-                    **store_run_metadata(report, description.store, description.partition),
-                    **commit_metadata(report.commit_latency),
-                    "state_sample": MetadataValue.json(state_sample(bound, description.store, [description.partition])),
-                },
-            )
-        )
-    first_changelog_records(context, app, bound, translator)
-    for store in app.stores:
-        evaluation = freshness_evaluation(bound, store, max_changelog_lag, store_key(app, store, translator))
-        # log_event takes an AssetCheckEvaluation (dagster 1.13 handles it); its annotation does not say so.
-        context.log_event(evaluation)  # type: ignore[arg-type]
-    context.add_output_metadata(worker_metadata(report))
 
 
 def restore_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):

@@ -3,9 +3,9 @@
 Owns the metadata of worker runs (messages, committed offsets, restores, lag, rebalances, bad
 messages, commit latency, store metrics), of store partitions (keys, bytes on disk, offsets, how far
 behind the changelog; with standby replicas, where the active copy and the standbys are), of topics
-(partitions, config, low/high offsets) and of a snapshot's decoded table (its columns, rows and a
-sample, which the UI shows as a table). Plain numbers where the
-UI can plot them, JSON or Markdown tables where a breakdown helps.
+(partitions, config, low/high offsets; each changelog's as provisioning found it) and of a
+snapshot's decoded table (its columns, rows and a sample, which the UI shows as a table). Plain
+numbers where the UI can plot them, JSON or Markdown tables where a breakdown helps.
 
 A run's store metrics (see `core.monitoring.store_metrics`) are plain numbers under a prefix:
 `totals.` for every store together in a run's metadata, `store.` for one store in its own
@@ -16,20 +16,35 @@ delete, fold, range), `<prefix>.cache_hit_ratio`, and for RocksDB stores
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
 import pyarrow as pa
-from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+from dagster import AssetKey, MetadataValue, TableColumn, TableRecord, TableSchema
 
 from dagster_stateful.core.app import App
+from dagster_stateful.core.kafka.provisioning import ProvisioningPlan, TopicRole
 from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
 from dagster_stateful.core.queries.describe import PartitionDescription
 from dagster_stateful.core.queries.key_reads import client_state_root, copy_behind
 from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest
 from dagster_stateful.core.state.latency import Latency
 from dagster_stateful.core.state.metrics import OPERATIONS, StoreMetrics
+from dagster_stateful.naming import changelog_key
+from dagster_stateful.translator import StatefulTranslator
+
+SHOWN_TOPIC_CONFIGS = (
+    "cleanup.policy",
+    "min.insync.replicas",
+    "segment.bytes",
+    "segment.ms",
+    "min.cleanable.dirty.ratio",
+    "max.compaction.lag.ms",
+    "delete.retention.ms",
+    "retention.ms",
+)
+"""The topic settings a changelog's metadata shows."""
 
 
 def worker_metadata(report: WorkerReport, store_totals: bool = True) -> dict[str, Any]:
@@ -196,6 +211,21 @@ def topic_metadata(
         "high_offsets": MetadataValue.json({str(p): high for p, (_, high) in sorted(watermarks.items())}),
         "records_upper_bound": sum(high - low for low, high in watermarks.values()),
     }
+
+
+def changelog_states(
+    app: App, bound: App, plan: ProvisioningPlan, translator: StatefulTranslator
+) -> Iterator[tuple[AssetKey, dict[str, Any]]]:
+    """Per changelog of `app`: its asset key and what provisioning found or did (status, partitions,
+    settings, offsets)."""
+    for check in plan.checks:
+        if check.spec.role is not TopicRole.CHANGELOG:
+            continue
+        topic, partitions = check.spec.name, check.found_partitions or 0
+        config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
+        store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
+        marks = bound.kafka.watermarks(topic, range(partitions))
+        yield changelog_key(app, store, translator), topic_metadata(partitions, config, marks, check.status.value)
 
 
 def snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, Any]:

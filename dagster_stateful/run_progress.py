@@ -1,9 +1,9 @@
 """Restore progress in a Dagster run's log, while the run restores.
 
-Owns `RestoreProgressLog`, a restore listener the worker and restore jobs give their app: when a
-store partition starts restoring, then at most every `interval` seconds while it restores, and when
-it ends, the run's log says which store and partition, records done of how many, the rate and the
-time left, so an operator watching the run sees a long restore advance.
+Owns `RestoreProgressLog`, a restore listener that worker runs (`worker_runs`) and the restore jobs
+give their app: when a store partition starts restoring, then at most every `interval` seconds
+while it restores, and when it ends, the run's log says which store and partition, records done of
+how many, the rate and the time left, so an operator watching the run sees a long restore advance.
 """
 
 from __future__ import annotations
