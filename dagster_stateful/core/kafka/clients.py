@@ -46,7 +46,8 @@ from dagster_stateful.core.kafka.error_codes import (
 )
 from dagster_stateful.core.kafka.retrying import ATTEMPT_TIMEOUT as ATTEMPT_TIMEOUT  # re-exported
 from dagster_stateful.core.kafka.retrying import BACKOFF_FIRST, MIN_ATTEMPT_TIMEOUT, AdminRetries
-from dagster_stateful.core.kafka.security.authorization import GROUP, TOPIC, Access, is_authorization_failure
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, ResourceType
+from dagster_stateful.core.kafka.security.authorization import is_authorization_failure
 from dagster_stateful.core.kafka.security.failures import ClientIdentity, SecurityWatch
 from dagster_stateful.errors import ConfigurationError
 
@@ -192,7 +193,11 @@ class KafkaClients:
             replicas = min((len(p.replicas) for p in metadata.partitions.values()), default=0)
             return TopicLayout(len(metadata.partitions), replicas)
 
-        return self._retrying(call, f"reading the metadata of topic {topic}", needs=[Access("Describe", TOPIC, topic)])
+        return self._retrying(
+            call,
+            f"reading the metadata of topic {topic}",
+            needs=[AclRequirement(ResourceType.TOPIC, topic, Operation.DESCRIBE)],
+        )
 
     def topic_config(self, topic: str) -> dict[str, str]:
         resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
@@ -205,7 +210,7 @@ class KafkaClients:
             call,
             f"reading the configuration of topic {topic}",
             final=_MISSING_TOPIC,
-            needs=[Access("DescribeConfigs", TOPIC, topic)],
+            needs=[AclRequirement(ResourceType.TOPIC, topic, Operation.DESCRIBE_CONFIGS)],
         )
         return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
@@ -229,7 +234,7 @@ class KafkaClients:
         self._retrying(
             call,
             f"creating topic {name} ({partitions} partitions, replication {replication}, {dict(config)})",
-            needs=[Access("Create", TOPIC, name)],
+            needs=[AclRequirement(ResourceType.TOPIC, name, Operation.CREATE)],
         )
         # Creation returns before the new partitions serve requests (metadata may already name a
         # leader that answers NOT_LEADER / UNKNOWN_TOPIC_OR_PART): wait until every one answers.
@@ -274,7 +279,11 @@ class KafkaClients:
 
         what = f"{doing} partitions {partitions}"
         return self._retrying(
-            call, what, topic=topic, needs=[Access("Describe", TOPIC, topic)], first_pause=first_pause
+            call,
+            what,
+            topic=topic,
+            needs=[AclRequirement(ResourceType.TOPIC, topic, Operation.DESCRIBE)],
+            first_pause=first_pause,
         )
 
     def _list_offsets_once(
@@ -314,7 +323,10 @@ class KafkaClients:
             return {}
         reader = self.consumer({"group.id": group, "enable.auto.commit": False})
         what = f"reading group {group!r}'s committed offsets on {topic}"
-        needs = [Access("Describe", GROUP, group), Access("Describe", TOPIC, topic)]
+        needs = [
+            AclRequirement(ResourceType.GROUP, group, Operation.DESCRIBE),
+            AclRequirement(ResourceType.TOPIC, topic, Operation.DESCRIBE),
+        ]
         try:
             result = self._retrying(
                 lambda timeout: reader.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout),
@@ -338,7 +350,7 @@ class KafkaClients:
                 .result(timeout=timeout + MIN_ATTEMPT_TIMEOUT)
             ),
             f"describing consumer group {group!r}",
-            needs=[Access("Describe", GROUP, group)],
+            needs=[AclRequirement(ResourceType.GROUP, group, Operation.DESCRIBE)],
         )
         members = tuple(
             GroupMember(
@@ -369,7 +381,7 @@ class KafkaClients:
         what: str,
         final: Collection[int] = (),
         topic: str | None = None,
-        needs: Sequence[Access] = (),
+        needs: Sequence[AclRequirement] = (),
         consumer: Consumer | None = None,
         first_pause: float = BACKOFF_FIRST,
     ) -> _T:

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 
 from confluent_kafka import KafkaError, KafkaException
 
-from dagster_stateful.core.kafka.security.authorization import Access, authorization_error, is_authorization_failure
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement
+from dagster_stateful.core.kafka.security.authorization import authorization_error, is_authorization_failure
 from dagster_stateful.errors import KafkaOperationError
 
 UNREACHABLE = frozenset(
@@ -82,7 +83,7 @@ def is_transient(error: KafkaException) -> bool:
 
 
 def as_operation_error(
-    error: KafkaException, what: str, needs: Sequence[Access] = (), principal: str | None = None
+    error: KafkaException, what: str, needs: Sequence[AclRequirement] = (), principal: str | None = None
 ) -> KafkaOperationError:
     """The project's error for `error`, met while `what`; an authorization failure names the access
     in `needs` that Kafka refused (see `authorization.authorization_error`)."""

@@ -30,7 +30,8 @@ from dagster_stateful.core.kafka.error_codes import (
     is_transient,
     kafka_error_of,
 )
-from dagster_stateful.core.kafka.security.authorization import Access, is_authorization_failure
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement
+from dagster_stateful.core.kafka.security.authorization import is_authorization_failure
 from dagster_stateful.core.kafka.security.failures import SecurityWatch
 from dagster_stateful.errors import KafkaOperationError
 
@@ -91,7 +92,7 @@ class AdminRetries:
         what: str,
         final: Collection[int] = (),
         topic: str | None = None,
-        needs: Sequence[Access] = (),
+        needs: Sequence[AclRequirement] = (),
         consumer: Consumer | None = None,
         first_pause: float = BACKOFF_FIRST,
     ) -> _T:
@@ -130,7 +131,7 @@ class AdminRetries:
             if topic is not None and last.code() in STALE_METADATA:
                 self._refresh_metadata(topic, min(timeout, backoff.remaining()))
 
-    def _raise_reported(self, what: str, needs: Sequence[Access], consumer: Consumer | None) -> None:
+    def _raise_reported(self, what: str, needs: Sequence[AclRequirement], consumer: Consumer | None) -> None:
         """Serve the admin client's callbacks and `consumer`'s events (librdkafka reports a refused
         login or handshake, and a consumer a refused group, only there), then raise what they reported."""
         self._admin().poll(0)
@@ -167,7 +168,7 @@ class AdminRetries:
 
 
 def transient_or_raise(
-    error: KafkaException, what: str, final: Collection[int], needs: Sequence[Access], principal: str | None
+    error: KafkaException, what: str, final: Collection[int], needs: Sequence[AclRequirement], principal: str | None
 ) -> KafkaError:
     """Kafka's error when it is worth another try, else the `KafkaOperationError` about `what`, raised."""
     kafka_error = kafka_error_of(error)

@@ -26,13 +26,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from dagster_stateful.core.gc_pause import gc_paused
 from dagster_stateful.core.kafka.records import position as record_position
-from dagster_stateful.core.kafka.security.authorization import (
-    GROUP,
-    TOPIC,
-    Access,
-    authorization_error,
-    is_authorization_failure,
-)
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, ResourceType
+from dagster_stateful.core.kafka.security.authorization import authorization_error, is_authorization_failure
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreKind, RestoreReport
 from dagster_stateful.core.recovery.changelog_format import (
@@ -336,7 +331,10 @@ class ChangelogRestore:
                 continue
             if is_authorization_failure(error):
                 topic = self.store.changelog_topic
-                needs = [Access("Read", TOPIC, topic), Access("Describe", GROUP, self._group)]
+                needs = [
+                    AclRequirement(ResourceType.TOPIC, topic, Operation.READ),
+                    AclRequirement(ResourceType.GROUP, self._group, Operation.DESCRIBE),
+                ]
                 raise authorization_error(error, f"replaying {topic}[{self.store.partition}]", needs)
             raise KafkaException(error)
 

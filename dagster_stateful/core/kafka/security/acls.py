@@ -1,74 +1,31 @@
 """The Kafka ACLs an app needs, and no more: least privilege on a cluster that denies by default.
 
-Owns `AclRequirement` (a resource, its pattern type, an operation and why the app needs it) and
-`required_acls`, which derives them from an app's configuration and topics: the source topic
-(read), the changelogs (created by provisioning, validated, written by every commit, read by
-restores and by the Spark jobs), the output and dead-letter topics (created and written), the
-consumer group (joined, committed to, read by the sensors), the groups of the changelog replays
-and, under exactly-once, the transactional ids (a prefix: one id per worker). Describe is listed
-only where nothing implies it (Kafka grants it with Read or Write on the same resource); the
-cluster's IdempotentWrite is not listed, since brokers of Kafka 3.0 and later let an idempotent
-producer write with Write on a topic (KIP-679; older brokers need it too). `kafka_acls_commands`
-prints them in the form Kafka's `kafka-acls` tool takes, `markdown_table` as the docs show them.
+Owns `required_acls`, which derives the ACLs (`AclRequirement`s of the one model, `acl_model`)
+from an app's configuration and topics: the source topic (read), the changelogs (created by
+provisioning, validated, written by every commit, read by restores and by the Spark jobs), the
+output and dead-letter topics (created and written), the consumer group (joined, committed to,
+read by the sensors), the groups of the changelog replays and, under exactly-once, the
+transactional ids (a prefix: one id per worker). Describe is listed only where nothing implies it
+(Kafka grants it with Read or Write on the same resource); the cluster's IdempotentWrite is not
+listed, since brokers of Kafka 3.0 and later let an idempotent producer write with Write on a topic
+(KIP-679; older brokers need it too). What each part of a worker needs (`authorization`) is
+contained in it. `kafka_acls_commands` prints them in the form Kafka's `kafka-acls` tool takes,
+`markdown_table` as the docs show them, `acl_bindings` as confluent-kafka's `AclBinding`s.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import StrEnum
 
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType
 from confluent_kafka.admin import ResourceType as KafkaResourceType
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.provisioning import TopicRole, TopicSpec
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, PatternType, ResourceType
 
-__all__ = [
-    "AclRequirement",
-    "Operation",
-    "PatternType",
-    "ResourceType",
-    "acl_bindings",
-    "kafka_acls_commands",
-    "markdown_table",
-    "required_acls",
-]
-
-
-class ResourceType(StrEnum):
-    TOPIC = "topic"
-    GROUP = "group"
-    TRANSACTIONAL_ID = "transactional-id"
-    CLUSTER = "cluster"
-
-
-class PatternType(StrEnum):
-    LITERAL = "literal"
-    PREFIXED = "prefixed"
-
-
-class Operation(StrEnum):
-    READ = "Read"
-    WRITE = "Write"
-    CREATE = "Create"
-    DESCRIBE = "Describe"
-    DESCRIBE_CONFIGS = "DescribeConfigs"
-    IDEMPOTENT_WRITE = "IdempotentWrite"
-
-
-CLUSTER_NAME = "kafka-cluster"
-"""The name of Kafka's one cluster resource."""
-
-
-@dataclass(frozen=True)
-class AclRequirement:
-    resource_type: ResourceType
-    name: str
-    pattern: PatternType
-    operation: Operation
-    why: str
+__all__ = ["acl_bindings", "kafka_acls_commands", "markdown_table", "required_acls", "transactional_id_prefix"]
 
 
 def required_acls(
@@ -123,7 +80,7 @@ _WRITES = {
 
 
 def _acl(resource: ResourceType, name: str, operation: Operation, why: str, prefixed: bool = False) -> AclRequirement:
-    return AclRequirement(resource, name, PatternType.PREFIXED if prefixed else PatternType.LITERAL, operation, why)
+    return AclRequirement(resource, name, operation, PatternType.PREFIXED if prefixed else PatternType.LITERAL, why)
 
 
 def kafka_acls_commands(

@@ -1,34 +1,43 @@
 """Authorization failures: what the engine was doing, which ACL that needs, and what to grant.
 
-Owns `Access` (an ACL operation on a resource: READ on group G, WRITE on topic T, ...), the ones
-each part of a worker needs (`consuming`, `producing`, `transacting`), and the error raised when
-Kafka refuses one (`authorization_error`): "not authorized: <operation> on <resource type> <name>",
-naming what the engine was doing and pointing to `dagster-stateful acls`, which prints every ACL an
-app needs. Kafka's *_AUTHORIZATION_FAILED codes are never retried: an ACL does not appear by
-waiting.
+Owns what each part of a worker needs, as `AclRequirement`s of the one ACL model (`acl_model`):
+`consuming`, `producing`, `transacting` (the same ACLs `acls.required_acls` lists for the app, no
+more: a test holds them to it), and the error raised when Kafka refuses one
+(`authorization_error`): "not authorized: <operation> on <resource type> <name>", naming what the
+engine was doing and pointing to `dagster-stateful acls`, which prints every ACL an app needs.
+Kafka's *_AUTHORIZATION_FAILED codes are never retried: an ACL does not appear by waiting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
 from dagster_stateful.core.config import AppConfig, ErrorPolicy
+from dagster_stateful.core.kafka.security.acl_model import (
+    CLUSTER_NAME,
+    AclRequirement,
+    Operation,
+    PatternType,
+    ResourceType,
+)
 from dagster_stateful.errors import KafkaAuthorizationError
 
-TOPIC, GROUP, TRANSACTIONAL_ID, CLUSTER = "topic", "group", "transactional-id", "cluster"
-CLUSTER_NAME = "kafka-cluster"
-"""The one cluster resource's name in Kafka's ACLs."""
-REFUSED_RESOURCE = {
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: TOPIC,
-    KafkaError.GROUP_AUTHORIZATION_FAILED: GROUP,
-    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: TRANSACTIONAL_ID,
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: CLUSTER,
+REFUSED_RESOURCE: dict[int, str] = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: ResourceType.TOPIC,
+    KafkaError.GROUP_AUTHORIZATION_FAILED: ResourceType.GROUP,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ResourceType.TRANSACTIONAL_ID,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: ResourceType.CLUSTER,
     KafkaError.DELEGATION_TOKEN_AUTHORIZATION_FAILED: "delegation token",
 }
 """Kafka's authorization codes, with the type of resource each one refuses."""
+IDEMPOTENT_WRITE = AclRequirement(
+    ResourceType.CLUSTER, CLUSTER_NAME, Operation.IDEMPOTENT_WRITE, why="an idempotent producer, on brokers before 3.0"
+)
+"""Not in the least-privilege table (brokers of Kafka 3.0 and later let an idempotent producer write
+with Write on a topic, KIP-679), but what an older broker, or one refusing the producer's id,
+names: recognized in Kafka's refusal by its text."""
 UNKNOWN_PRINCIPAL = (
     "its principal (User:<sasl.username>; under mutual TLS, the name the brokers map its certificate to)"
 )
@@ -38,53 +47,42 @@ ACLS_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class Access:
-    """What an operation of the engine needs an ACL for."""
-
-    operation: str
-    """Kafka's ACL operation as `kafka-acls --operation` takes it: Read, Write, Create, Describe,
-    DescribeConfigs, IdempotentWrite."""
-    resource_type: str
-    name: str
-    prefixed: bool = False
-    """The engine uses names starting with `name` (a PREFIXED ACL covers them)."""
-
-    def __str__(self) -> str:
-        names = f"names starting with {self.name!r}" if self.prefixed else self.name
-        return f"{self.operation} on {self.resource_type} {names}"
-
-
 def is_authorization_failure(error: KafkaError) -> bool:
     return error.code() in REFUSED_RESOURCE
 
 
-def consuming(config: AppConfig) -> tuple[Access, ...]:
+def consuming(config: AppConfig) -> tuple[AclRequirement, ...]:
     """What a worker's consumer needs: joining the app's group and reading its source."""
-    return Access("Read", TOPIC, config.source), Access("Read", GROUP, config.consumer_group)
+    return (
+        AclRequirement(ResourceType.TOPIC, config.source, Operation.READ, why="consume it"),
+        AclRequirement(ResourceType.GROUP, config.consumer_group, Operation.READ, why="join the group"),
+    )
 
 
-def producing(config: AppConfig) -> tuple[Access, ...]:
-    """What a worker's producer needs: writing its changelogs, output and dead letters, and (an
-    idempotent producer; Kafka 3+ also accepts Write on any topic) IdempotentWrite on the cluster."""
+def producing(config: AppConfig) -> tuple[AclRequirement, ...]:
+    """What a worker's producer needs: writing its changelogs, output and dead letters (an
+    idempotent producer: Kafka 3.0 and later need no IdempotentWrite on the cluster for it)."""
     topics = [*(config.changelog_topics() or {}).values()]
     if config.output and config.emits_output:
         topics.append(config.output)
     if config.on_error is ErrorPolicy.DEAD_LETTER:
         topics.append(config.dead_letter_topic)
-    return (*(Access("Write", TOPIC, topic) for topic in topics), Access("IdempotentWrite", CLUSTER, CLUSTER_NAME))
+    return tuple(AclRequirement(ResourceType.TOPIC, topic, Operation.WRITE, why="produce to it") for topic in topics)
 
 
-def transacting(config: AppConfig, transactional_id_prefix: str) -> tuple[Access, ...]:
+def transacting(config: AppConfig, transactional_id_prefix: str) -> tuple[AclRequirement, ...]:
     """What an exactly-once worker's transactional producer needs, its transactional ids included."""
-    return Access("Write", TRANSACTIONAL_ID, transactional_id_prefix, prefixed=True), *producing(config)
+    ids = AclRequirement(
+        ResourceType.TRANSACTIONAL_ID, transactional_id_prefix, Operation.WRITE, PatternType.PREFIXED, "transactions"
+    )
+    return ids, *producing(config)
 
 
 def authorization_error(
-    error: KafkaError, doing: str, needs: Sequence[Access] = (), principal: str | None = None
+    error: KafkaError, doing: str, needs: Sequence[AclRequirement] = (), principal: str | None = None
 ) -> KafkaAuthorizationError:
     """The error for Kafka's refusal `error` (an *_AUTHORIZATION_FAILED code) while `doing`: "not
-    authorized: <what was refused>", named by the accesses in `needs` of the refused resource type
+    authorized: <what was refused>", named by the ACLs in `needs` of the refused resource type
     (several: any of them may be the one missing). `principal`: the client's, when known."""
     resource_type = REFUSED_RESOURCE.get(error.code(), "resource")
     refused = _refused(error, resource_type, needs)
@@ -99,25 +97,25 @@ def authorization_error(
         message,
         code=error.code(),
         code_name=error.name(),
-        operation=None if only is None else only.operation,
-        resource_type=resource_type,
+        operation=None if only is None else str(only.operation),
+        resource_type=str(resource_type),
         resource_name=None if only is None else only.name,
     )
 
 
-def _refused(error: KafkaError, resource_type: str, needs: Sequence[Access]) -> list[Access]:
-    """The accesses of `needs` that Kafka's refusal may be about (the cluster's IdempotentWrite is
-    recognized by librdkafka's text alone)."""
-    refused = [access for access in needs if access.resource_type == resource_type]
-    if not refused and resource_type == CLUSTER and "idempotence" in error.str().lower():
-        refused = [Access("IdempotentWrite", CLUSTER, CLUSTER_NAME)]
+def _refused(error: KafkaError, resource_type: str, needs: Sequence[AclRequirement]) -> list[AclRequirement]:
+    """The ACLs of `needs` that Kafka's refusal may be about (the cluster's IdempotentWrite, needed
+    by none of them, is recognized by librdkafka's text alone)."""
+    refused = [acl for acl in needs if acl.resource_type == resource_type]
+    if not refused and resource_type == ResourceType.CLUSTER and "idempotence" in error.str().lower():
+        refused = [IDEMPOTENT_WRITE]
     return refused
 
 
-def _describe(refused: list[Access], resource_type: str) -> str:
+def _describe(refused: list[AclRequirement], resource_type: str) -> str:
     if not refused:
         return f"an operation on a {resource_type}"
-    described = " or ".join(str(access) for access in refused)
-    if any(access.operation == "IdempotentWrite" for access in refused):
+    described = " or ".join(str(acl) for acl in refused)
+    if any(acl.operation is Operation.IDEMPOTENT_WRITE for acl in refused):
         described += " (brokers of Kafka 3.0 or later also accept Write on any topic instead)"
     return described

@@ -56,12 +56,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from dagster_stateful.core.kafka.bounded import CallTimedOut
 from dagster_stateful.core.kafka.records import Headers
-from dagster_stateful.core.kafka.security.authorization import (
-    TOPIC,
-    Access,
-    authorization_error,
-    is_authorization_failure,
-)
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, ResourceType
+from dagster_stateful.core.kafka.security.authorization import authorization_error, is_authorization_failure
 from dagster_stateful.core.processing.commit.changelog_positions import ChangelogEnds, ChangelogPositions, Prepared
 from dagster_stateful.core.processing.commit.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DeliveryTracker
 from dagster_stateful.core.processing.commit.source_commit import CommitDeferred, SourceCommit
@@ -309,7 +305,9 @@ class Committer:
             cause = fatal.args[0] if isinstance(fatal, KafkaException) and fatal.args else None
             if isinstance(cause, KafkaError) and is_authorization_failure(cause):
                 doing = f"producing to topic {topic}"
-                raise authorization_error(cause, doing, [Access("Write", TOPIC, topic)]) from raised
+                raise authorization_error(
+                    cause, doing, [AclRequirement(ResourceType.TOPIC, topic, Operation.WRITE)]
+                ) from raised
 
     def _wait_for_room(self, topic: str) -> None:
         """Serve delivery reports until the full producer queue may take a record, up to the deadline."""
@@ -363,7 +361,9 @@ class Committer:
     def _fail(self, unacknowledged: int, partitions: list[int]) -> NoReturn:
         if self._tracker.refused:
             topic, refusal = next(iter(self._tracker.refused.items()))
-            self._failure = authorization_error(refusal, f"producing to topic {topic}", [Access("Write", TOPIC, topic)])
+            self._failure = authorization_error(
+                refusal, f"producing to topic {topic}", [AclRequirement(ResourceType.TOPIC, topic, Operation.WRITE)]
+            )
             raise self._failure
         errors = self._tracker.errors
         waited = self._delivery_timeout + FLUSH_MARGIN_SECONDS

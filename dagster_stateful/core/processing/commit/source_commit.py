@@ -15,12 +15,8 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from dagster_stateful.core.kafka.security.authorization import (
-    GROUP,
-    Access,
-    authorization_error,
-    is_authorization_failure,
-)
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, ResourceType
+from dagster_stateful.core.kafka.security.authorization import authorization_error, is_authorization_failure
 from dagster_stateful.core.state.commit_metadata import MetadataLimit
 from dagster_stateful.errors import ConfigurationError
 
@@ -91,7 +87,7 @@ class SourceCommit:
             return False
         if is_authorization_failure(kafka_error):
             doing = f"committing the offsets of {self._source_topic} in consumer group {self._group!r}"
-            needs = [Access("Read", GROUP, self._group)] if self._group else []
+            needs = [AclRequirement(ResourceType.GROUP, self._group, Operation.READ)] if self._group else []
             raise authorization_error(kafka_error, doing, needs) from error
         if kafka_error.code() not in _RETRIABLE_COMMIT_ERRORS:
             raise error

@@ -32,9 +32,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls, CallTimedOut
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement
 from dagster_stateful.core.kafka.security.acls import transactional_id_prefix
 from dagster_stateful.core.kafka.security.authorization import (
-    Access,
     authorization_error,
     is_authorization_failure,
     transacting,
@@ -136,7 +136,7 @@ class KafkaTransactions:
         consumer: Consumer,
         timeout_seconds: float,
         deadline: Deadline | None = None,
-        needs: Sequence[Access] = (),
+        needs: Sequence[AclRequirement] = (),
     ) -> None:
         """timeout_seconds: how long a call retries (the transaction timeout); deadline: when every
         call must have returned (a bounded worker's; None: no deadline); needs: the ACLs the

@@ -8,7 +8,8 @@ import shlex
 
 from dagster_stateful.cli import main
 from dagster_stateful.core import App
-from dagster_stateful.core.kafka.security.acls import Operation, PatternType, ResourceType, required_acls
+from dagster_stateful.core.kafka.security.acl_model import Operation, PatternType, ResourceType
+from dagster_stateful.core.kafka.security.acls import required_acls
 
 
 def app(tmp_path, **settings) -> App:

@@ -26,7 +26,8 @@ from support.core_helpers import (
 from support.kafka_helpers import produce, read_all
 
 from dagster_stateful.core import App
-from dagster_stateful.core.kafka.security.acls import Operation, acl_bindings, required_acls, transactional_id_prefix
+from dagster_stateful.core.kafka.security.acl_model import Operation
+from dagster_stateful.core.kafka.security.acls import acl_bindings, required_acls, transactional_id_prefix
 from dagster_stateful.core.monitoring.report import RestoreKind
 from dagster_stateful.errors import KafkaAuthorizationError
 from dagster_stateful.local_kafka.secured import SecuredEndpoints

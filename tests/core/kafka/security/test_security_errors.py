@@ -31,8 +31,9 @@ from support.kafka_helpers import wait_for
 
 from dagster_stateful.core import App
 from dagster_stateful.core.kafka.clients import KafkaClients
-from dagster_stateful.core.kafka.security.acls import Operation, acl_bindings, required_acls
-from dagster_stateful.core.kafka.security.acls import ResourceType as AclResource
+from dagster_stateful.core.kafka.security.acl_model import Operation
+from dagster_stateful.core.kafka.security.acl_model import ResourceType as AclResource
+from dagster_stateful.core.kafka.security.acls import acl_bindings, required_acls
 from dagster_stateful.errors import (
     KafkaAuthenticationError,
     KafkaAuthorizationError,
