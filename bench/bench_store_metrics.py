@@ -79,6 +79,11 @@ METERED_FILES = {
 }
 """The files that count, time and gather the store metrics, at the baseline -> where they are now (the new
 modules are left in place, unused)."""
+BASELINE_HELPERS = {
+    f"{PACKAGE}/core/processing/progress.py": f"{PACKAGE}/core/processing/worker/baseline_progress.py",
+}
+"""Modules the metered files import at the baseline whose interface changed since: the "off" copy gets
+them as they were, beside the current ones, under another name."""
 RENAMED_MODULES = {
     "core.kafka.acls": "core.kafka.security.acls",
     "core.kafka.authorization": "core.kafka.security.authorization",
@@ -122,7 +127,7 @@ RENAMED_MODULES = {
     "core.processing.standby_placement": "core.processing.standbys.placement",
     "core.processing.worker": "core.processing.worker.loop",
     "core.processing.rebalance": "core.processing.worker.rebalance",
-    "core.processing.progress": "core.processing.worker.progress",
+    "core.processing.progress": "core.processing.worker.baseline_progress",
     "core.processing.starting_offsets": "core.processing.worker.starting_offsets",
     "core.processing.client_settings": "core.processing.worker.client_settings",
 }
@@ -174,7 +179,7 @@ def make_variants(directory: Path, baseline: str) -> dict[str, Path]:
     variants = {"on": directory / "on", "off": directory / "off"}
     for root in variants.values():
         shutil.copytree(ROOT / PACKAGE, root / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
-    for path, current in METERED_FILES.items():
+    for path, current in {**METERED_FILES, **BASELINE_HELPERS}.items():
         target = variants["off"] / current
         try:
             target.write_text(with_moved_imports(git("show", f"{baseline}:{path}")))

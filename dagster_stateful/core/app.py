@@ -23,6 +23,7 @@ from dagster_stateful.core.config import (
     ErrorPolicy,
     MissingOffsets,
     ProcessingGuarantee,
+    Repartition,
     choice,
 )
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -87,6 +88,7 @@ class App(AppQueries):
         missing_offsets: MissingOffsets | str = MissingOffsets.RESUME_FROM_STATE,
         snapshot_root: str | None = None,
         num_standby_replicas: int = 0,
+        repartition_purge_interval: float = 30.0,
     ) -> None:
         """
         stores: the state stores, by name, or as `Store(name, ...)` for a store whose entries expire
@@ -111,6 +113,8 @@ class App(AppQueries):
         num_standby_replicas: warm copies of each partition that other workers of the group keep by
             tailing its changelog (Kafka Streams' num.standby.replicas), so a partition that moves to
             one restores a short tail only.
+        repartition_purge_interval: seconds between purges of a re-keying app's repartition topic,
+            which deletes the records the group has consumed and committed.
         """
         specs = store_specs(stores)
         self._store_specs = {spec.name: spec for spec in specs}
@@ -141,6 +145,7 @@ class App(AppQueries):
             processing_guarantee=choice(ProcessingGuarantee, processing_guarantee, "processing_guarantee"),
             missing_offsets=choice(MissingOffsets, missing_offsets, "missing_offsets"),
             num_standby_replicas=num_standby_replicas,
+            repartition_purge_interval=repartition_purge_interval,
         )
         warn_of_stores_in_memory(specs, use_changelog_topics)
         if not use_changelog_topics:
@@ -157,7 +162,11 @@ class App(AppQueries):
             list(self.config.stores),
             frozenset(self.config.store_ttls),
             frozenset(spec.name for spec in specs if spec.kind == "lru"),
+            on_group_by=self._re_keyed,
         )
+
+    def _re_keyed(self, repartition: Repartition) -> None:
+        self.config = self.config.replace(repartition=repartition)
 
     # What the app is (read from its configuration).
 

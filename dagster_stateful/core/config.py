@@ -5,6 +5,11 @@ below the `App` façade takes an `AppConfig`, never the `App`: it names the cons
 internal topics (`<name>-<store>-changelog`, `<name>-dead-letter`), holds the resolved serializers,
 the error policy, the commit and changelog settings and the Kafka client settings, and validates
 them once, raising `ConfigurationError` with what to change.
+
+An app reads one or more topics (`input_topics`): the source, and, when its steps re-key the
+records (`Repartition`), the internal repartition topic `<name>-<group>-repartition`, which the app
+writes and reads back. The stores belong to the partitions of one topic, the `task_topic`: state
+partition N is that topic's partition N (the repartition topic when there is one).
 """
 
 from __future__ import annotations
@@ -58,6 +63,23 @@ class MissingOffsets(StrEnum):
     """Stop with the operator's options."""
 
 
+@dataclass(frozen=True)
+class Repartition:
+    """The app re-keys its records (`StreamingDataFrame.group_by`): the steps before it run on the
+    source's records and send them, under their new key, to the repartition topic, whose partitions
+    own the state of the steps after it (Kafka Streams' repartition topic after `groupBy`)."""
+
+    name: str
+    """The re-keying's name: the repartition topic is `<app>-<name>-repartition`."""
+    partitions: int | None = None
+    """The repartition topic's partition count (None: the source's)."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, what="group_by name")
+        if self.partitions is not None and self.partitions <= 0:
+            raise ConfigurationError(f"group_by {self.name!r} needs a positive partition count, got {self.partitions}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AppConfig:
     """One app's settings. Build it through `App(...)`, or directly for the engine's lower layers.
@@ -103,6 +125,11 @@ class AppConfig:
     missing_offsets: MissingOffsets = MissingOffsets.RESUME_FROM_STATE
     num_standby_replicas: int = 0
     """Standby copies of each partition that the group's other members keep (`processing.standbys`)."""
+    repartition: Repartition | None = None
+    """Set when the steps re-key the records through a repartition topic."""
+    repartition_purge_interval: float = 30.0
+    """Seconds between purges of the repartition topic's consumed and committed records (Kafka
+    Streams' `repartition.purge.interval.ms`)."""
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -123,6 +150,8 @@ class AppConfig:
             raise ConfigurationError("commit_interval and commit_every must be positive")
         if self.cache_max_bytes < 0:
             raise ConfigurationError(f"cache_max_bytes must be 0 or more, got {self.cache_max_bytes}")
+        if self.repartition_purge_interval < 0:
+            raise ConfigurationError("repartition_purge_interval must be 0 or more")
         if self.restore_batch_size <= 0:
             raise ConfigurationError("restore_batch_size must be positive")
         if self.restore_processes is not None and self.restore_processes <= 0:
@@ -230,6 +259,21 @@ class AppConfig:
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.name}-dead-letter"
+
+    @property
+    def repartition_topic(self) -> str | None:
+        """The internal topic the re-keyed records go through (None: the app does not re-key)."""
+        return None if self.repartition is None else f"{self.name}-{self.repartition.name}-repartition"
+
+    @property
+    def task_topic(self) -> str:
+        """The topic whose partitions own the stores: state partition N is its partition N."""
+        return self.repartition_topic or self.source
+
+    @property
+    def input_topics(self) -> tuple[str, ...]:
+        """Every topic the worker consumes, the source first."""
+        return (self.source,) if self.repartition_topic is None else (self.source, self.repartition_topic)
 
 
 def _check_name(name: str, what: str = "app name") -> None:

@@ -2,9 +2,11 @@
 
 Owns `TopicSpec` (name, role, partitions, replication factor, config) and `ProvisioningPlan`,
 which compares the specs with the cluster. Operators who must create topics by hand print the
-plan; workers apply it (create what is missing, if allowed). Only changelogs must match the
-source's partition count (state partition N is source partition N); output and dead-letter topics
-are created with the source's count but may have any. A changelog with the wrong partition count or
+plan; workers apply it (create what is missing, if allowed). Changelogs must match the partition
+count of the topic that owns the state (state partition N is its partition N): the source, or the
+repartition topic of an app that re-keys, which is created with the source's count unless its
+`group_by` sets one and must keep it. Output and dead-letter topics are created with the source's
+count but may have any. A changelog with the wrong partition count or
 cleanup policy is an error naming the topic, what was found, what was expected and what to do; an
 existing topic is never changed silently. Replication factors default to -1, the brokers'
 `default.replication.factor` (as in Kafka Streams), printed as "default".
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 class TopicRole(StrEnum):
     SOURCE = "source"
+    REPARTITION = "repartition"
     CHANGELOG = "changelog"
     OUTPUT = "output"
     DEAD_LETTER = "dead-letter"
@@ -57,8 +60,9 @@ class TopicSpec:
 
     @property
     def needs_source_partitions(self) -> bool:
-        """Changelogs only: state partition N is restored from changelog partition N for source partition N."""
-        return self.role is TopicRole.CHANGELOG
+        """Changelogs (state partition N is restored from changelog partition N for task partition N)
+        and repartition topics (whose partitions the state already belongs to)."""
+        return self.role in (TopicRole.CHANGELOG, TopicRole.REPARTITION)
 
 
 class TopicAspect(StrEnum):
@@ -131,6 +135,10 @@ def _replication_cell(check: TopicCheck) -> str:
     return f"{wanted} ({found})" if spec.replication_factor == DEFAULT_REPLICATION else f"{wanted} (has {found})"
 
 
+REPARTITION_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "segment.bytes": str(50 * 1024 * 1024)}
+"""What Kafka Streams gives its repartition topics: kept until the app purges what it consumed and
+committed (DeleteRecords), in segments small enough for the purge to free space."""
+
 StoreConfigs = Mapping[str, Mapping[str, str]]
 """Changelog topic settings by store, over the app's `changelog_config` (a window store's retention)."""
 
@@ -139,6 +147,16 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
     """Every topic the app reads or writes, with what the app needs of it."""
     replication, store_configs = config.changelog_replication_factor, store_configs or {}
     specs = [TopicSpec(config.source, TopicRole.SOURCE, None)]
+    if config.repartition is not None and config.repartition_topic is not None:
+        specs.append(
+            TopicSpec(
+                config.repartition_topic,
+                TopicRole.REPARTITION,
+                config.repartition.partitions,
+                replication,
+                dict(REPARTITION_TOPIC_CONFIG),
+            )
+        )
     specs += [
         TopicSpec(topic, TopicRole.CHANGELOG, None, replication, _changelog_config(config, store_configs, store))
         for store, topic in (config.changelog_topics() or {}).items()
@@ -172,17 +190,20 @@ def provision(
 
 def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
     """Compare the specs with the cluster, changing nothing."""
-    source_partitions: int | None = None
+    source_partitions = task_partitions = None
     checks = []
     for spec in specs:
         layout = kafka.topic_layout(spec.name)
         if spec.role is TopicRole.SOURCE:
-            source_partitions = None if layout is None else layout.partitions
-        expected = (
-            spec.partitions
-            if spec.partitions is not None
-            else (source_partitions if spec.role is not TopicRole.SOURCE else None)
-        )
+            source_partitions = task_partitions = None if layout is None else layout.partitions
+        if spec.role is TopicRole.SOURCE:
+            expected = None
+        elif spec.partitions is not None:
+            expected = spec.partitions
+        else:
+            expected = task_partitions if spec.role is TopicRole.CHANGELOG else source_partitions
+        if spec.role is TopicRole.REPARTITION:
+            task_partitions = expected
         spec = TopicSpec(spec.name, spec.role, expected, spec.replication_factor, spec.config)
         checks.append(_check(spec, layout, kafka))
     return ProvisioningPlan(checks)
@@ -202,11 +223,12 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> 
     _check_replication(spec, layout.replication_factor, check)
     found_partitions = layout.partitions
     if spec.needs_source_partitions and spec.partitions is not None and found_partitions != spec.partitions:
+        owner = "the app's group_by asks for" if spec.role is TopicRole.REPARTITION else "the state's topic has"
         check.mismatches[TopicAspect.PARTITIONS] = (
-            f"{spec.role.value} topic {spec.name} has {found_partitions} partitions but the source topic has "
-            f"{spec.partitions}; state partition N must map to source partition N. Delete and recreate "
-            f"{spec.name} with {spec.partitions} partitions (state is then restored from scratch), or "
-            "repartition the source to match."
+            f"{spec.role.value} topic {spec.name} has {found_partitions} partitions but {owner} "
+            f"{spec.partitions}; state partition N must map to partition N of the topic that owns the state. "
+            f"Delete and recreate {spec.name} with {spec.partitions} partitions (state is then restored from "
+            "scratch), or repartition the source to match."
         )
     if spec.role is TopicRole.CHANGELOG:
         check.found_config = kafka.topic_config(spec.name)

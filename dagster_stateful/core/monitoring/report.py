@@ -93,6 +93,12 @@ class WorkerReport:
     cache_commits: int = 0
     """Commits made early because uncommitted state changes filled the record cache (`cache_max_bytes`)."""
     lag: dict[int, int] = field(default_factory=dict)
+    """Messages left per partition of the topic that owns the state (the source, or the repartition topic)."""
+    rekeyed: dict[int, int] = field(default_factory=dict)
+    """A re-keying app: source messages sent on to the repartition topic (or passed by the error
+    policy), per source partition."""
+    upstream_lag: dict[int, int] = field(default_factory=dict)
+    """A re-keying app: messages left per source partition."""
     seconds: float = 0.0
     store_metrics: dict[str, StoreMetrics] = field(default_factory=dict)
     """Per store, over the partitions this run committed (see `state.metrics.StoreMetrics`)."""
@@ -114,4 +120,4 @@ class WorkerReport:
 
     @property
     def total_lag(self) -> int:
-        return sum(self.lag.values())
+        return sum(self.lag.values()) + sum(self.upstream_lag.values())

@@ -55,10 +55,10 @@ def describe_partitions(
     partitions: Iterable[int] | None = None,
     stores: Iterable[str] | None = None,
 ) -> list[PartitionDescription]:
-    source_partitions = kafka.partition_count(config.source) or 0
+    source_partitions = kafka.partition_count(config.task_topic) or 0
     chosen = sorted(partitions) if partitions is not None else list(range(source_partitions))
-    committed = kafka.committed_offsets(config.consumer_group, config.source, chosen) if chosen else {}
-    source_marks = kafka.watermarks(config.source, chosen)
+    committed = kafka.committed_offsets(config.consumer_group, config.task_topic, chosen) if chosen else {}
+    source_marks = kafka.watermarks(config.task_topic, chosen)
     descriptions = []
     for name in stores or config.stores:
         topic = config.changelog_topic(name)

@@ -47,11 +47,11 @@ def locate_key(
     """Where `key` (a message key, as the app's key serializer takes it) of `store` lives now."""
     if store not in config.stores:
         raise ConfigurationError(f"unknown store {store!r}; app {config.name!r} declares {list(config.stores)}")
-    partitions = kafka.partition_count(config.source)
+    partitions = kafka.partition_count(config.task_topic)
     if not partitions:
-        raise ConfigurationError(f"source topic {config.source!r} of app {config.name!r} does not exist")
+        raise ConfigurationError(f"source topic {config.task_topic!r} of app {config.name!r} does not exist")
     partition = partition_of(config.key_serde.dumps(key), partitions, partitioner)
-    group = kafka.describe_group(config.consumer_group, config.source)
+    group = kafka.describe_group(config.consumer_group, config.task_topic)
     by_id = {member.member_id: member for member in group.members}
     active = next((member for member in group.members if partition in member.partitions), None)
     holders: list[str] = []

@@ -93,10 +93,10 @@ def restore_partitions(
     if (request.method is RestoreMethod.SPARK or request.spark_cores) and request.sst_writer is None:
         raise ConfigurationError("the Spark restore path needs an SST writer (a Spark session)")
     partitions = sorted(set(request.partitions))
-    positions = kafka.committed(config.consumer_group, config.source, partitions)
+    positions = kafka.committed(config.consumer_group, config.task_topic, partitions)
     committed = {partition: offset for partition, (offset, _) in positions.items()}
     decoded = {
-        partition: decode_commit_metadata(metadata, offset, f"{config.source}[{partition}]")
+        partition: decode_commit_metadata(metadata, offset, f"{config.task_topic}[{partition}]")
         for partition, (offset, metadata) in positions.items()
     }
     recorded = {partition: metadata.changelog_ends for partition, metadata in decoded.items()}

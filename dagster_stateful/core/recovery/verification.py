@@ -39,8 +39,8 @@ def partition_digest(store: StorePartition) -> Digest:
 
 def replay_digest(config: AppConfig, kafka: KafkaClients, store: str, partition: int) -> Digest:
     """Digest of the partition rebuilt from the changelog alone (up to the current end)."""
-    committed, metadata = kafka.committed(config.consumer_group, config.source, [partition])[partition]
-    recorded = decode_commit_metadata(metadata, committed, f"{config.source}[{partition}]")
+    committed, metadata = kafka.committed(config.consumer_group, config.task_topic, [partition])[partition]
+    recorded = decode_commit_metadata(metadata, committed, f"{config.task_topic}[{partition}]")
     consumer = kafka.consumer({"group.id": config.verify_group, **RESTORE_CONSUMER_CONFIG})
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         replica = StateDirectory(Path(scratch), config).partition(store, partition)

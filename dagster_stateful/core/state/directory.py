@@ -38,7 +38,7 @@ class AppLayout(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def source(self) -> str: ...
+    def task_topic(self) -> str: ...
     @property
     def stores(self) -> tuple[str, ...]: ...
     @property
@@ -87,7 +87,7 @@ class StateDirectory:
             store,
             partition,
             self.config.changelog_topic(store),
-            self.config.source,
+            self.config.task_topic,
             quarantine=self._move_aside,
             lock_timeout=self.lock_timeout_seconds,
             backend=self.config.store_backends.get(store, PartitionDatabase),

@@ -92,7 +92,7 @@ def bootstrap_arrow(
     processing resuming at `source_positions`; its changelog topic must exist (the app provisioned).
     See the module's docstring."""
     config, kafka, store = target.config, target.kafka, target.store
-    source = config.source
+    source = config.task_topic
     partitions = kafka.partition_count(source)
     if partitions is None:
         raise StateTableError(f"source topic {source} of app {config.name!r} does not exist; create it first")
@@ -135,9 +135,11 @@ def _kept_metadata(target: StoreTarget, positions: Mapping[int, int]) -> dict[in
     """Per partition, the metadata that keeps the app's other stores' stream times (and, where the
     offset stays, their changelog ends) through the bootstrap's offset commit."""
     config = target.config
-    committed = target.kafka.committed(config.consumer_group, config.source, sorted(positions))
+    committed = target.kafka.committed(config.consumer_group, config.task_topic, sorted(positions))
     return {
-        partition: carried_over(metadata, offset, positions[partition], target.store, f"{config.source}[{partition}]")
+        partition: carried_over(
+            metadata, offset, positions[partition], target.store, f"{config.task_topic}[{partition}]"
+        )
         for partition, (offset, metadata) in committed.items()
     }
 
@@ -172,7 +174,7 @@ def _existing_state(
     latest = snapshots.latest()
     if latest is not None:
         found.append(f"snapshot {latest.snapshot_id} under {snapshots.location}")
-    committed = kafka.committed_offsets(config.consumer_group, config.source, range(partitions))
+    committed = kafka.committed_offsets(config.consumer_group, config.task_topic, range(partitions))
     if any(offset is not None for offset in committed.values()):
-        found.append(f"group {config.consumer_group!r} has committed offsets on {config.source}")
+        found.append(f"group {config.consumer_group!r} has committed offsets on {config.task_topic}")
     return found

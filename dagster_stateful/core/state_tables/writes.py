@@ -26,7 +26,7 @@ READ_TIMEOUT = 60.0
 
 def refuse_group_members(kafka: KafkaClients, config: AppConfig, doing: str) -> None:
     """Refuse while the app's consumer group has members: its workers would write the store too."""
-    group = kafka.describe_group(config.consumer_group, config.source)
+    group = kafka.describe_group(config.consumer_group, config.task_topic)
     if group.members:
         raise StateTableError(
             f"consumer group {config.consumer_group!r} of app {config.name!r} has {len(group.members)} member(s) "

@@ -40,6 +40,7 @@ class Operation(StrEnum):
     CREATE = "Create"
     DESCRIBE = "Describe"
     DESCRIBE_CONFIGS = "DescribeConfigs"
+    DELETE = "Delete"
     IDEMPOTENT_WRITE = "IdempotentWrite"
 
 

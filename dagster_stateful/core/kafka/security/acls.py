@@ -64,6 +64,11 @@ def _topic_acls(spec: TopicSpec, create: bool) -> list[AclRequirement]:
     needed = [_acl(ResourceType.TOPIC, name, Operation.WRITE, _WRITES[spec.role])]
     if create:
         needed.append(_acl(ResourceType.TOPIC, name, Operation.CREATE, "provisioning creates it when missing"))
+    if spec.role is TopicRole.REPARTITION:
+        needed += [
+            _acl(ResourceType.TOPIC, name, Operation.READ, "the steps after group_by consume it"),
+            _acl(ResourceType.TOPIC, name, Operation.DELETE, "committed records are purged (DeleteRecords)"),
+        ]
     if spec.role is TopicRole.CHANGELOG:
         needed += [
             _acl(ResourceType.TOPIC, name, Operation.READ, "restores and the Spark jobs replay it"),
@@ -75,6 +80,7 @@ def _topic_acls(spec: TopicSpec, create: bool) -> list[AclRequirement]:
 _WRITES = {
     TopicRole.CHANGELOG: "every commit writes the state changes",
     TopicRole.OUTPUT: "the results",
+    TopicRole.REPARTITION: "the re-keyed records (group_by)",
     TopicRole.DEAD_LETTER: "messages the steps refuse (on_error='dead-letter')",
 }
 

@@ -52,9 +52,9 @@ def is_authorization_failure(error: KafkaError) -> bool:
 
 
 def consuming(config: AppConfig) -> tuple[AclRequirement, ...]:
-    """What a worker's consumer needs: joining the app's group and reading its source."""
+    """What a worker's consumer needs: joining the app's group and reading its inputs."""
     return (
-        AclRequirement(ResourceType.TOPIC, config.source, Operation.READ, why="consume it"),
+        *(AclRequirement(ResourceType.TOPIC, topic, Operation.READ, why="consume it") for topic in config.input_topics),
         AclRequirement(ResourceType.GROUP, config.consumer_group, Operation.READ, why="join the group"),
     )
 
@@ -63,6 +63,8 @@ def producing(config: AppConfig) -> tuple[AclRequirement, ...]:
     """What a worker's producer needs: writing its changelogs, output and dead letters (an
     idempotent producer: Kafka 3.0 and later need no IdempotentWrite on the cluster for it)."""
     topics = [*(config.changelog_topics() or {}).values()]
+    if config.repartition_topic is not None:
+        topics.append(config.repartition_topic)
     if config.output and config.emits_output:
         topics.append(config.output)
     if config.on_error is ErrorPolicy.DEAD_LETTER:

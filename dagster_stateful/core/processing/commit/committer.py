@@ -125,6 +125,10 @@ class Committer:
         self._failure: StatefulError | None = None
         self._positions = ChangelogPositions(tracker, changelog_topics, changelog_ends, self._deadline)
         self._source = SourceCommit(consumer, source_topic, group)
+        self._upstream: list[TopicPartition] = []
+        """The upstream offsets of the commit under way."""
+        self.committed_upstream: list[TopicPartition] = []
+        """The upstream offsets the last commit committed (empty when it committed none)."""
         self.metrics = RunStoreMetrics()
         """The run's store metrics: `metrics.summary()` once its stores are closed."""
 
@@ -139,9 +143,13 @@ class Committer:
         """The first delivery failure of the run (None while there is none)."""
         return self._failure
 
-    def commit(self, transactions: Iterable[PartitionTransaction]) -> dict[int, int]:
-        """Commit every transaction with progress, or with expired windows or entries to delete;
-        returns the committed offset per partition.
+    def commit(
+        self, transactions: Iterable[PartitionTransaction], upstream: list[TopicPartition] | None = None
+    ) -> dict[int, int]:
+        """Commit every transaction with progress, or with expired windows or entries to delete, and
+        the `upstream` offsets (a re-keying app's source partitions, which keep no state, committed
+        in the same transaction or after the same acknowledgements); returns the committed offset
+        per partition of the state's topic.
 
         Raises `DeliveryError`, writing nothing, when this or any earlier delivery failed."""
         started = time.perf_counter()
@@ -149,7 +157,8 @@ class Committer:
         self._track_metrics(held)
         pending = [txn for txn in held if txn.has_progress or txn.expiries_due]
         self._refuse_after_failure([txn.partition for txn in pending])
-        if not pending:
+        self._upstream, self.committed_upstream = upstream or [], []
+        if not pending and not self._upstream:
             return {}
         for txn in pending:
             txn.prepare_commit()
@@ -160,6 +169,7 @@ class Committer:
                 for txn in pending:
                     self._produce_changelog(txn, prepared[txn.partition])
             ends = self._deliver_and_commit_offsets(pending, prepared)
+            self.committed_upstream = self._upstream
         except CallTimedOut as timed_out:
             raise self.timed_out(timed_out) from timed_out
         except CommitDeferred as deferred:
@@ -211,7 +221,7 @@ class Committer:
             ends = self._positions.committed_ends(txn, positions) if self.transactions is None else {}
             metadata = self._source.metadata.encode(txn.stream_times_to_commit(), txn.offset_to_commit, ends)
             offsets.append(TopicPartition(self._source_topic, txn.partition, txn.offset_to_commit, metadata))
-        return offsets
+        return offsets + self._upstream
 
     def _write_stores(
         self, txn: PartitionTransaction, changes_by_store: dict[str, list[Change]], ends: dict[tuple[str, int], int]
@@ -265,10 +275,12 @@ class Committer:
         value: bytes | None,
         headers: Headers | None = None,
         partition: int | None = None,
+        timestamp: int = 0,
     ) -> None:
         """Produce one record that the next commit depends on (inside the open transaction under
         exactly-once); a full producer queue is waited out, serving delivery reports. An abort that
-        runs out of time (a record was refused, and Kafka does not answer) raises `CommitTimeoutError`."""
+        runs out of time (a record was refused, and Kafka does not answer) raises `CommitTimeoutError`.
+        timestamp: the record's, in ms (0: now)."""
         target = UNASSIGNED_PARTITION if partition is None else partition
         try:
             if self.transactions is not None:
@@ -276,7 +288,7 @@ class Committer:
             while True:
                 try:
                     # Positional: confluent-kafka parses keyword arguments at about 1.5 µs per call.
-                    self._producer.produce(topic, value, key, target, None, None, 0, headers)
+                    self._producer.produce(topic, value, key, target, None, None, timestamp, headers)
                     return
                 except BufferError:
                     self._wait_for_room(topic)

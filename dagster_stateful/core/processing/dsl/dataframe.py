@@ -15,7 +15,9 @@ that does what `run` does, specialised for the common one-step frame. An aggrega
 per commit (the default of the columnar ones, `Count()` and `Sum("field")` say) passes nothing on
 while processing: `commit_emission` describes what the worker sends at each commit instead (each
 changed key's latest result, through the steps after it), and `vectorized` says when the worker
-may fold whole batches in columns.
+may fold whole batches in columns. `group_by` re-keys the records (`group_by.GroupBy`): the steps
+declared before it (stateless only) run on the source's records, and those after it on the
+re-keyed records read back from the repartition topic, with state kept by the new key.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from dagster_stateful.core.config import Repartition
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
+from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf
 from dagster_stateful.core.processing.dsl.steps import (
     DROPPED,
     REPLACING,
@@ -51,10 +55,18 @@ class StreamingDataFrame:
     """The app's steps, in order. Methods add a step and return the same frame."""
 
     def __init__(
-        self, store_names: list[str], expiring: frozenset[str] = frozenset(), evicting: frozenset[str] = frozenset()
+        self,
+        store_names: list[str],
+        expiring: frozenset[str] = frozenset(),
+        evicting: frozenset[str] = frozenset(),
+        on_group_by: Callable[[Repartition], None] | None = None,
     ) -> None:
         """expiring: the stores declared with a ttl (only apply, update and filter steps may use them);
-        evicting: the LRU stores (windows may not use them)."""
+        evicting: the LRU stores (windows may not use them); on_group_by: told of a re-keying (the
+        app's configuration then names its repartition topic)."""
+        self._on_group_by = on_group_by
+        self.grouping: GroupBy | None = None
+        """The re-keying, once `group_by` declared it (its steps before it are its own)."""
         self._store_names = store_names
         self._expiring = expiring
         self._evicting = evicting
@@ -138,6 +150,38 @@ class StreamingDataFrame:
     def filter(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Keep the value only when `function` returns true."""
         return self._add(StepKind.FILTER, function, stateful, store)
+
+    def group_by(self, key: str | KeyOf, *, name: str | None = None, partitions: int | None = None):
+        """Re-key each record by `key`, a field of its value or a function of it, as Kafka Streams'
+        `groupBy` does: the records go, under their new key, through the internal topic
+        `<app>-<name>-repartition` (`name`: the field's name unless given; a function needs one),
+        with `partitions` partitions (the source's unless set), and the steps declared after this
+        read them back, with state kept by the new key. Only stateless steps may come before it. The
+        new key is written with the app's key serde, the value with its value serde. A record
+        whose key cannot be had (a missing field, a function that raises or returns None) goes to
+        the error policy."""
+        if self.grouping is not None:
+            raise ConfigurationError(
+                f"this app already re-keys its records with group_by {self.grouping.name!r}; one group_by per app"
+            )
+        if self.is_windowed:
+            raise ConfigurationError(
+                "group_by cannot follow a windowed aggregation: its results belong to windows. Re-key the records "
+                "before the window (group_by first, then the window)."
+            )
+        stateful = [step.name for step in self.steps if step.store is not None]
+        if stateful:
+            raise ConfigurationError(
+                f"group_by cannot follow stateful steps ({', '.join(stateful)}): their state is kept by the source's "
+                "key and partition, the steps after it by the new key. Declare group_by before them."
+            )
+        grouping = GroupBy.define(key, name, partitions, self._chain)
+        repartition = Repartition(grouping.name, partitions)
+        self.grouping = grouping
+        self._steps, self._chain = (), ()
+        if self._on_group_by is not None:
+            self._on_group_by(repartition)
+        return self
 
     def aggregate(
         self,

@@ -36,7 +36,7 @@ def commit_emitter(
     if emission is None:
         return None
     output = config.output if config.emits_output else None
-    return CommitEmitter(emission, config.source, output, config.output_serde.dumps, produce, bad_input)
+    return CommitEmitter(emission, config.task_topic, output, config.output_serde.dumps, produce, bad_input)
 
 
 class CommitEmitter:

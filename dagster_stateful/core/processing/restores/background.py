@@ -18,11 +18,13 @@ so that their start-up is not part of the restore.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.listeners import Listeners
 from dagster_stateful.core.monitoring.report import RestoreReport
@@ -39,6 +41,7 @@ from dagster_stateful.core.recovery.parallel_replay import (
     replayable,
 )
 from dagster_stateful.core.recovery.restore_log import RESTORE_REPORT_FIELD, log_restored
+from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.errors import RecoveryError
 
@@ -286,3 +289,16 @@ def _unstarted_full_restores(replays: list[ChangelogRestore | ChildReplay]) -> l
 
 def _replaying_here(pending: list[list[ChangelogRestore | ChildReplay]]) -> bool:
     return any(isinstance(replay, ChangelogRestore) and replay.started for replays in pending for replay in replays)
+
+
+def background_restores(
+    config: AppConfig, kafka: KafkaClients, listeners: Listeners, state: StateDirectory
+) -> BackgroundRestores:
+    """A worker's background restores: one process per core unless `restore_processes` says, started
+    ahead when the worker has no local state (full restores are then likely, and their processes
+    start while the group forms)."""
+    processes = config.restore_processes or os.cpu_count() or 1
+    background = BackgroundRestores(kafka, config.restore_group, listeners, processes, config.restore_batch_size)
+    if config.changelog_topics() and not any(state.local_partitions(store) for store in config.stores):
+        background.start_ahead()
+    return background

@@ -120,7 +120,7 @@ class StandbyReplicas:
         if not member:
             return
         try:
-            group = self._kafka.describe_group(self._config.consumer_group, self._config.source)
+            group = self._kafka.describe_group(self._config.consumer_group, self._config.task_topic)
         except StatefulError as error:
             log.warning("Could not read group %r's membership for its standbys: %s", self._config.consumer_group, error)
             return
@@ -221,10 +221,10 @@ class StandbyReplicas:
     def _committed(self, partition: int) -> tuple[int | None, CommitMetadata]:
         """The group's committed offset (None: never committed) and what its commit recorded."""
         [committed] = self._offset_reader.committed(
-            [TopicPartition(self._config.source, partition)], timeout=COMMITTED_TIMEOUT_SECONDS
+            [TopicPartition(self._config.task_topic, partition)], timeout=COMMITTED_TIMEOUT_SECONDS
         )
         offset = committed.offset if committed.offset >= 0 else None
-        where = f"{self._config.source}[{partition}]"
+        where = f"{self._config.task_topic}[{partition}]"
         return offset, decode_commit_metadata(committed.metadata, offset, where)
 
 

@@ -19,11 +19,8 @@ failure a client reports is raised at once (`KafkaClients.check_security`); noth
 from __future__ import annotations
 
 import logging
-import os
 import time
 from functools import partial
-
-from confluent_kafka import TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.gc_pause import gc_paused
@@ -34,6 +31,7 @@ from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import StopReason, WorkerReport
 from dagster_stateful.core.processing.commit.committer import Committer, StoresDamaged
 from dagster_stateful.core.processing.commit.delivery import DeliveryTracker, delivery_timeout_seconds
+from dagster_stateful.core.processing.commit.repartition_purge import RepartitionPurge
 from dagster_stateful.core.processing.commit.transactions import (
     TransactionAborted,
     exactly_once_transactions,
@@ -46,10 +44,11 @@ from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.batch import BatchProcessor
 from dagster_stateful.core.processing.paths.batch_path import choose_path
 from dagster_stateful.core.processing.paths.emission import commit_emitter
-from dagster_stateful.core.processing.restores.background import BackgroundRestores
+from dagster_stateful.core.processing.paths.rekeying import Rekeying, RoutedBatches
+from dagster_stateful.core.processing.restores.background import background_restores
 from dagster_stateful.core.processing.standbys.replicas import standbys_for
 from dagster_stateful.core.processing.worker.client_settings import worker_consumer_config, worker_producer_config
-from dagster_stateful.core.processing.worker.progress import group_lag, held_lag, pass_markers
+from dagster_stateful.core.processing.worker.progress import Progress
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
@@ -61,7 +60,6 @@ from dagster_stateful.errors import (
     KafkaSecurityError,
     ProcessingError,
     StatefulError,
-    StateLockedError,
     StateStoreError,
     StoreCorruptedError,
 )
@@ -117,6 +115,10 @@ class Worker:
         failed = False
         try:
             refuse_pinned_exactly_once(self.config, self.partitions)
+            if self.partitions is not None and config.repartition is not None:
+                raise ConfigurationError(
+                    f"app {config.name!r} re-keys its records (group_by): a worker pinned to partitions cannot run it"
+                )
             activity.hold_shared()
             self.stop.install()
             self._open_clients()
@@ -125,17 +127,22 @@ class Worker:
             initialize_transactions(self._committer.transactions, config.name)
             if self.partitions is None:
                 self._consumer.subscribe(
-                    [config.source],
+                    list(config.input_topics),
                     on_assign=self._assignments.on_assign,
                     on_revoke=self._assignments.on_revoke,
                     on_lost=self._assignments.on_lost,
                 )
             else:
-                self._assign_manually(plan.check(config.source).found_partitions or 0)
+                found = plan.check(config.task_topic).found_partitions or 0
+                starts = self._assignments.take_pinned(self.partitions, found)
+                self._consumer.assign(starts)
+                self._consumer.pause(starts)
             self.report.stop_reason = self._loop(started)
             self.listeners.transition(AppState.PENDING_SHUTDOWN)
             self._commit()
             self._commit()  # what the final commit's stream time expired: a store left tidy
+            if self._purge is not None:
+                self._purge.purge()
         except ProcessingError:
             failed = True
             if not self._committer.failed:
@@ -181,10 +188,12 @@ class Worker:
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
             report.messages_in_columns = self._batches.messages_in_columns
+            report.rekeyed = self._rekeying.counts if self._rekeying else {}
             try:
-                report.lag = self._group_lag()
+                report.lag, *upstream = self._progress.lags()
+                report.upstream_lag = upstream[0] if upstream else {}
             except StatefulError as error:
-                log.warning("Could not read the lag left on %s: %s", self.config.source, error)
+                log.warning("Could not read the lag left on %s: %s", ", ".join(self.config.input_topics), error)
         report.seconds = time.monotonic() - started
 
     def _open_clients(self) -> None:
@@ -201,7 +210,7 @@ class Worker:
             self._consumer,
             self._producer,
             self._tracker,
-            config.source,
+            config.task_topic,
             changelogs,
             delivery_timeout_seconds(producer_config),
             transactions,
@@ -216,6 +225,15 @@ class Worker:
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
         self._standbys = standbys_for(config, kafka, self.state, self._consumer, self._offset_reader, self.partitions)
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
+        grouping = self._dataframe.grouping
+        self._rekeying = (
+            None if grouping is None else Rekeying(config, grouping, self._bad_input, self._committer.produce, {})
+        )
+        self._purge = (
+            None
+            if config.repartition_topic is None
+            else RepartitionPurge(kafka, config.repartition_topic, config.repartition_purge_interval)
+        )
         self._assignments = PartitionAssignments(
             config,
             kafka,
@@ -230,8 +248,10 @@ class Worker:
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
             live_stores=self._dataframe.live_stores,
             standbys=self._standbys,
-            background=self._background_restores(kafka),
+            background=background_restores(config, kafka, self.listeners, self.state),
+            rekeying=self._rekeying,
         )
+        self._progress = Progress(kafka, self._consumer, config, self._assignments)
         self._transactions = self._assignments.transactions
         per_message = BatchProcessor(
             config,
@@ -243,43 +263,16 @@ class Worker:
             self.report.messages_processed,
             self._recover_damaged,
         )
-        self._batches, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
+        state_path, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
+        self._batches = state_path if self._rekeying is None else RoutedBatches(self._rekeying, state_path)
         self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
-
-    def _background_restores(self, kafka: KafkaClients) -> BackgroundRestores:
-        config = self.config
-        processes = config.restore_processes or os.cpu_count() or 1
-        background = BackgroundRestores(
-            kafka, config.restore_group, self.listeners, processes, config.restore_batch_size
-        )
-        if config.changelog_topics() and not any(self.state.local_partitions(store) for store in config.stores):
-            background.start_ahead()  # full restores are likely: their processes start while the group forms
-        return background
-
-    def _assign_manually(self, source_partitions: int) -> None:
-        unknown = sorted(set(self.partitions or ()) - set(range(source_partitions)))
-        if unknown:
-            raise ConfigurationError(
-                f"{self.config.source} has partitions 0..{source_partitions - 1}; there is no partition {unknown}"
-            )
-        group = self.kafka.describe_group(self.config.consumer_group, self.config.source)
-        if group.members:
-            raise StateLockedError(
-                f"consumer group {self.config.consumer_group!r} has {len(group.members)} active member(s) "
-                f"({', '.join(sorted(set(group.owners().values())))}); a run pinned to partitions {self.partitions} "
-                "must not compete with them. Wait until they stop (bounded runs end by themselves) and retry."
-            )
-        topic_partitions = [TopicPartition(self.config.source, p) for p in sorted(set(self.partitions or ()))]
-        starts = self._assignments.take(topic_partitions)
-        self._consumer.assign(starts)
-        self._consumer.pause(starts)
 
     def _loop(self, started: float) -> StopReason:
         limits, config = self.limits, self.config
         last_commit = time.monotonic()
         since_commit = processed = 0
         next_check = 0.0
-        consuming = f"consuming {config.source} in consumer group {config.consumer_group!r}"
+        consuming = f"consuming {', '.join(config.input_topics)} in consumer group {config.consumer_group!r}"
         while True:
             # Here every message consume() returned has been processed (see `progress.pass_markers`).
             if self.stop.requested:
@@ -327,7 +320,7 @@ class Worker:
             if limits.until_caught_up and not messages and not restoring and time.monotonic() >= next_check:
                 if self._caught_up():
                     self._pass_markers()
-                    return StopReason.CAUGHT_UP if self._assignments.transactions else StopReason.NO_PARTITIONS
+                    return StopReason.NO_PARTITIONS if self._assignments.holds_nothing else StopReason.CAUGHT_UP
                 next_check = time.monotonic() + CAUGHT_UP_CHECK_INTERVAL
 
     def _close_time(self) -> float:
@@ -362,8 +355,10 @@ class Worker:
             return True
         if self._emitter:
             self._emitter.emit(self._assignments.transactions.values())
+        rekeying = self._rekeying
+        upstream = rekeying.offsets_to_commit() if rekeying is not None else None
         try:
-            committed = self._committer.commit(self._assignments.transactions.values())
+            committed = self._committer.commit(self._assignments.transactions.values(), upstream)
         except StoresDamaged as damage:
             committed = damage.committed
             for partition, error in damage.errors.items():
@@ -372,6 +367,10 @@ class Worker:
             self._rewind()
             return False
         self.report.committed_offsets.update(committed)
+        if rekeying is not None:
+            rekeying.committed(self._committer.committed_upstream)
+        if self._purge is not None:
+            self._purge.committed(committed)
         return True
 
     def _abort_in_flight(self) -> None:
@@ -389,26 +388,21 @@ class Worker:
         self._assignments.rewind(self._consumer)
 
     def _pass_markers(self) -> None:
-        pass_markers(self._consumer, self.config.source, self._assignments.transactions)
+        self._progress.pass_markers()
 
     def _caught_up(self) -> bool:
-        """Every held partition processed up to its end; holding none, the whole group caught up."""
-        transactions = self._assignments.transactions
-        if not transactions:
-            # Cooperative rebalancing assigns in two rounds: an empty first round says little. After
-            # that, a worker holding nothing stops only when the group's committed offsets say that
-            # nothing is left (partitions lost in a broker outage come back once the group rejoins).
-            idle_since = self._assignments.empty_since
-            if idle_since is None or time.monotonic() - idle_since < EMPTY_ASSIGNMENT_GRACE:
-                return False
-            return not any(self._group_lag().values())
-        return not any(self._held_lag().values())
-
-    def _held_lag(self) -> dict[int, int]:
-        return held_lag(self.kafka, self._consumer, self.config.source, self._assignments.transactions)
-
-    def _group_lag(self) -> dict[int, int]:
-        return group_lag(self.kafka, self._consumer, self.config, self._assignments.transactions)
+        """Every held partition processed up to its end; holding none, the whole group caught up.
+        Records re-keyed since the last commit are committed first: only then can the repartition
+        topic's end count them."""
+        if self._rekeying is not None and self._rekeying.unflushed:
+            self._commit()
+            return False
+        # Cooperative rebalancing assigns in two rounds: an empty first round says little. After
+        # that, a worker holding nothing stops only when the group's committed offsets say that
+        # nothing is left (partitions lost in a broker outage come back once the group rejoins).
+        idle_since = self._assignments.empty_since
+        idle = idle_since is not None and time.monotonic() - idle_since >= EMPTY_ASSIGNMENT_GRACE
+        return self._progress.caught_up(idle)
 
     def _close(self, failed: bool) -> None:
         """Close what was opened, in order; a failure while starting leaves some clients unopened.

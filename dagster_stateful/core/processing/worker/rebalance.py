@@ -7,7 +7,8 @@ between polls `store_opening.StoreOpener` opens its stores, wipes local state ah
 starting offset and starts the restores they need, which the worker runs between polls
 (`state_updater.Restorations`); `activate()` resumes the partition. On revocation: commit, close
 the partition's stores (or suspend their restore) before letting go. On loss (the group moved on
-without us): drop uncommitted work and close.
+without us): drop uncommitted work and close. A re-keying app's source partitions keep no state:
+they go to `rekeying.Rekeying` as they come and go, unpaused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dagster_stateful.core.kafka.error_codes import kafka_error_of
 from dagster_stateful.core.monitoring.listeners import AppState, Listeners
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.commit.changelog_positions import END_QUERY_SECONDS, bound_unknown_prefixes
+from dagster_stateful.core.processing.paths.rekeying import Rekeying
 from dagster_stateful.core.processing.restores.background import BackgroundRestores
 from dagster_stateful.core.processing.restores.state_updater import Restorations, RestoringPartition
 from dagster_stateful.core.processing.standbys.replicas import StandbyReplicas
@@ -35,7 +37,7 @@ from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.window_state import WindowBounds
-from dagster_stateful.errors import StateStoreError, StoreCorruptedError
+from dagster_stateful.errors import ConfigurationError, StateLockedError, StateStoreError, StoreCorruptedError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class PartitionAssignments:
         live_stores: Mapping[str, WindowBounds | None] | None = None,
         background: BackgroundRestores | None = None,
         standbys: StandbyReplicas | None = None,
+        rekeying: Rekeying | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, with their windows' bounds (see
         `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
@@ -64,7 +67,9 @@ class PartitionAssignments:
         changelog. drop_in_flight: called when partitions are lost, once they are closed
         (exactly-once: abort the open transaction, which holds their records, and rewind the
         partitions kept). background: runs full restores on the machine's other cores. standbys:
-        the standby replicas this worker keeps; a partition assigned here takes over its store."""
+        the standby replicas this worker keeps; a partition assigned here takes over its store.
+        rekeying: a re-keying app's source partitions (None: the app does not re-key)."""
+        self.rekeying = rekeying
         self._drop_in_flight = drop_in_flight
         self._standbys = standbys
         self._background = background
@@ -95,7 +100,12 @@ class PartitionAssignments:
 
     @property
     def held(self) -> set[int]:
+        """The partitions of the state's topic held (restoring or ready)."""
         return set(self.transactions) | set(self.restorations.partitions)
+
+    @property
+    def holds_nothing(self) -> bool:
+        return not self.held and not (self.rekeying is not None and self.rekeying.positions)
 
     # Taking partitions.
 
@@ -108,14 +118,21 @@ class PartitionAssignments:
         self.empty_since = None
         self._listeners.transition(AppState.REBALANCING)
         self._report.rebalances += 1
-        starts = []
+        task_topic = self.config.task_topic
+        upstream = [tp for tp in partitions if tp.topic != task_topic]
+        partitions = [tp for tp in partitions if tp.topic == task_topic]
+        starts = self._take_upstream(upstream)
+        if not partitions:
+            return starts
         now = time.monotonic()
         reset = reset_position(self.config)
         for topic_partition in self._starts.committed(partitions):
             partition = topic_partition.partition
             committed = topic_partition.offset if topic_partition.offset >= 0 else None
             self._starts.check_source_offset(partition, committed)
-            metadata = decode_commit_metadata(topic_partition.metadata, committed, f"{self.config.source}[{partition}]")
+            metadata = decode_commit_metadata(
+                topic_partition.metadata, committed, f"{self.config.task_topic}[{partition}]"
+            )
             warm = self._standbys is not None and self._standbys.release(partition)
             restoring = RestoringPartition(partition, committed, now, stream_times=metadata.stream_times)
             restoring.from_standby, restoring.changelog_ends = warm, metadata.changelog_ends
@@ -124,9 +141,34 @@ class PartitionAssignments:
             # Without a committed offset, assigned where `auto.offset.reset` says: librdkafka then starts
             # the partition's fetch at once, instead of after asking the group coordinator again.
             at = topic_partition.offset if committed is not None or reset is None else reset
-            starts.append(TopicPartition(self.config.source, partition, at))
-        log.info("Assigned %s partitions %s", self.config.source, sorted(tp.partition for tp in partitions))
+            starts.append(TopicPartition(self.config.task_topic, partition, at))
+        log.info("Assigned %s partitions %s", self.config.task_topic, sorted(tp.partition for tp in partitions))
         return starts
+
+    def take_pinned(self, partitions: list[int], found: int) -> list[TopicPartition]:
+        """A run pinned to `partitions` of the state's topic (which has `found` partitions), while no
+        member of the group runs: where each starts, paused until its stores are restored."""
+        config = self.config
+        unknown = sorted(set(partitions) - set(range(found)))
+        if unknown:
+            raise ConfigurationError(
+                f"{config.task_topic} has partitions 0..{found - 1}; there is no partition {unknown}"
+            )
+        group = self._kafka.describe_group(config.consumer_group, config.task_topic)
+        if group.members:
+            raise StateLockedError(
+                f"consumer group {config.consumer_group!r} has {len(group.members)} active member(s) "
+                f"({', '.join(sorted(set(group.owners().values())))}); a run pinned to partitions {partitions} "
+                "must not compete with them. Wait until they stop (bounded runs end by themselves) and retry."
+            )
+        return self.take([TopicPartition(config.task_topic, p) for p in sorted(set(partitions))])
+
+    def _take_upstream(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        if not partitions:
+            return []
+        if self.rekeying is None:
+            raise StateStoreError(f"assigned partitions of {partitions[0].topic}, which this app does not read")
+        return self.rekeying.take(self._starts.committed(partitions), reset_position(self.config))
 
     def advance(self, consumer: Consumer) -> None:
         """Between polls: open the stores of new partitions (waiting for locks without blocking),
@@ -156,7 +198,7 @@ class PartitionAssignments:
         aside = damaged.quarantine(error)
         start = txn.committed_offset
         if start is None:
-            start = self._kafka.watermarks(self.config.source, [partition])[partition][0]
+            start = self._kafka.watermarks(self.config.task_topic, [partition])[partition][0]
         log.warning(
             "Store %r partition %d is damaged (%s); moved it to %s, restoring it from %s and processing "
             "%s[%d] again from offset %d",
@@ -165,18 +207,18 @@ class PartitionAssignments:
             error,
             aside,
             damaged.changelog_topic,
-            self.config.source,
+            self.config.task_topic,
             partition,
             start,
         )
         self._report.stores_recovered += 1
-        consumer.pause([TopicPartition(self.config.source, partition)])
+        consumer.pause([TopicPartition(self.config.task_topic, partition)])
         restoring = RestoringPartition(
             partition, txn.committed_offset, time.monotonic(), dict(txn.stores), txn.committed_stream_times
         )
-        [committed] = self._starts.committed([TopicPartition(self.config.source, partition)])
+        [committed] = self._starts.committed([TopicPartition(self.config.task_topic, partition)])
         metadata = decode_commit_metadata(
-            committed.metadata, txn.committed_offset, f"{self.config.source}[{partition}]"
+            committed.metadata, txn.committed_offset, f"{self.config.task_topic}[{partition}]"
         )
         restoring.changelog_ends, restoring.bare_uncommitted = metadata.changelog_ends, metadata.bare_uncommitted
         restoring.rewind_to = start
@@ -187,10 +229,12 @@ class PartitionAssignments:
         for partition, txn in self.transactions.items():
             txn.roll_back()
             start = OFFSET_BEGINNING if txn.committed_offset is None else txn.committed_offset
-            consumer.seek(TopicPartition(self.config.source, partition, start))
+            consumer.seek(TopicPartition(self.config.task_topic, partition, start))
+        if self.rekeying is not None:
+            self.rekeying.rewind(consumer)
         log.warning(
             "Dropped the uncommitted work of %s partitions %s; processing them again from their committed offsets",
-            self.config.source,
+            self.config.task_topic,
             sorted(self.transactions),
         )
 
@@ -205,7 +249,7 @@ class PartitionAssignments:
             self.config.store_ttls,
             restored.stream_times,
         )
-        source, partition = self.config.source, restored.partition
+        source, partition = self.config.task_topic, restored.partition
         query = self._kafka.time_left(END_QUERY_SECONDS, at_least=0.1)  # a bounded worker stays bounded
         bound_unknown_prefixes(
             restored.stores.values(), lambda: self._kafka.ends(source, [partition], query)[partition]
@@ -213,7 +257,7 @@ class PartitionAssignments:
         start = self._start_of(restored)
         if restored.committed is None and start is not None and start >= 0:
             self.transactions[restored.partition].next_offset = start  # caught up there, and committed there
-        consumer.resume([TopicPartition(self.config.source, restored.partition)])
+        consumer.resume([TopicPartition(self.config.task_topic, restored.partition)])
         if start is not None:
             self._seek(consumer, restored, start)
         log.info("Partition %d is up to date; processing resumes", restored.partition)
@@ -226,13 +270,15 @@ class PartitionAssignments:
         the fetch at once. A partition without a committed offset was assigned at its reset position,
         where librdkafka starts it anyway: if its fetch has not started yet (`_STATE`), that is kept."""
         try:
-            consumer.seek(TopicPartition(self.config.source, restored.partition, start))
+            consumer.seek(TopicPartition(self.config.task_topic, restored.partition, start))
         except KafkaException as error:
             kafka_error = kafka_error_of(error)
             optional = restored.committed is None and restored.rewind_to is None
             if not (optional and kafka_error is not None and kafka_error.code() == KafkaError._STATE):
                 raise
-            log.debug("%s[%d] starts where auto.offset.reset says: %s", self.config.source, restored.partition, error)
+            log.debug(
+                "%s[%d] starts where auto.offset.reset says: %s", self.config.task_topic, restored.partition, error
+            )
 
     def _start_of(self, restored: RestoringPartition) -> int | None:
         """Where a restored partition's processing starts: its committed (or rewound) offset, else
@@ -242,7 +288,9 @@ class PartitionAssignments:
             return min(offsets)
         start = reset_position(self.config)
         if start == OFFSET_END:
-            marks = self._kafka.watermarks(self.config.source, [restored.partition], committed=self.config.exactly_once)
+            marks = self._kafka.watermarks(
+                self.config.task_topic, [restored.partition], committed=self.config.exactly_once
+            )
             return marks[restored.partition][1]
         return start
 
@@ -254,32 +302,48 @@ class PartitionAssignments:
             consumer.incremental_assign(starts)
         else:
             consumer.assign(starts)
-        consumer.pause(starts)
+        consumer.pause([tp for tp in starts if tp.topic == self.config.task_topic])
 
     # Letting partitions go.
 
     def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked = [tp.partition for tp in partitions if tp.partition in self.held]
-        if not revoked:
+        task_topic = self.config.task_topic
+        revoked = [tp.partition for tp in partitions if tp.topic == task_topic and tp.partition in self.held]
+        upstream = self._held_upstream(partitions)
+        if not revoked and not upstream:
             return
         if not self.shutting_down:
             self._listeners.transition(AppState.REBALANCING)
             self._report.rebalances += 1
         if not self.dirty:
             self._commit()
+        if self.rekeying is not None:
+            self.rekeying.release(upstream)
         self._close_partitions(revoked)
         self._note_empty()
-        log.info("Revoked %s partitions %s", self.config.source, revoked)
+        if revoked:
+            log.info("Revoked %s partitions %s", self.config.task_topic, revoked)
         if self.transactions and not self.restorations and not self.shutting_down:
             self._listeners.transition(AppState.RUNNING)  # the partitions kept go on processing
 
+    def _held_upstream(self, partitions: list[TopicPartition]) -> list[int]:
+        rekeying = self.rekeying
+        if rekeying is None:
+            return []
+        return [tp.partition for tp in partitions if tp.topic == rekeying.topic and tp.partition in rekeying.positions]
+
     def _lose(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = [tp.partition for tp in partitions if tp.partition in self.held]
+        upstream = self._held_upstream(partitions)
+        if self.rekeying is not None and upstream:
+            log.warning("Lost %s partitions %s; the new owner processes them again", self.rekeying.topic, upstream)
+            self.rekeying.release(upstream)
+        task_topic = self.config.task_topic
+        lost = [tp.partition for tp in partitions if tp.topic == task_topic and tp.partition in self.held]
         if lost:
             log.warning(
                 "Lost %s partitions %s (the group moved on without this worker); their uncommitted work "
                 "is dropped and will be processed again by the new owner",
-                self.config.source,
+                self.config.task_topic,
                 lost,
             )
             self._report.rebalances += 1
@@ -287,7 +351,7 @@ class PartitionAssignments:
         try:
             self._close_partitions(lost)
         finally:
-            if lost and self._drop_in_flight is not None:
+            if (lost or upstream) and self._drop_in_flight is not None:
                 self._drop_in_flight()
         # Holding nothing now says nothing about the group: the idle clock starts again only once
         # the group has answered this worker's rejoin with an assignment (empty or not).
@@ -296,6 +360,8 @@ class PartitionAssignments:
     def close_all(self) -> None:
         if self._background is not None:
             self._background.close()
+        if self.rekeying is not None:
+            self.rekeying.release(list(self.rekeying.positions))
         self._close_partitions(list(self.held))
 
     def _close_partitions(self, partitions: list[int]) -> None:
@@ -322,7 +388,7 @@ class PartitionAssignments:
         return failures
 
     def _note_empty(self) -> None:
-        if not self.held and self.empty_since is None:
+        if self.holds_nothing and self.empty_since is None:
             self.empty_since = time.monotonic()
 
     # confluent-kafka's propagation of an exception out of a rebalance callback is unreliable (it can

@@ -85,7 +85,7 @@ class StartingOffsets:
                     "Reading group %r's committed offsets for %s partitions %s failed (%s); retrying for up to %.0f s "
                     "in all%s",
                     self.config.consumer_group,
-                    self.config.source,
+                    self.config.task_topic,
                     [tp.partition for tp in partitions],
                     error,
                     wait,
@@ -96,7 +96,7 @@ class StartingOffsets:
 
     def _unreadable(self, partitions: list[TopicPartition], waited: float, error: KafkaException) -> RecoveryError:
         return RecoveryError(
-            f"could not read group {self.config.consumer_group!r}'s committed offsets for {self.config.source} "
+            f"could not read group {self.config.consumer_group!r}'s committed offsets for {self.config.task_topic} "
             f"partitions {[tp.partition for tp in partitions]} in {waited:.0f} s ({error}); is the group coordinator "
             "reachable?"
             + (
@@ -111,16 +111,16 @@ class StartingOffsets:
         """Refuse a committed offset below the source partition's low watermark."""
         if committed is None:
             return
-        low, _ = self._kafka.watermarks(self.config.source, [partition])[partition]
+        low, _ = self._kafka.watermarks(self.config.task_topic, [partition])[partition]
         if committed < low:
             raise RecoveryError(
                 f"group {self.config.consumer_group!r} committed offset {committed} on "
-                f"{self.config.source}[{partition}], "
+                f"{self.config.task_topic}[{partition}], "
                 f"below the topic's low watermark {low}: messages {committed}..{low - 1} were deleted (retention) "
                 "before they were processed. Options: accept the gap and move the group to the low watermark "
                 f"(`kafka-consumer-groups --reset-offsets --to-earliest --group {self.config.consumer_group} "
-                f"--topic {self.config.source}:{partition} --execute`), or reprocess from a source that still holds "
-                "them."
+                f"--topic {self.config.task_topic}:{partition} --execute`), or reprocess from a source that still "
+                "holds them."
             )
 
     def starting_offset(self, partition: int, committed: int | None, stores: dict[str, StorePartition]) -> int | None:
@@ -131,14 +131,14 @@ class StartingOffsets:
         local = sorted({store.source_offset for store in stores.values() if store.source_offset is not None})
         if not local:
             return None  # nothing committed: processing starts from the beginning and rebuilds the state
-        where = f"{self.config.source}[{partition}]"
+        where = f"{self.config.task_topic}[{partition}]"
         if self.config.missing_offsets is MissingOffsets.FAIL:
             raise RecoveryError(
                 f"group {self.config.consumer_group!r} has no committed offset on {where}, but the local state at "
                 f"{self._state.app_dir} was committed at source offset {local[0]} (the group's offsets expired "
                 "after offsets.retention.minutes, or were deleted). Options: (1) set the group's offset to it "
                 f"(`kafka-consumer-groups --reset-offsets --to-offset {local[0]} --group "
-                f"{self.config.consumer_group} --topic {self.config.source}:{partition} --execute`); (2) run with "
+                f"{self.config.consumer_group} --topic {self.config.task_topic}:{partition} --execute`); (2) run with "
                 "missing_offsets='resume-from-state', which does that by itself; (3) clear the state and the "
                 "changelog to reprocess from the source's beginning."
             )

@@ -1,0 +1,204 @@
+"""The source side of a re-keying app: its records go, under their new key, to the repartition topic.
+
+Owns `Rekeying`: the source partitions a worker holds when its app re-keys (`group_by`), which keep
+no state (only where each was committed and how far it was processed), and the path their messages
+take: decode the value, run the stateless steps declared before `group_by`, compute the new key and
+produce the record, with the source record's timestamp, to the repartition topic through the commit
+path, so that under exactly-once it belongs to the transaction that also commits the source offset,
+and at-least-once it is acknowledged before that offset is committed. A message the codecs, the
+steps or the new key refuse goes to the error policy, with its source topic, partition and offset.
+`RoutedBatches` sends each run of a consumed batch to its path. The worker commits these
+partitions' offsets with the state's (`Committer.commit`), rewinds them when a transaction aborts,
+and lets them go on revocation like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.records import position
+from dagster_stateful.core.processing.dsl.group_by import GroupBy
+from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed, run_chain
+from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.state.serialization import fast_loads
+
+log = logging.getLogger(__name__)
+
+Produce = Callable[[str, bytes | None, bytes | None, None, None, int], None]
+"""The commit path's `Committer.produce`: (topic, key, value, headers, partition, timestamp)."""
+
+
+@dataclass
+class SourcePosition:
+    """How far one held source partition was committed and processed."""
+
+    committed: int | None
+    next_offset: int | None = None
+
+    @property
+    def progressed(self) -> bool:
+        return self.next_offset is not None and self.next_offset != self.committed
+
+
+class Rekeying:
+    """The source partitions of a re-keying worker, and the processing of their messages."""
+
+    def __init__(
+        self,
+        config: AppConfig,
+        grouping: GroupBy,
+        bad_input: BadInputHandler,
+        produce: Produce,
+        counts: dict[int, int],
+    ) -> None:
+        """counts: messages processed per source partition, updated in place."""
+        assert config.repartition_topic is not None
+        self.topic = config.source
+        self.target = config.repartition_topic
+        self._grouping = grouping
+        self._bad_input = bad_input
+        self._produce = produce
+        self._key_dumps = config.key_serde.dumps
+        self._value_loads = fast_loads(config.value_serde)
+        self._value_dumps = config.value_serde.dumps
+        self.counts = counts
+        self.positions: dict[int, SourcePosition] = {}
+        """The source partitions held, by partition."""
+        self.unflushed = 0
+        """Records sent to the repartition topic since the last commit."""
+
+    # Partitions taken and let go.
+
+    def take(self, committed: Iterable[TopicPartition], reset: int | None) -> list[TopicPartition]:
+        """Hold these source partitions (`committed`: the group's committed offsets); returns where
+        each starts: its committed offset, else `reset` (where `auto.offset.reset` says)."""
+        starts = []
+        for topic_partition in committed:
+            offset = topic_partition.offset if topic_partition.offset >= 0 else None
+            self.positions[topic_partition.partition] = SourcePosition(offset, offset)
+            at = topic_partition.offset if offset is not None or reset is None else reset
+            starts.append(TopicPartition(self.topic, topic_partition.partition, at))
+        if starts:
+            log.info(
+                "Assigned %s partitions %s (re-keyed to %s)", self.topic, [tp.partition for tp in starts], self.target
+            )
+        return starts
+
+    def release(self, partitions: Iterable[int]) -> list[int]:
+        """Let these partitions go (their progress since the last commit with them); returns those held."""
+        released = [partition for partition in partitions if self.positions.pop(partition, None) is not None]
+        if released:
+            log.info("Let go of %s partitions %s", self.topic, released)
+        return released
+
+    def rewind(self, consumer: Consumer) -> None:
+        """Drop what was processed since the last commit: each partition starts again at its committed offset."""
+        for partition, held in self.positions.items():
+            held.next_offset = held.committed
+            start = OFFSET_BEGINNING if held.committed is None else held.committed
+            consumer.seek(TopicPartition(self.topic, partition, start))
+        self.unflushed = 0
+
+    # Committing.
+
+    def offsets_to_commit(self) -> list[TopicPartition]:
+        return [
+            TopicPartition(self.topic, partition, held.next_offset)
+            for partition, held in self.positions.items()
+            if held.progressed and held.next_offset is not None
+        ]
+
+    def committed(self, offsets: Iterable[TopicPartition]) -> None:
+        for topic_partition in offsets:
+            held = self.positions.get(topic_partition.partition)
+            if held is not None:
+                held.committed = topic_partition.offset
+        self.unflushed = 0
+
+    # Processing.
+
+    def process(self, messages: list[Message], start: int, end: int, budget: int) -> tuple[int, int]:
+        """Process `messages[start:end]` (all of this topic) until `budget` of them were; returns the
+        index of the next message and how many were processed (or passed by the error policy).
+        Messages of partitions no longer held are left alone."""
+        index, done = start, 0
+        grouping = self._grouping
+        while index < end and done < budget:
+            message = messages[index]
+            index += 1
+            _, partition, offset = position(message)
+            held = self.positions.get(partition)
+            if held is None:
+                continue
+            try:
+                raw = message.value()
+                value = self._value_loads(raw) if raw is not None else None
+            except Exception as error:  # noqa: BLE001 - any codec failure is bad input
+                self._bad_input.handle(message, "deserializing the value", error)
+            else:
+                self._send(message, grouping, value)
+            held.next_offset = offset + 1
+            self.counts[partition] = self.counts.get(partition, 0) + 1
+            done += 1
+        return index, done
+
+    def _send(self, message: Message, grouping: GroupBy, value: object) -> None:
+        try:
+            if grouping.before:
+                value = run_chain(grouping.before, value, {})
+                if value is DROPPED:
+                    return
+            key = self._key_dumps(grouping.new_key(value))
+            encoded = self._value_dumps(value)
+        except StepFailed as failure:
+            self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
+            return
+        except Exception as error:  # noqa: BLE001 - a key or value the serdes refuse is bad input
+            self._bad_input.handle(message, f"group_by {grouping.name!r}: serializing the new key or value", error)
+            return
+        self._produce(self.target, key, encoded, None, None, message.timestamp()[1])
+        self.unflushed += 1
+
+
+class BatchPath(Protocol):
+    """The path the state's messages take (per message, or in columns)."""
+
+    messages_in_columns: int
+
+    def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]: ...
+
+
+class RoutedBatches:
+    """A re-keying worker's batches: runs of the source's messages go to the re-keying, the rest
+    (the repartition topic's) to the state's path."""
+
+    def __init__(self, rekeying: Rekeying, state_path: BatchPath) -> None:
+        self._rekeying = rekeying
+        self._state_path = state_path
+
+    @property
+    def messages_in_columns(self) -> int:
+        return self._state_path.messages_in_columns
+
+    def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]:
+        """As `BatchProcessor.process`, over the messages of both topics."""
+        source = self._rekeying.topic
+        index, end, done = start, len(messages), 0
+        while index < end and done < budget:
+            topic = messages[index].topic()
+            run_end = index + 1
+            while run_end < end and messages[run_end].topic() == topic:
+                run_end += 1
+            if topic == source and messages[index].error() is None:
+                index, ran = self._rekeying.process(messages, index, run_end, budget - done)
+            else:
+                taken, ran = self._state_path.process(messages[index:run_end], 0, budget - done)
+                index += taken
+            done += ran
+        return index, done
