@@ -6,7 +6,8 @@ total in the store "totals"; when the spec says `aggregate`, the columnar aggreg
 batch at a time in columns, its runs observed message by message before each fold); when it says
 `windowed`, a tumbling window aggregation keeps a `TALLY` per customer and window of event time
 there and sends each window's final tally to the output topic once it closes (with `aggregate`
-too, the columnar `Sum("amount")` of each window, folded in columns); `build_app` builds
+too, the columnar `Sum("amount")` of each window, folded in columns; with `regroup`, every order
+goes through a repartition topic first, re-keyed by its customer field); `build_app` builds
 it from a `WorkerSpec`) and this file's use as a script: `python counting_worker.py '<WorkerSpec as
 JSON>'` runs one bounded worker and prints one line `EVENT <kind> <JSON>` per observable step on
 stdout: `started`, `state` (each state transition), `restore_start` / `batch` / `restore_end` /
@@ -151,6 +152,9 @@ class WorkerSpec:
     closes, as `{"start", "end", "value"}` keyed by the customer."""
     window_size_ms: int = 5_000
     window_grace_ms: int = 1_000
+    regroup: bool = False
+    """Re-key every order by its "customer" field first (`group_by`), through the app's repartition
+    topic: the state then belongs to the repartition topic's partitions, under the same keys."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -189,6 +193,8 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         },
     )
     frame = app.dataframe()
+    if spec.regroup:
+        frame.group_by("customer")
     if spec.windowed:
         if not spec.output:
             raise ValueError("a windowed worker sends its closed windows to an output topic")

@@ -171,15 +171,18 @@ def sigkill_storm(
     wipe_share: float = 0.25,
     guarantee: str = AT_LEAST_ONCE,
     aggregate: bool = False,
+    regroup: bool = False,
 ) -> FaultResult:
     """SIGKILL one worker `kills` times at random points; before every mid-restore kill (and a
     `wipe_share` of the others) its local state is deleted first, so full restores from the
     compacted changelog happen. Orders run out before the kills do? More arrive, as in production.
     Under exactly-once the counted orders also go to an output topic, checked order by order
     (counters "outputs missing" and "outputs doubled"). `aggregate`: the worker keeps its counts
-    and totals with a columnar aggregation, folded a batch at a time, and fills no output topic."""
+    and totals with a columnar aggregation, folded a batch at a time, and fills no output topic.
+    `regroup`: every order goes through the app's repartition topic first (`group_by`)."""
     exactly_once = guarantee == EXACTLY_ONCE
-    result = FaultResult("1 SIGKILL at random points" + (" (exactly-once)" if exactly_once else ""))
+    label = "1 SIGKILL at random points" + (" (exactly-once)" if exactly_once else "")
+    result = FaultResult(label + (", re-keyed through a repartition topic" if regroup else ""))
     source = lab.orders_topic(partitions, orders, customers)
     produced = orders
     output = lab.unique("counted") if exactly_once and not aggregate else ""
@@ -194,6 +197,7 @@ def sigkill_storm(
         processing_guarantee=guarantee,
         output=output,
         aggregate=aggregate,
+        regroup=regroup,
     )
 
     def more_orders(count: int) -> None:

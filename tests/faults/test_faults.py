@@ -157,6 +157,31 @@ def test_exactly_once_sigkill_at_random_points_ten_times_is_exact_and_each_outpu
     assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
 
 
+@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
+def test_sigkill_at_random_points_loses_nothing_across_a_repartition_topic(kafka_bootstrap, tmp_path, guarantee):
+    """Every order goes through the app's repartition topic (`group_by("customer")`) before it is
+    counted: a kill between the re-keyed records and the source's commit sends them again, which
+    at-least-once may count twice and exactly-once never does (its re-keyed records, counts and
+    both topics' offsets commit in one transaction; each output appears once)."""
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    result = sigkill_storm(
+        lab, orders=3_600, customers=300, partitions=3, kills=STORM_KILLS, guarantee=guarantee, regroup=True
+    )
+
+    assert result.faults == STORM_KILLS, explain(result)
+    landed = " ".join(result.points)
+    for point in KillPoint:
+        assert point.value in landed, f"no kill aimed at {point.value}:\n{explain(result)}"
+    assert result.counters["full restores begun"] >= MID_RESTORE_KILLS, explain(result)
+    assert result.counters["changelog records compacted away"] > 0, f"compaction never ran:\n{explain(result)}"
+    assert_caught_up(result, "final")
+    if guarantee == EXACTLY_ONCE:
+        assert_exact(result)
+        assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
+    else:
+        assert_nothing_lost(result)
+
+
 @pytest.mark.parametrize(
     ("guarantee", "path"),
     [(EXACTLY_ONCE, "per-message"), (AT_LEAST_ONCE, "per-message"), (AT_LEAST_ONCE, "columns")],

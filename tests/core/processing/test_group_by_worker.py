@@ -7,6 +7,8 @@ purged from the repartition topic; a record without the field goes to the error 
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -15,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
 from support.kafka_helpers import create_topic, produce, read_committed, read_messages, wait_for
 
-from dagster_stateful.core import Aggregate, App, Sum
+from dagster_stateful.core import Aggregate, App, Sum, WorkerReport
 
 PARTITIONS = 3
 REGIONS = 7
@@ -52,9 +54,12 @@ def orders_per_region(bootstrap: str, source: str) -> dict[str, int]:
     return counts
 
 
-def region_app(bootstrap: str, source: str, state_dir: Path, name: str, guarantee: str, columnar: bool) -> App:
+def region_app(
+    bootstrap: str, source: str, state_dir: Path, name: str, guarantee: str, columnar: bool, slow: bool = False
+) -> App:
     """Totals per region, from orders keyed by customer: `group_by("region")`, then `Sum("amount")`
-    (columnar, each changed total once per commit) or a per-message `Aggregate` (every new total)."""
+    (columnar, each changed total once per commit) or a per-message `Aggregate` (every new total);
+    `slow`: the filter before group_by takes 2 ms an order."""
     app = App(
         name=name,
         source=source,
@@ -70,13 +75,22 @@ def region_app(bootstrap: str, source: str, state_dir: Path, name: str, guarante
         commit_every=400,
         **FAST_COMMITS,
     )
-    regions = app.dataframe().filter(lambda order: order["amount"] > 0).group_by("region")
+    regions = app.dataframe().filter(slow_positive if slow else positive).group_by("region")
     if columnar:
         app.to_topic(regions.aggregate(Sum("amount"), name="total"))
     else:
         total = Aggregate(lambda: 0, lambda running, order: running + order["amount"])
         app.to_topic(regions.aggregate(total, name="total", emit="per-message"))
     return app
+
+
+def positive(order: dict) -> bool:
+    return order["amount"] > 0
+
+
+def slow_positive(order: dict) -> bool:
+    time.sleep(0.002)
+    return order["amount"] > 0
 
 
 def totals_in_store(app: App) -> dict[str, int]:
@@ -185,3 +199,44 @@ def test_a_record_without_the_field_is_dead_lettered_with_its_source_position(ka
     )
     assert headers["x-dagster-stateful-source-offset"] == str(odd.offset())
     assert "region" in headers["x-dagster-stateful-error-message"]
+
+
+def test_two_workers_share_both_topics_across_a_rebalance_exactly_once(kafka_bootstrap, unique_name, tmp_path):
+    """B joins while A re-keys (a slow step before group_by): both topics' partitions move, and every
+    order's new total still appears once for a read_committed reader, the totals exact."""
+    source, name = setup(kafka_bootstrap, unique_name, region_orders(4_000))
+    apps = {
+        label: region_app(kafka_bootstrap, source, tmp_path / label, name, "exactly-once", columnar=False, slow=True)
+        for label in ("a", "b")
+    }
+    workers = {label: app.worker(max_seconds=180) for label, app in apps.items()}
+    results: dict[str, WorkerReport | BaseException] = {}
+
+    def run(label: str) -> None:
+        try:
+            results[label] = workers[label].run()
+        except BaseException as error:  # noqa: BLE001 - surfaced by the assertions below
+            results[label] = error
+
+    thread_a = threading.Thread(target=run, args=("a",))
+    thread_a.start()
+    wait_for(lambda: sum(workers["a"].report.rekeyed.values()) >= 300, 60, "worker A to get going")
+    thread_b = threading.Thread(target=run, args=("b",))
+    thread_b.start()
+    thread_a.join(200)
+    thread_b.join(200)
+
+    report_a, report_b = results["a"], results["b"]
+    assert not isinstance(report_a, BaseException), report_a
+    assert not isinstance(report_b, BaseException), report_b
+    b_processed = sum(report_b.rekeyed.values()) + report_b.total_processed
+    assert report_a.rebalances >= 2 and b_processed > 0, f"B took over partitions: A {report_a}, B {report_b}"
+    final = apps["a"].run_worker(max_seconds=120)  # A alone: takes everything back, restores what B changed
+    assert final.stop_reason == "caught_up" and final.total_lag == 0
+    expected = totals_per_region(kafka_bootstrap, source)
+    assert totals_in_store(apps["a"]) == expected
+    sent: dict[str, list[int]] = {}
+    for message in read_committed(kafka_bootstrap, f"{name}-totals"):
+        sent.setdefault(message.key().decode(), []).append(orjson.loads(message.value()))
+    assert {region: len(totals) for region, totals in sent.items()} == orders_per_region(kafka_bootstrap, source)
+    assert {region: max(totals) for region, totals in sent.items()} == expected

@@ -188,7 +188,6 @@ class Worker:
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
             report.messages_in_columns = self._batches.messages_in_columns
-            report.rekeyed = self._rekeying.counts if self._rekeying else {}
             try:
                 report.lag, *upstream = self._progress.lags()
                 report.upstream_lag = upstream[0] if upstream else {}
@@ -227,7 +226,9 @@ class Worker:
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
         grouping = self._dataframe.grouping
         self._rekeying = (
-            None if grouping is None else Rekeying(config, grouping, self._bad_input, self._committer.produce, {})
+            None
+            if grouping is None
+            else Rekeying(config, grouping, self._bad_input, self._committer.produce, self.report.rekeyed)
         )
         self._purge = (
             None

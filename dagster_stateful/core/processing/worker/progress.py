@@ -91,13 +91,18 @@ class Progress:
         return [self.group_lag(topic, held) for topic, held in self._held()]
 
     def caught_up(self, idle: bool) -> bool:
-        """Every held partition processed up to its end; holding none (`idle`: for long enough to
-        trust it), the whole group caught up. Never while partitions restore."""
+        """Every held partition processed up to its end (and, re-keying, the group's source too,
+        which feeds the repartition partitions held here); holding none (`idle`: for long enough
+        to trust it), the whole group caught up. Never while partitions restore."""
         if self._assignments.restorations:
             return False
         if self._assignments.holds_nothing:
             return idle and not any(any(lag.values()) for lag in self.lags())
-        return not any(any(self.held_lag(topic, held).values()) for topic, held in self._held())
+        if any(any(self.held_lag(topic, held).values()) for topic, held in self._held()):
+            return False
+        rekeying = self._assignments.rekeying
+        # The repartition topic's partitions held here are fed by every member's source partitions.
+        return rekeying is None or not any(self.group_lag(rekeying.topic, rekeying.positions).values())
 
 
 def _or(offset: int | None, default: int) -> int:
