@@ -38,6 +38,7 @@ from dagster_stateful.naming import (
     job_name,
     snapshot_key,
     source_key,
+    state_topic_key,
     store_key,
     worker_pool,
 )
@@ -70,11 +71,30 @@ def source_topic_spec(readers: list[App], translator: StatefulTranslator = DEFAU
     )
 
 
+def repartition_specs(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetSpec]:
+    """The repartition topic of an app that re-keys: written from its source, read by its stores' steps."""
+    topic, repartition = app.config.repartition_topic, app.config.repartition
+    if topic is None or repartition is None:
+        return []
+    return [
+        AssetSpec(
+            translator.get_repartition_key(app),
+            deps=[source_key(app, translator)],
+            group_name=group_name(app, translator),
+            kinds={"kafka"},
+            skippable=True,
+            description=f"Repartition topic `{topic}`: the source's records re-keyed by `group_by` "
+            f"{repartition.name!r}, read back by the steps after it; purged once consumed and committed.",
+            metadata={"topic": topic},
+        )
+    ]
+
+
 def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
-    specs = [
+    specs = repartition_specs(app, translator) + [
         AssetSpec(
             changelog_key(app, store, translator),
-            deps=[source_key(app, translator)],
+            deps=[state_topic_key(app, translator)],
             group_name=group_name(app, translator),
             kinds={"kafka"},
             skippable=True,
@@ -88,9 +108,10 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
     def changelogs(
         context: AssetExecutionContext, kafka: KafkaResource, state_store: StateStoreResource
     ) -> Iterator[MaterializeResult]:
-        """Provision the changelogs. A changelog is materialized when provisioning created it (or it
-        has no materialization yet); one that was there already is observed, so its stores, which
-        depend on it, are not shown as unsynced by a provisioning that changed nothing."""
+        """Provision the changelogs (and the repartition topic). A topic is materialized when
+        provisioning created it (or it has no materialization yet); one that was there already is
+        observed, so its stores, which depend on it, are not shown as unsynced by a provisioning
+        that changed nothing."""
         bound = state_store.bind(app, kafka)
         plan = bound.provision()
         context.log.info("Provisioning plan for %s:\n%s", app.name, plan.describe())
@@ -126,7 +147,7 @@ def store_assets(
             store_key(app, store, translator),
             deps=[changelog_key(app, store, translator)]
             if app.config.use_changelog_topics
-            else [source_key(app, translator)],
+            else [state_topic_key(app, translator)],
             group_name=group_name(app, translator),
             kinds={"rocksdb" if app.store_profile(store)["kind"] == "rocksdb" else "python"},
             partitions_def=partitions_def,

@@ -125,6 +125,11 @@ def _with_standby_replicas(app: App, replicas: int | None) -> App:
 
 
 def _partitions_of(app: App, source_partitions: int | Mapping[str, int]) -> int:
+    """The partition count of the topic that owns the app's state (its repartition topic's, when its
+    `group_by` sets one)."""
+    repartition = app.config.repartition
+    if repartition is not None and repartition.partitions is not None:
+        return repartition.partitions
     if isinstance(source_partitions, int):
         return source_partitions
     if app.source not in source_partitions:

@@ -216,16 +216,21 @@ def topic_metadata(
 def changelog_states(
     app: App, bound: App, plan: ProvisioningPlan, translator: StatefulTranslator
 ) -> Iterator[tuple[AssetKey, dict[str, Any]]]:
-    """Per changelog of `app`: its asset key and what provisioning found or did (status, partitions,
-    settings, offsets)."""
+    """Per internal topic of `app` (its changelogs, and its repartition topic when it re-keys): its
+    asset key and what provisioning found or did (status, partitions, settings, offsets)."""
     for check in plan.checks:
-        if check.spec.role is not TopicRole.CHANGELOG:
+        role = check.spec.role
+        if role is TopicRole.CHANGELOG:
+            store = check.spec.name.removeprefix(f"{app.name}-").removesuffix("-changelog")
+            key = changelog_key(app, store, translator)
+        elif role is TopicRole.REPARTITION:
+            key = translator.get_repartition_key(app)
+        else:
             continue
         topic, partitions = check.spec.name, check.found_partitions or 0
         config = {k: v for k, v in bound.kafka.topic_config(topic).items() if k in SHOWN_TOPIC_CONFIGS}
-        store = topic.removeprefix(f"{app.name}-").removesuffix("-changelog")
         marks = bound.kafka.watermarks(topic, range(partitions))
-        yield changelog_key(app, store, translator), topic_metadata(partitions, config, marks, check.status.value)
+        yield key, topic_metadata(partitions, config, marks, check.status.value)
 
 
 def snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, Any]:

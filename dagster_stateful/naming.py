@@ -29,6 +29,14 @@ def source_key(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) ->
     return translator.get_source_key(app)
 
 
+def state_topic_key(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    """The asset of the topic whose partitions own the app's state: its repartition topic when it
+    re-keys, else its source."""
+    if app.config.repartition is not None:
+        return translator.get_repartition_key(app)
+    return translator.get_source_key(app)
+
+
 def changelog_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
     return translator.get_changelog_key(app, store)
 

@@ -5,8 +5,9 @@ dagster-sling's: `build_stateful_definitions(..., translator=...)` asks it for e
 group, so a subclass can put the assets where a deployment wants them. By default a source topic
 is `kafka/<topic>` in the group `kafka` (several apps may read it: it belongs to none of them), and
 an app's own assets are `<app>/<store>_changelog`, `<app>/<store>_store` and
-`<app>/<store>_snapshot` in one group per app: short enough for the catalog's width, and told apart
-at a glance in the asset graph, which shows the last part of a key.
+`<app>/<store>_snapshot` (and, when it re-keys, `<app>/<name>_repartition`) in one group per app:
+short enough for the catalog's width, and told apart at a glance in the asset graph, which shows
+the last part of a key.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ class StatefulTranslator:
 
     def get_source_key(self, app: App) -> AssetKey:
         return self.get_topic_key(app.source)
+
+    def get_repartition_key(self, app: App) -> AssetKey:
+        """The repartition topic of an app that re-keys (`group_by`)."""
+        repartition = app.config.repartition
+        if repartition is None:
+            raise ValueError(f"app {app.name!r} does not re-key its records: it has no repartition topic")
+        return AssetKey([python_name(app), f"{repartition.name}_repartition"])
 
     def get_changelog_key(self, app: App, store: str) -> AssetKey:
         return AssetKey([python_name(app), f"{store}_changelog"])

@@ -55,7 +55,6 @@ from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.errors import (
-    ConfigurationError,
     DeliveryError,
     KafkaSecurityError,
     ProcessingError,
@@ -115,10 +114,6 @@ class Worker:
         failed = False
         try:
             refuse_pinned_exactly_once(self.config, self.partitions)
-            if self.partitions is not None and config.repartition is not None:
-                raise ConfigurationError(
-                    f"app {config.name!r} re-keys its records (group_by): a worker pinned to partitions cannot run it"
-                )
             activity.hold_shared()
             self.stop.install()
             self._open_clients()
@@ -252,7 +247,7 @@ class Worker:
             background=background_restores(config, kafka, self.listeners, self.state),
             rekeying=self._rekeying,
         )
-        self._progress = Progress(kafka, self._consumer, config, self._assignments)
+        self._progress = Progress(kafka, self._consumer, config, self._assignments, pinned=self.partitions is not None)
         self._transactions = self._assignments.transactions
         per_message = BatchProcessor(
             config,

@@ -30,8 +30,16 @@ class Processed(Protocol):
 
 class Progress:
     def __init__(
-        self, kafka: KafkaClients, consumer: Consumer, config: AppConfig, assignments: PartitionAssignments
+        self,
+        kafka: KafkaClients,
+        consumer: Consumer,
+        config: AppConfig,
+        assignments: PartitionAssignments,
+        pinned: bool = False,
     ) -> None:
+        """pinned: the run holds chosen partitions of the state's topic only (a re-keying app's
+        source is then left to the group's runs)."""
+        self._pinned = pinned
         self._kafka = kafka
         self._consumer = consumer
         self._config = config
@@ -102,7 +110,7 @@ class Progress:
             return False
         rekeying = self._assignments.rekeying
         # The repartition topic's partitions held here are fed by every member's source partitions.
-        return rekeying is None or not any(self.group_lag(rekeying.topic, rekeying.positions).values())
+        return rekeying is None or self._pinned or not any(self.group_lag(rekeying.topic, rekeying.positions).values())
 
 
 def _or(offset: int | None, default: int) -> int:

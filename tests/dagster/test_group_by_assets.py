@@ -1,0 +1,113 @@
+"""A re-keying app in Dagster: its repartition topic is an asset between the source and the
+changelogs (no edge that does not exist), provisioned with them; its stores run and record like
+any other; the lag sensor watches both topics it consumes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
+from support.core_helpers import FAST_COMMITS, FAST_GROUP
+from support.kafka_helpers import create_topic, produce
+
+from dagster_stateful.builder import build_stateful_definitions
+from dagster_stateful.core import App, Sum
+from dagster_stateful.naming import changelog_key, job_name, source_key, store_key
+from dagster_stateful.resources import KafkaResource, StateStoreResource
+
+PARTITIONS = 3
+ORDERS = 600
+REGIONS = 5
+
+
+def region_app(source: str, name: str, state_dir, partitions: int | None = None) -> App:
+    app = App(
+        name=name, source=source, stores=["totals"], state_dir=state_dir, consumer_config=FAST_GROUP, **FAST_COMMITS
+    )
+    app.dataframe().group_by("region", partitions=partitions).aggregate(Sum("amount"), name="total")
+    return app
+
+
+def orders() -> list[tuple[bytes, bytes]]:
+    return [
+        (f"c{i % 40}".encode(), orjson.dumps({"region": f"r{i % 40 % REGIONS}", "amount": 1 + i % 4}))
+        for i in range(ORDERS)
+    ]
+
+
+def deps_of(defs, key: AssetKey) -> set[AssetKey]:
+    return set(defs.resolve_asset_graph().get(key).parent_keys)
+
+
+def test_the_repartition_topic_sits_between_the_source_and_the_changelogs(tmp_path):
+    app = region_app("orders", "regions", tmp_path, partitions=6)
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:9")
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    repartition = AssetKey(["regions", "region_repartition"])
+
+    assert deps_of(defs, repartition) == {source_key(app)}
+    assert deps_of(defs, changelog_key(app, "totals")) == {repartition}
+    assert deps_of(defs, store_key(app, "totals")) == {changelog_key(app, "totals")}
+    store = defs.get_assets_def(store_key(app, "totals"))
+    assert store.partitions_def is not None
+    assert len(store.partitions_def.get_partition_keys()) == 6, "the stores have the repartition topic's partitions"
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap, unique_name, tmp_path):
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    produce(kafka_bootstrap, source, orders())
+    app = region_app(source, unique_name("regions"), tmp_path / "unbound")
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "state"))
+    resources = {"kafka": kafka, "state_store": state_store}
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store, lag_threshold=100)
+    return defs, app, state_store.bind(app, kafka), resources
+
+
+def tick(defs, name, resources, instance, cursor=None):
+    with build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
+        return defs.resolve_sensor_def(name)(context)
+
+
+def test_provisioning_records_the_repartition_topic_and_the_lag_sensor_watches_both_topics(deployment):
+    defs, app, bound, resources = deployment
+    instance = DagsterInstance.ephemeral()
+    repartition = AssetKey([app.name.replace("-", "_"), "region_repartition"])
+
+    provisioned = materialize([defs.get_assets_def(repartition)], resources=resources, instance=instance)
+    recorded = {
+        m.asset_key: m.metadata for m in provisioned.asset_materializations_for_node(job_name(app, "changelogs"))
+    }
+    assert recorded[repartition]["status"].value == "created"
+    assert recorded[repartition]["partitions"].value == PARTITIONS
+
+    before = tick(defs, job_name(app, "lag_sensor"), resources, instance)
+    assert len(before.run_requests) == 1, "the source's 600 orders pass the threshold"
+    totals = {e.asset_key: e.metadata["total_lag"].value for e in before.asset_events if e.partition is None}
+    assert totals == {source_key(app): ORDERS, repartition: 0}
+
+    result = materialize(
+        [defs.get_assets_def(store_key(app, "totals"))],
+        resources=resources,
+        instance=instance,
+        tags={"dagster/asset_partition_range_start": "0", "dagster/asset_partition_range_end": str(PARTITIONS - 1)},
+    )
+    stored = next(
+        m
+        for m in result.asset_materializations_for_node(job_name(app, "stores"))
+        if m.asset_key == store_key(app, "totals")
+    )
+    assert stored.metadata["lag_left"].value == 0 and stored.metadata["stop_reason"].value == "caught_up"
+    expected: dict[str, int] = {}
+    for _, value in orders():
+        order = orjson.loads(value)
+        expected[order["region"]] = expected.get(order["region"], 0) + order["amount"]
+    with bound.read_state("totals") as reader:
+        assert {entry.message_key: entry.value for entry in reader.items()} == expected
+
+    after = tick(defs, job_name(app, "lag_sensor"), resources, instance, cursor=before.cursor)
+    assert not after.run_requests and "total lag 0" in after.skip_reason.skip_message
+    totals = {e.asset_key: e.metadata["total_lag"].value for e in after.asset_events if e.partition is None}
+    assert totals == {source_key(app): 0, repartition: 0}
