@@ -224,19 +224,25 @@ def _stored_offsets(evidence: _Evidence) -> Verdict:
 
 
 def _committed_retained(evidence: _Evidence) -> Verdict:
+    """Every topic the app consumes still holds the messages past the group's committed offsets."""
     app = evidence.app
-    partitions = range(app.kafka.partition_count(app.source) or 0)
-    committed = app.kafka.committed_offsets(app.consumer_group, app.source, partitions)
-    marks = app.kafka.watermarks(app.source, partitions)
-    lost = {p: (c, marks[p][0]) for p, c in committed.items() if c is not None and c < marks[p][0]}
+    gaps, partitions_with_gap = [], 0
+    for topic in app.config.input_topics:
+        partitions = range(app.kafka.partition_count(topic) or 0)
+        committed = app.kafka.committed_offsets(app.consumer_group, topic, partitions)
+        marks = app.kafka.watermarks(topic, partitions)
+        lost = {p: (c, marks[p][0]) for p, c in committed.items() if c is not None and c < marks[p][0]}
+        if lost:
+            partitions_with_gap += len(lost)
+            gaps.append(f"{topic} partitions {sorted(lost)}: committed offset below the low watermark {lost}")
     return {
-        "passed": not lost,
+        "passed": not gaps,
         "severity": AssetCheckSeverity.ERROR,
-        "metadata": {"partitions_with_gap": len(lost)},
+        "metadata": {"partitions_with_gap": partitions_with_gap},
         "description": None
-        if not lost
-        else f"{app.source} partitions {sorted(lost)}: committed offset below the low watermark {lost}; messages "
-        "were deleted before processing. Reset the group's offsets to the earliest to accept the gap.",
+        if not gaps
+        else "; ".join(gaps) + "; messages were deleted before processing. Reset the group's offsets to the "
+        "earliest to accept the gap.",
     }
 
 

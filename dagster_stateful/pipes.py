@@ -63,7 +63,7 @@ class SparkPipesResource(SparkRunner):
             "snapshot",
             f"--bootstrap={kafka.bootstrap_servers}",
             f"--group={app.consumer_group}",
-            f"--source={app.source}",
+            f"--source={app.config.task_topic}",
             f"--changelog-topic={app.changelog_topic(snapshots.store)}",
             f"--keep={keep}",
             *options,

@@ -171,7 +171,7 @@ class StatefulSparkResource(PySparkResource, SparkRunner):
             kafka.clients(),
             kafka.spark_kafka_options(),
             app.consumer_group,
-            app.source,
+            app.config.task_topic,
             app.changelog_topic(snapshots.store),
             snapshots,
             keep,

@@ -12,8 +12,8 @@ from support.kafka_helpers import create_topic, produce
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App, Sum
-from dagster_stateful.naming import changelog_key, job_name, source_key, store_key
-from dagster_stateful.resources import KafkaResource, StateStoreResource
+from dagster_stateful.naming import changelog_key, job_name, snapshot_key, source_key, store_key
+from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
 
 PARTITIONS = 3
 ORDERS = 600
@@ -111,3 +111,34 @@ def test_provisioning_records_the_repartition_topic_and_the_lag_sensor_watches_b
     assert not after.run_requests and "total lag 0" in after.skip_reason.skip_message
     totals = {e.asset_key: e.metadata["total_lag"].value for e in after.asset_events if e.partition is None}
     assert totals == {source_key(app): 0, repartition: 0}
+
+
+@pytest.mark.spark
+def test_a_re_keyed_store_is_snapshotted_by_spark_against_the_repartition_topics_offsets(
+    spark, kafka_bootstrap, unique_name, tmp_path
+):
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    produce(kafka_bootstrap, source, orders())
+    app = region_app(source, unique_name("regions"), tmp_path / "unbound")
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "state"), snapshot_root=str(tmp_path / "snapshots"))
+    pyspark = StatefulSparkResource(spark_config={"spark.master": "local[2]"})
+    resources = {"kafka": kafka, "state_store": state_store, "spark": pyspark}
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store, spark=pyspark)
+    bound = state_store.bind(app, kafka)
+    assert bound.run_worker(max_seconds=120).stop_reason == "caught_up"
+    with bound.read_state("totals") as reader:
+        expected = {entry.message_key: entry.value for entry in reader.items()}
+
+    snapshot = materialize([defs.get_assets_def(snapshot_key(app, "totals"))], resources=resources)
+    metadata = snapshot.asset_materializations_for_node(job_name(app, "snapshots"))[0].metadata
+    committed = bound.kafka.committed_offsets(app.consumer_group, app.config.task_topic, range(PARTITIONS))
+    assert metadata["keys"].value == REGIONS
+    assert metadata["committed_source_offsets"].value == {str(p): offset for p, offset in committed.items()}
+    bound.clear_state()
+    restored = bound.restore_partitions(range(PARTITIONS), method="snapshot")
+
+    assert {r.plan.path.value for r in restored} == {"snapshot"}
+    with bound.read_state("totals") as reader:
+        assert {entry.message_key: entry.value for entry in reader.items()} == expected
