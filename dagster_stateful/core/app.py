@@ -39,6 +39,7 @@ from dagster_stateful.core.kafka.provisioning import (
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.joins import GlobalTable
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.core.processing.worker.loop import RunLimits, Worker
 from dagster_stateful.core.queries.app_queries import AppQueries
@@ -164,6 +165,7 @@ class App(AppQueries):
             frozenset(spec.name for spec in specs if spec.kind == "lru"),
             on_group_by=self._re_keyed,
         )
+        self._global_tables: dict[str, GlobalTable] = {}
 
     def _re_keyed(self, repartition: Repartition) -> None:
         self.config = self.config.replace(repartition=repartition)
@@ -257,6 +259,22 @@ class App(AppQueries):
             raise ConfigurationError(f"app {self.name!r} has no output topic; pass output= or a topic")
         self.config = self.config.replace(output=topic, emits_output=True)
 
+    def global_table(
+        self, topic: str, name: str | None = None, key_serde: Serde | str = "str", value_serde: Serde | str = "json"
+    ) -> GlobalTable:
+        """A table every worker of this app keeps whole from the compacted `topic` (Kafka Streams'
+        GlobalKTable), for `dataframe().join(table, on=...)`: read up to the topic's end before
+        processing starts, kept current while processing, outside the consumer group. `name`
+        (the topic's unless given) names its local copy; its keys and values are read with
+        `key_serde` and `value_serde`. Suited to small reference data every record may look up."""
+        name = name or topic
+        if name in self._global_tables:
+            raise ConfigurationError(f"app {self.name!r} already has a global table named {name!r}")
+        table = GlobalTable(name, topic, resolve_serde(key_serde), resolve_serde(value_serde))
+        self.config = self.config.replace(global_tables={**self.config.global_tables, name: topic})
+        self._global_tables = {**self._global_tables, name: table}
+        return table
+
     def add_restore_listener(self, listener: RestoreListener) -> None:
         self.listeners.restore.append(listener)
 
@@ -305,6 +323,7 @@ class App(AppQueries):
             limits=RunLimits(max_messages, max_seconds, until_caught_up, grace_seconds),
             snapshot_root=self.snapshot_root,
             partitions=None if partitions is None else list(partitions),
+            global_tables=list(self._global_tables.values()),
         )
 
     def run_worker(

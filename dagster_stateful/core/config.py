@@ -8,7 +8,8 @@ them once, raising `ConfigurationError` with what to change.
 
 An app reads one or more topics (`input_topics`): the source, and, when its steps re-key the
 records (`Repartition`), the internal repartition topic `<name>-<group>-repartition`, which the app
-writes and reads back. The stores belong to the partitions of one topic, the `task_topic`: state
+writes and reads back. Global tables (`global_tables`, name -> topic) are read whole by every
+worker, outside the consumer group. The stores belong to the partitions of one topic, the `task_topic`: state
 partition N is that topic's partition N (the repartition topic when there is one).
 """
 
@@ -127,6 +128,8 @@ class AppConfig:
     """Standby copies of each partition that the group's other members keep (`processing.standbys`)."""
     repartition: Repartition | None = None
     """Set when the steps re-key the records through a repartition topic."""
+    global_tables: Mapping[str, str] = field(default_factory=dict)
+    """The global tables the steps join with: table name -> its compacted topic (read whole by every worker)."""
     repartition_purge_interval: float = 30.0
     """Seconds between purges of the repartition topic's consumed and committed records (Kafka
     Streams' `repartition.purge.interval.ms`)."""
@@ -150,6 +153,9 @@ class AppConfig:
             raise ConfigurationError("commit_interval and commit_every must be positive")
         if self.cache_max_bytes < 0:
             raise ConfigurationError(f"cache_max_bytes must be 0 or more, got {self.cache_max_bytes}")
+        self._set("global_tables", dict(self.global_tables))
+        for table in self.global_tables:
+            _check_name(table, what="global table name")
         if self.repartition_purge_interval < 0:
             raise ConfigurationError("repartition_purge_interval must be 0 or more")
         if self.restore_batch_size <= 0:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 class TopicRole(StrEnum):
     SOURCE = "source"
+    GLOBAL_TABLE = "global-table"
     REPARTITION = "repartition"
     CHANGELOG = "changelog"
     OUTPUT = "output"
@@ -55,8 +56,8 @@ class TopicSpec:
 
     @property
     def managed(self) -> bool:
-        """Topics the app may create; the source topic belongs to its producers."""
-        return self.role is not TopicRole.SOURCE
+        """Topics the app may create; the source and table topics belong to their producers."""
+        return self.role not in (TopicRole.SOURCE, TopicRole.GLOBAL_TABLE)
 
     @property
     def needs_source_partitions(self) -> bool:
@@ -147,6 +148,7 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
     """Every topic the app reads or writes, with what the app needs of it."""
     replication, store_configs = config.changelog_replication_factor, store_configs or {}
     specs = [TopicSpec(config.source, TopicRole.SOURCE, None)]
+    specs += [TopicSpec(topic, TopicRole.GLOBAL_TABLE, None) for topic in config.global_tables.values()]
     if config.repartition is not None and config.repartition_topic is not None:
         specs.append(
             TopicSpec(
@@ -196,7 +198,7 @@ def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
         layout = kafka.topic_layout(spec.name)
         if spec.role is TopicRole.SOURCE:
             source_partitions = task_partitions = None if layout is None else layout.partitions
-        if spec.role is TopicRole.SOURCE:
+        if not spec.managed:
             expected = None
         elif spec.partitions is not None:
             expected = spec.partitions
@@ -212,13 +214,20 @@ def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
 def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> TopicCheck:
     if layout is None:
         check = TopicCheck(spec, TopicStatus.MISSING)
-        if not spec.managed:
+        if spec.role is TopicRole.SOURCE:
             check.mismatches[TopicAspect.EXISTS] = (
                 f"source topic {spec.name} does not exist; create it (or fix the app's `source`) before running the app"
+            )
+        elif spec.role is TopicRole.GLOBAL_TABLE:
+            check.mismatches[TopicAspect.EXISTS] = (
+                f"global table topic {spec.name} does not exist; create it (compacted) before running the app"
             )
         return check
     check = TopicCheck(spec, TopicStatus.OK, layout.partitions, layout.replication_factor)
     if spec.role is TopicRole.SOURCE:
+        return check
+    if spec.role is TopicRole.GLOBAL_TABLE:
+        _check_table_topic(spec, kafka, check)
         return check
     _check_replication(spec, layout.replication_factor, check)
     found_partitions = layout.partitions
@@ -236,6 +245,19 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> 
     if check.problems:
         check.status = TopicStatus.MISMATCH
     return check
+
+
+def _check_table_topic(spec: TopicSpec, kafka: KafkaClients, check: TopicCheck) -> None:
+    """A table's topic must be compacted: deleting by retention would drop keys the table holds."""
+    check.found_config = kafka.topic_config(spec.name)
+    policy = check.found_config.get("cleanup.policy", "delete")
+    if "compact" not in cleanup_policies(policy):
+        check.mismatches[TopicAspect.CLEANUP_POLICY] = (
+            f"global table topic {spec.name} has cleanup.policy={policy}: a table reads the latest value of every "
+            "key, which deletion by retention would lose. Compact it: `kafka-configs --alter --entity-type topics "
+            f"--entity-name {spec.name} --add-config cleanup.policy=compact`."
+        )
+        check.status = TopicStatus.MISMATCH
 
 
 def _check_replication(spec: TopicSpec, found: int, check: TopicCheck) -> None:
@@ -272,7 +294,7 @@ def cleanup_policies(policy: str) -> frozenset[str]:
 def apply(plan: ProvisioningPlan, kafka: KafkaClients, create: bool = True) -> ProvisioningPlan:
     """Create missing managed topics (when `create`), then fail on any problem left."""
     for check in plan.checks:
-        if check.spec.role is TopicRole.SOURCE and check.status is TopicStatus.MISSING:
+        if not check.spec.managed and check.status is TopicStatus.MISSING:
             raise TopicMissingError(check.problems[0])
     for check in plan.checks:
         if check.status is TopicStatus.MISSING and check.spec.managed and create:

@@ -61,6 +61,11 @@ def _topic_acls(spec: TopicSpec, create: bool) -> list[AclRequirement]:
     name = spec.name
     if spec.role is TopicRole.SOURCE:
         return [_acl(ResourceType.TOPIC, name, Operation.READ, "consume it, commit offsets on it, read its offsets")]
+    if spec.role is TopicRole.GLOBAL_TABLE:
+        return [
+            _acl(ResourceType.TOPIC, name, Operation.READ, "every worker reads the global table whole"),
+            _acl(ResourceType.TOPIC, name, Operation.DESCRIBE_CONFIGS, "provisioning checks cleanup.policy=compact"),
+        ]
     needed = [_acl(ResourceType.TOPIC, name, Operation.WRITE, _WRITES[spec.role])]
     if create:
         needed.append(_acl(ResourceType.TOPIC, name, Operation.CREATE, "provisioning creates it when missing"))

@@ -55,6 +55,10 @@ def consuming(config: AppConfig) -> tuple[AclRequirement, ...]:
     """What a worker's consumer needs: joining the app's group and reading its inputs."""
     return (
         *(AclRequirement(ResourceType.TOPIC, topic, Operation.READ, why="consume it") for topic in config.input_topics),
+        *(
+            AclRequirement(ResourceType.TOPIC, topic, Operation.READ, why="read the global table")
+            for topic in config.global_tables.values()
+        ),
         AclRequirement(ResourceType.GROUP, config.consumer_group, Operation.READ, why="join the group"),
     )
 

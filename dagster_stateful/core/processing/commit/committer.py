@@ -158,7 +158,8 @@ class Committer:
         pending = [txn for txn in held if txn.has_progress or txn.expiries_due]
         self._refuse_after_failure([txn.partition for txn in pending])
         self._upstream, self.committed_upstream = upstream or [], []
-        if not pending and not self._upstream:
+        records_only = self.transactions is not None and self.transactions.open
+        if not pending and not self._upstream and not records_only:
             return {}
         for txn in pending:
             txn.prepare_commit()

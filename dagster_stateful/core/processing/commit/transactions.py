@@ -172,12 +172,13 @@ class KafkaTransactions:
     def commit(self, offsets: list[TopicPartition]) -> None:
         """Add the source offsets to the open transaction and commit it (every produced record with it)."""
         self.begin()
-        metadata = self._consumer.consumer_group_metadata()
-        self._call(
-            "sending the source offsets to the transaction",
-            lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
-            bounded=True,
-        )
+        if offsets:  # none: a transaction of records only (dead letters while no partition progressed)
+            metadata = self._consumer.consumer_group_metadata()
+            self._call(
+                "sending the source offsets to the transaction",
+                lambda timeout: self._producer.send_offsets_to_transaction(offsets, metadata, timeout),
+                bounded=True,
+            )
         self._call("committing the transaction", lambda timeout: self._producer.commit_transaction(timeout))
         self.open = False
 

@@ -29,6 +29,7 @@ from typing import Any
 from dagster_stateful.core.config import Repartition
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf
+from dagster_stateful.core.processing.dsl.joins import GlobalTable, JoinHow, OnMerge, TableKeyOf, join_function
 from dagster_stateful.core.processing.dsl.steps import (
     DROPPED,
     REPLACING,
@@ -150,6 +151,17 @@ class StreamingDataFrame:
     def filter(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Keep the value only when `function` returns true."""
         return self._add(StepKind.FILTER, function, stateful, store)
+
+    def join(self, table: GlobalTable, *, on: str | TableKeyOf, how: JoinHow = "inner", on_merge: OnMerge = "raise"):
+        """Join each record with `table` (from `App.global_table`), as Kafka Streams' KStream-GlobalKTable
+        join: `on` (a field of the value, or a function of it) is the table key; the table's latest
+        value for it is merged into the record (`on_merge`: "raise" on a field both have,
+        "keep-left", "keep-right", or a function `(value, row) -> value`). how="inner" drops a
+        record the table has no row for, "left" passes it on unchanged. The join keeps no state of
+        its own, so it may come before `group_by`."""
+        if not isinstance(table, GlobalTable):
+            raise ConfigurationError(f"join needs a table from App.global_table(...), got {table!r}")
+        return self._append(Step(StepKind.JOIN, join_function(table, on, how, on_merge), None))
 
     def group_by(self, key: str | KeyOf, *, name: str | None = None, partitions: int | None = None):
         """Re-key each record by `key`, a field of its value or a function of it, as Kafka Streams'
@@ -345,7 +357,7 @@ class StreamingDataFrame:
     def compiled(self) -> StepCall:
         """A function doing what `run` does; for a frame of one `apply` or `update` step, without
         the loop over the steps (call it again after adding steps)."""
-        if len(self._chain) != 1 or self._chain[0][0] is StepKind.FILTER:
+        if len(self._chain) != 1 or self._chain[0][0] in (StepKind.FILTER, StepKind.JOIN):
             return functools.partial(run_chain, self._chain)
         kind, call = self._chain[0]
         if kind in REPLACING:

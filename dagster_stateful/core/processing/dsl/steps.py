@@ -43,6 +43,9 @@ class StepKind(StrEnum):
     WINDOW = "window"
     """Updates the key's windows and passes on the `Emitted` window results, each through the steps
     after it."""
+    JOIN = "join"
+    """Its result (the value merged with a table's) replaces the value; DROPPED (an inner join's
+    miss) drops it."""
 
 
 REPLACING = frozenset({StepKind.APPLY, StepKind.AGGREGATE, StepKind.WINDOW, StepKind.FOLD})
@@ -247,6 +250,10 @@ def run_chain(chain: Chain, value: Any, states: Views) -> Any:
             value = result
         elif kind is StepKind.FILTER and not result:
             return DROPPED
+        elif kind is StepKind.JOIN:
+            if result is DROPPED:
+                return DROPPED
+            value = result
     return value
 
 

@@ -39,6 +39,7 @@ from dagster_stateful.core.processing.commit.transactions import (
     refuse_pinned_exactly_once,
 )
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.joins import GlobalTable
 from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, Deadline, RunLimits, StopSignal
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.batch import BatchProcessor
@@ -48,6 +49,7 @@ from dagster_stateful.core.processing.paths.rekeying import Rekeying, RoutedBatc
 from dagster_stateful.core.processing.restores.background import background_restores
 from dagster_stateful.core.processing.standbys.replicas import standbys_for
 from dagster_stateful.core.processing.worker.client_settings import worker_consumer_config, worker_producer_config
+from dagster_stateful.core.processing.worker.global_tables import GlobalTables
 from dagster_stateful.core.processing.worker.progress import Progress
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
 from dagster_stateful.core.recovery.restorer import Restorer
@@ -89,8 +91,11 @@ class Worker:
         limits: RunLimits | None = None,
         partitions: list[int] | None = None,
         snapshot_root: str | None = None,
+        global_tables: list[GlobalTable] | None = None,
     ) -> None:
-        """snapshot_root: where the stores' snapshots live; restores load one when that is faster."""
+        """snapshot_root: where the stores' snapshots live; restores load one when that is faster.
+        global_tables: the tables the steps join with, which the worker keeps whole (`global_tables`)."""
+        self._global_tables = global_tables or []
         self.config = config
         self.kafka = kafka
         self.listeners = listeners
@@ -120,6 +125,7 @@ class Worker:
             plan = provision(config, self.kafka, store_configs=self._dataframe.changelog_configs())
             # After provisioning, whose admin calls raise a refused login within seconds (this one would time out).
             initialize_transactions(self._committer.transactions, config.name)
+            self._globals.bootstrap(self._commit_deadline)  # before joining: a record sees the whole table
             if self.partitions is None:
                 self._consumer.subscribe(
                     list(config.input_topics),
@@ -262,6 +268,7 @@ class Worker:
         state_path, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
         self._batches = state_path if self._rekeying is None else RoutedBatches(self._rekeying, state_path)
         self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
+        self._globals = GlobalTables(self._global_tables, config, kafka, self.state.app_dir, self._bad_input)
 
     def _loop(self, started: float) -> StopReason:
         limits, config = self.limits, self.config
@@ -278,6 +285,7 @@ class Worker:
             if limits.max_seconds is not None and now - started >= limits.max_seconds:
                 self._pass_markers()
                 return StopReason.MAX_SECONDS
+            self._globals.poll()
             restoring = bool(self._assignments.restorations)
             if restoring:  # open new partitions' stores, replay one changelog batch, resume those up to date
                 self._assignments.advance(self._consumer)
@@ -428,6 +436,8 @@ class Worker:
                 BoundedCalls(what).close(
                     f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
                 )
+        if hasattr(self, "_globals"):
+            self._globals.close()
         committer = getattr(self, "_committer", None)
         if committer is not None:  # last: delivering what is left may take the rest of the time
             committer.close(self._close_time())

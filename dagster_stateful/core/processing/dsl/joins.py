@@ -1,0 +1,111 @@
+"""Joins with tables: what `StreamingDataFrame.join` declares, and how a join step runs.
+
+Owns `GlobalTable` (a compacted topic every worker keeps whole, declared with `App.global_table`,
+Kafka Streams' GlobalKTable) and the join step `join_function` makes: it finds the table key in the
+stream record (`on`: a field of its value, or a function of it, as a foreign key), reads the
+table's latest value for it (`GlobalTable.lookup`, from the worker's copy of the table), and
+merges the two: an inner join drops a record whose key the table does not hold, a left join
+passes it on with no table value. Merging two dicts keeps every field of both ("raise" refuses a
+field both have, "keep-left" or "keep-right" choose), or a function `(value, row) -> value` does it.
+A record without the key, or a merge that fails, is the error policy's, as any step's failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dagster_stateful.core.processing.dsl.steps import DROPPED
+from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.errors import ConfigurationError, StateStoreError
+
+JoinHow = Literal["inner", "left"]
+OnMerge = Literal["raise", "keep-left", "keep-right"] | Callable[[Any, Any], Any]
+TableKeyOf = Callable[[Any], Any]
+
+
+@dataclass(eq=False)
+class GlobalTable:
+    """A table every worker of the app keeps whole, from the compacted `topic`: the latest value of
+    each key (a tombstone deletes it), read at start up to the topic's end and kept current while
+    processing, never part of the consumer group's assignment."""
+
+    name: str
+    topic: str
+    key_serde: Serde
+    value_serde: Serde
+    _readers: threading.local = field(default_factory=threading.local, repr=False)
+
+    def bind_reader(self, reader: Callable[[bytes], bytes | None] | None) -> None:
+        """The worker running in this thread reads the table through `reader` (None: no longer)."""
+        self._readers.reader = reader
+
+    def lookup(self, key: Any) -> Any | None:
+        """The table's latest value for `key` in this thread's worker's copy (None: it holds none)."""
+        reader = getattr(self._readers, "reader", None)
+        if reader is None:
+            raise StateStoreError(f"global table {self.name!r} is read inside a worker only (none has opened it here)")
+        raw = reader(self.key_serde.dumps(key))
+        return None if raw is None else self.value_serde.loads(raw)
+
+
+def table_key_of(on: str | TableKeyOf) -> TableKeyOf:
+    if callable(on):
+        return on
+    if not isinstance(on, str) or not on:
+        raise ConfigurationError(f"join needs on= a field name or a function of the value, got {on!r}")
+
+    def field_of(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"join on {on!r} reads a field of a dict value, got {type(value).__name__}")
+        if on not in value:
+            raise KeyError(f"the value has no field {on!r}")
+        return value[on]
+
+    return field_of
+
+
+def join_function(table: GlobalTable, on: str | TableKeyOf, how: JoinHow, on_merge: OnMerge) -> Callable[[Any], Any]:
+    """The join as a function of the value, named `join <table>`: the merged value, or DROPPED (an
+    inner join's miss); what it raises is the record's failure (`steps.step_call` wraps it)."""
+    if how not in ("inner", "left"):
+        raise ConfigurationError(f"join how= is 'inner' or 'left', got {how!r}")
+    if not callable(on_merge) and on_merge not in ("raise", "keep-left", "keep-right"):
+        raise ConfigurationError(
+            f"join on_merge= is 'raise', 'keep-left', 'keep-right' or a function, got {on_merge!r}"
+        )
+    key_of = table_key_of(on)
+    merge = on_merge if callable(on_merge) else _dict_merge(on_merge)
+
+    def join(value: Any) -> Any:
+        key = key_of(value)
+        if key is None:
+            raise ValueError("the table key is None")
+        row = table.lookup(key)
+        if row is None:
+            return DROPPED if how == "inner" else value
+        return merge(value, row)
+
+    join.__name__ = f"join {table.name}"
+    return join
+
+
+def _dict_merge(policy: str) -> Callable[[Any, Any], Any]:
+    def merge(value: Any, row: Any) -> Any:
+        if not isinstance(value, dict) or not isinstance(row, dict):
+            raise TypeError(
+                f"merging needs dict values on both sides, got {type(value).__name__} and {type(row).__name__}: "
+                "pass on_merge=a function (value, row) -> merged"
+            )
+        if policy == "raise":
+            both = sorted(set(value) & set(row))
+            if both:
+                raise ValueError(
+                    f"the record and the table row both have fields {both}: choose on_merge='keep-left', "
+                    "'keep-right' or a function"
+                )
+        return {**row, **value} if policy == "keep-left" else {**value, **row}
+
+    return merge

@@ -1,0 +1,141 @@
+"""What `group_by` and global tables declare, without a broker: the repartition topic, the topics the
+app then reads, provisions and needs ACLs for, how a join merges a record with its table row, and
+the declarations refused with what to do."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from dagster_stateful.core import App, Count, Sum
+from dagster_stateful.core.kafka.provisioning import TopicRole
+from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, ResourceType
+from dagster_stateful.core.kafka.security.acls import required_acls
+from dagster_stateful.core.kafka.security.authorization import consuming, producing
+from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed
+from dagster_stateful.errors import ConfigurationError
+
+
+def orders_app(tmp_path, **settings) -> App:
+    return App(name="regions", source="orders", stores=["totals"], state_dir=tmp_path, **settings)
+
+
+def test_group_by_names_the_repartition_topic_that_owns_the_state(tmp_path):
+    app = orders_app(tmp_path)
+    before = app.config
+    assert before.input_topics == ("orders",) and before.task_topic == "orders"
+
+    app.to_topic(app.dataframe().group_by("region").aggregate(Sum("amount")), "region-totals")
+
+    assert app.config.repartition_topic == "regions-region-repartition"
+    assert app.config.input_topics == ("orders", "regions-region-repartition")
+    assert app.config.task_topic == "regions-region-repartition"
+    assert app.config.emits_output and app.config.output == "region-totals"
+
+
+def test_the_repartition_topic_is_provisioned_purgeable_and_in_the_least_privilege_table(tmp_path):
+    app = orders_app(tmp_path, on_error="dead-letter")
+    app.dataframe().group_by(lambda order: order["region"], name="by-region", partitions=6).aggregate(Count())
+
+    [spec] = [spec for spec in app.topic_specs() if spec.role is TopicRole.REPARTITION]
+    assert (spec.name, spec.partitions) == ("regions-by-region-repartition", 6)
+    assert spec.config["cleanup.policy"] == "delete" and spec.config["retention.ms"] == "-1"
+    table = set(required_acls(app.config, app.topic_specs()))
+    for operation in (Operation.READ, Operation.WRITE, Operation.DELETE):
+        assert AclRequirement(ResourceType.TOPIC, spec.name, operation) in table
+    assert {*consuming(app.config), *producing(app.config)} <= table
+
+
+@pytest.mark.parametrize(
+    ("declare", "says"),
+    [
+        (lambda frame: frame.apply(lambda v, state: v, stateful=True).group_by("region"), "Declare group_by before"),
+        (lambda frame: frame.group_by("region").group_by("city"), "one group_by per app"),
+        (lambda frame: frame.group_by(lambda order: order["region"]), "needs a name"),
+        (lambda frame: frame.tumbling_window(1000).aggregate(Count()).final().group_by("region"), "windowed"),
+        (lambda frame: frame.group_by("region", partitions=0), "positive partition count"),
+        (lambda frame: frame.group_by("a region"), "group_by name"),
+    ],
+)
+def test_declarations_group_by_cannot_keep_are_refused_saying_what_to_do(tmp_path, declare, says):
+    app = orders_app(tmp_path)
+    with pytest.raises(ConfigurationError, match=says):
+        declare(app.dataframe())
+
+
+def test_steps_before_group_by_are_its_own_and_stateful_steps_may_follow_it(tmp_path):
+    app = orders_app(tmp_path)
+    frame = app.dataframe().filter(lambda order: order["amount"] > 0).group_by("region")
+    assert frame.steps == () and frame.grouping is not None and len(frame.grouping.before) == 1
+
+    frame.apply(lambda order, state: order, stateful=True)
+
+    assert frame.is_stateful and app.config.task_topic == "regions-region-repartition"
+
+
+def test_a_global_table_is_read_whole_outside_the_group_and_needs_read_and_its_config(tmp_path):
+    app = orders_app(tmp_path)
+    customers = app.global_table("customers")
+    app.dataframe().join(customers, on="customer").group_by("tier").aggregate(Sum("amount"))
+
+    assert app.config.global_tables == {"customers": "customers"}
+    assert app.config.input_topics == ("orders", "regions-tier-repartition"), "not part of the group's topics"
+    [spec] = [spec for spec in app.topic_specs() if spec.role is TopicRole.GLOBAL_TABLE]
+    assert spec.name == "customers" and not spec.managed
+    table = set(required_acls(app.config, app.topic_specs()))
+    for operation in (Operation.READ, Operation.DESCRIBE_CONFIGS):
+        assert AclRequirement(ResourceType.TOPIC, "customers", operation) in table
+    assert AclRequirement(ResourceType.TOPIC, "customers", Operation.WRITE) not in table
+    assert {*consuming(app.config), *producing(app.config)} <= table
+
+
+@pytest.mark.parametrize(
+    ("declare", "says"),
+    [
+        (lambda app, table: app.dataframe().join("customers", on="customer"), "App.global_table"),
+        (lambda app, table: app.dataframe().join(table, on="customer", how="outer"), "'inner' or 'left'"),
+        (lambda app, table: app.dataframe().join(table, on="customer", on_merge="both"), "on_merge"),
+        (lambda app, table: app.dataframe().join(table, on=""), "field name or a function"),
+        (lambda app, table: app.global_table("customers"), "already has a global table"),
+    ],
+)
+def test_joins_a_table_cannot_serve_are_refused_saying_what_to_do(tmp_path, declare, says):
+    app = orders_app(tmp_path)
+    table = app.global_table("customers")
+    with pytest.raises(ConfigurationError, match=says):
+        declare(app, table)
+
+
+@pytest.mark.parametrize(
+    ("how", "on_merge", "order", "expected"),
+    [
+        ("inner", "raise", {"customer": "c1", "amount": 3}, {"customer": "c1", "amount": 3, "tier": "gold"}),
+        ("inner", "raise", {"customer": "c9", "amount": 3}, DROPPED),
+        ("left", "raise", {"customer": "c9", "amount": 3}, {"customer": "c9", "amount": 3}),
+        ("left", "keep-left", {"customer": "c1", "tier": "mine"}, {"customer": "c1", "tier": "mine"}),
+        ("left", "keep-right", {"customer": "c1", "tier": "mine"}, {"customer": "c1", "tier": "gold"}),
+        ("left", lambda order, row: (order["customer"], row["tier"]), {"customer": "c1"}, ("c1", "gold")),
+    ],
+)
+def test_a_join_merges_the_record_with_the_tables_latest_row(tmp_path, how, on_merge, order, expected):
+    app = orders_app(tmp_path)
+    customers = app.global_table("customers")
+    rows = {b"c1": orjson.dumps({"tier": "gold"})}
+    customers.bind_reader(rows.get)
+    frame = app.dataframe().join(customers, on="customer", how=how, on_merge=on_merge)
+
+    assert frame.run(order, {}) == expected
+
+
+@pytest.mark.parametrize(
+    ("order", "says"),
+    [({"amount": 3}, "no field 'customer'"), ({"customer": "c1", "tier": "x"}, r"both have fields \['tier'\]")],
+)
+def test_a_record_a_join_cannot_take_fails_its_step_for_the_error_policy(tmp_path, order, says):
+    app = orders_app(tmp_path)
+    customers = app.global_table("customers")
+    customers.bind_reader({b"c1": orjson.dumps({"tier": "gold"})}.get)
+    frame = app.dataframe().join(customers, on="customer")
+
+    with pytest.raises(StepFailed, match=says):
+        frame.run(order, {})
