@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
+    AssetKey,
     AssetObservation,
     AssetSpec,
     BackfillPolicy,
@@ -57,18 +58,25 @@ def kafka_partitions(count: int) -> StaticPartitionsDefinition:
     return StaticPartitionsDefinition([str(p) for p in range(count)])
 
 
-def source_topic_spec(readers: list[App], translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetSpec:
-    """The asset of a source topic that the apps `readers` read (one or more), in a group of its own."""
-    first = readers[0]
+def source_topic_spec(topic: str, readers: list[App], translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetSpec:
+    """The asset of a topic its producers write and the apps `readers` read (one or more), as their
+    source or as a global table, in a group of its own."""
     names = ", ".join(f"`{app.name}`" for app in readers)
     apps = "apps" if len(readers) > 1 else "app"
+    tables = [app.name for app in readers if topic in app.config.global_tables.values()]
+    as_table = f" (as a global table by {', '.join(f'`{name}`' for name in tables)})" if tables else ""
     return AssetSpec(
-        source_key(first, translator),
-        group_name=translator.get_topic_group_name(first.source),
+        translator.get_topic_key(topic),
+        group_name=translator.get_topic_group_name(topic),
         kinds={"kafka"},
-        description=f"Kafka topic `{first.source}`, written by its producers; read by {apps} {names}.",
-        metadata={"topic": first.source, "consumer_groups": ", ".join(app.consumer_group for app in readers)},
+        description=f"Kafka topic `{topic}`, written by its producers; read by {apps} {names}{as_table}.",
+        metadata={"topic": topic, "consumer_groups": ", ".join(app.consumer_group for app in readers)},
     )
+
+
+def table_keys(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetKey]:
+    """The topics of the global tables the app's steps join with: upstream of its stores."""
+    return [translator.get_topic_key(topic) for topic in app.config.global_tables.values()]
 
 
 def repartition_specs(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetSpec]:
@@ -145,9 +153,12 @@ def store_assets(
     specs = [
         AssetSpec(
             store_key(app, store, translator),
-            deps=[changelog_key(app, store, translator)]
-            if app.config.use_changelog_topics
-            else [state_topic_key(app, translator)],
+            deps=[
+                changelog_key(app, store, translator)
+                if app.config.use_changelog_topics
+                else state_topic_key(app, translator),
+                *table_keys(app, translator),
+            ],
             group_name=group_name(app, translator),
             kinds={"rocksdb" if app.store_profile(store)["kind"] == "rocksdb" else "python"},
             partitions_def=partitions_def,

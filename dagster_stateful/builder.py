@@ -86,7 +86,8 @@ def build_stateful_definitions(
     parts = _Parts(translator, pool_size)
     readers: dict[str, list[App]] = {}
     for app in apps:
-        readers.setdefault(app.source, []).append(app)
+        for topic in dict.fromkeys((app.source, *app.config.global_tables.values())):
+            readers.setdefault(topic, []).append(app)
         partitions = _partitions_of(app, source_partitions)
         target = parts.add_app(
             app, partitions, worker_every_minutes, schedule_status, compaction_cron, max_changelog_lag
@@ -102,7 +103,8 @@ def build_stateful_definitions(
         if app.config.use_changelog_topics:
             parts.sensors.append(snapshot_sensor(app, max_snapshot_age_hours, default_status=sensor_status))
     return Definitions(
-        assets=[source_topic_spec(apps_of_topic, translator) for apps_of_topic in readers.values()] + parts.assets,
+        assets=[source_topic_spec(topic, apps_of_topic, translator) for topic, apps_of_topic in readers.items()]
+        + parts.assets,
         asset_checks=parts.checks,
         jobs=parts.jobs,
         schedules=parts.schedules,

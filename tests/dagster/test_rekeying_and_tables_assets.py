@@ -142,3 +142,18 @@ def test_a_re_keyed_store_is_snapshotted_by_spark_against_the_repartition_topics
     assert {r.plan.path.value for r in restored} == {"snapshot"}
     with bound.read_state("totals") as reader:
         assert {entry.message_key: entry.value for entry in reader.items()} == expected
+
+
+def test_a_global_tables_topic_is_an_asset_upstream_of_the_stores_that_join_with_it(tmp_path):
+    joining = App(name="tiers", source="orders", stores=["totals"], state_dir=tmp_path)
+    customers = joining.global_table("customers")
+    joining.dataframe().join(customers, on="customer").group_by("tier").aggregate(Sum("amount"))
+    plain = App(name="counts", source="customers", stores=["counts"], state_dir=tmp_path)
+    plain.dataframe().aggregate(Sum("amount"))
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:9")
+    defs = build_stateful_definitions([joining, plain], PARTITIONS, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    topic = AssetKey(["kafka", "customers"])
+
+    assert deps_of(defs, store_key(joining, "totals")) == {changelog_key(joining, "totals"), topic}
+    spec = defs.resolve_asset_graph().get(topic)
+    assert "read by apps `tiers`, `counts` (as a global table by `tiers`)" in (spec.description or "")
