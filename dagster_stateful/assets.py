@@ -99,6 +99,7 @@ def repartition_specs(app: App, translator: StatefulTranslator = DEFAULT_TRANSLA
 
 
 def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
+    stores = app.stores if app.config.use_changelog_topics else ()
     specs = repartition_specs(app, translator) + [
         AssetSpec(
             changelog_key(app, store, translator),
@@ -109,7 +110,7 @@ def changelog_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLAT
             description=f"Compacted changelog of store `{store}`: every state change, the source of "
             "truth for restoring the store.",
         )
-        for store in app.stores
+        for store in stores
     ]
 
     @multi_asset(name=job_name(app, "changelogs"), specs=specs, can_subset=False)

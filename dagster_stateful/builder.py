@@ -174,11 +174,14 @@ class _Parts:
             self.jobs.append(target.job)
         if worker_every_minutes:
             self.schedules.append(worker_schedule(app, target, worker_every_minutes, status))
+        if app.config.use_changelog_topics or app.config.repartition is not None:
+            self.assets.append(changelog_assets(app, translator))
+            self.jobs.append(provision_job(app, translator))
         if not app.config.use_changelog_topics:
             return target
         compaction = compaction_job(app, translator)
-        self.assets += [changelog_assets(app, translator), snapshot_assets(app, translator)]
-        self.jobs += [provision_job(app, translator), spark_restore_job(app, translator), compaction]
+        self.assets.append(snapshot_assets(app, translator))
+        self.jobs += [spark_restore_job(app, translator), compaction]
         self.jobs += [bootstrap_state_job(app, translator), transform_state_job(app, translator)]
         self.schedules.append(compaction_schedule(app, compaction, compaction_cron, status))
         return target

@@ -28,7 +28,7 @@ from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.recovery.offline_restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import partition_metadata, restore_metadata
-from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key, worker_pool
+from dagster_stateful.naming import internal_topic_keys, job_name, snapshot_key, store_key, worker_pool
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import copy_summary, key_read_rows, state_rows
@@ -76,8 +76,8 @@ class ClearStateConfig(Config):
 def provision_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     return define_asset_job(
         job_name(app, "provision"),
-        selection=AssetSelection.assets(*(changelog_key(app, s, translator) for s in app.stores)),
-        description=f"Create or validate the changelog topics of app `{app.name}`.",
+        selection=AssetSelection.assets(*internal_topic_keys(app, translator)),
+        description=f"Create or validate the internal topics of app `{app.name}` (changelogs, repartition topic).",
     )
 
 

@@ -37,6 +37,14 @@ def state_topic_key(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
     return translator.get_source_key(app)
 
 
+def internal_topic_keys(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetKey]:
+    """The assets of the topics the app provisions: its repartition topic and its changelogs."""
+    keys = [translator.get_repartition_key(app)] if app.config.repartition is not None else []
+    if app.config.use_changelog_topics:
+        keys += [translator.get_changelog_key(app, store) for store in app.stores]
+    return keys
+
+
 def changelog_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
     return translator.get_changelog_key(app, store)
 

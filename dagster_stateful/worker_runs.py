@@ -41,7 +41,7 @@ from dagster_stateful.metadata import (
     store_run_metadata,
     worker_metadata,
 )
-from dagster_stateful.naming import changelog_key, store_key
+from dagster_stateful.naming import internal_topic_keys, store_key
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
 from dagster_stateful.translator import StatefulTranslator
@@ -191,9 +191,9 @@ def _first_changelog_records(context: RunContext, run: _WorkerRun) -> None:
     changelogs themselves, so without this a changelog a worker writes would show "never
     materialized" until someone ran the provision job."""
     app, bound = run.app, run.bound
-    if not app.config.use_changelog_topics:
+    keys = internal_topic_keys(app, run.translator)
+    if not keys:
         return
-    keys = [changelog_key(app, store, run.translator) for store in app.stores]
     if all(context.instance.get_latest_materialization_event(key) is not None for key in keys):
         return
     for key, metadata in changelog_states(app, bound, bound.provisioning_plan(), run.translator):

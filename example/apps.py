@@ -1,20 +1,27 @@
-"""The example's two stateful apps, both reading the topic `orders`.
+"""The example's three stateful apps, all reading the topic `orders`.
 
 - `order_totals`: a running total per customer in the store `totals`, with big totals sent to
   `order-totals-big`;
 - `order_counts`: drops orders already seen (their ids are kept ten minutes in the expiring store
   `seen`), then counts each customer's orders per minute of event time (the window store
-  `per_minute`) and sends each minute's count, once it is final, to `order-counts-per-minute`.
+  `per_minute`) and sends each minute's count, once it is final, to `order-counts-per-minute`;
+- `order_tiers`: enriches each order with its customer's tier from the global table `customers`
+  (the compacted topic of customer profiles), re-keys the orders by tier (`group_by`) and totals
+  them per tier in the store `per_tier`, sending each changed total to `order-totals-per-tier`.
 
-`defs/order_apps/defs.yaml` names them (`example.apps:order_totals`, `example.apps:order_counts`).
+`defs/order_apps/defs.yaml` names them (`example.apps:order_totals`, `example.apps:order_counts`,
+`example.apps:order_tiers`).
 """
 
 from datetime import timedelta
 
-from dagster_stateful.core import App, Count, State, Store
+from dagster_stateful.core import App, Count, State, Store, Sum
 
 ORDERS_TOPIC = "orders"
 ORDERS_PARTITIONS = 6  # `source_partitions` in defs/order_apps/defs.yaml
+CUSTOMERS_TOPIC = "customers"
+"""Each customer's profile, `{"tier": ...}`, keyed by customer (compacted: the latest profile stays)."""
+TIERS = ("bronze", "silver", "gold")
 
 
 def add_to_total(order: dict, state: State) -> dict:
@@ -59,4 +66,21 @@ order_counts.to_topic(
     .tumbling_window(timedelta(minutes=1), grace=timedelta(seconds=10), store="per_minute")
     .aggregate(Count())
     .final()
+)
+
+
+order_tiers = App(
+    name="order-tiers",
+    source=ORDERS_TOPIC,
+    stores=["per_tier"],
+    output="order-totals-per-tier",
+    on_error="dead-letter",
+    commit_interval=2.0,
+)
+customers = order_tiers.global_table(CUSTOMERS_TOPIC, name="customers")
+order_tiers.to_topic(
+    order_tiers.dataframe()
+    .join(customers, on="customer", on_merge="keep-left")
+    .group_by("tier")
+    .aggregate(Sum("amount"), name="total")
 )

@@ -2,9 +2,9 @@
 
 Every system (this engine with a stateful update and with an aggregation, Quix Streams in its own
 venv, Kafka Streams built with Maven, with one thread; its row with one thread per core differs only
-in a thread count) runs every workload
-once (the aggregating engine processing only), against the session's broker; the harness itself
-checks each run's final state against the totals recomputed from the source. What a user
+in a thread count) runs every workload once (the aggregating engine processing only; Quix not the
+re-keying "group_by"), against the session's broker; the harness itself checks each run's final
+state against the totals recomputed from the source (per region for "group_by"). What a user
 would look at is then checked here: the exit status, one figure per system and workload in
 results.json, the ceilings, a PNG chart, and the targets' verdicts, with the profile of each
 missed rate.
@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = ["engine", "engine-aggregate", "quix", "kafka-streams"]
 """Every system but `kafka-streams-N`, which is `kafka-streams` with one stream thread per core."""
 RESTORING = ["engine", "quix", "kafka-streams"]
+REKEYING = ["engine", "engine-aggregate", "kafka-streams"]
+"""The systems of the "group_by" workload: Quix's runner has no group_by."""
 
 
 def test_every_system_runs_every_workload_and_is_checked(kafka_bootstrap, tmp_path):
@@ -31,6 +33,7 @@ def test_every_system_runs_every_workload_and_is_checked(kafka_bootstrap, tmp_pa
         sys.executable,
         str(ROOT / "bench" / "bench_compare.py"),
         *("--messages", "2000", "--keys", "40", "--distinct-keys", "2000", "--restore-messages", "12"),
+        *("--customers", "300", "--regions", "25"),
         *("--commit-interval", "1", "--runs", "1", "--out", str(out), "--systems", *SYSTEMS),
     ]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
@@ -41,6 +44,7 @@ def test_every_system_runs_every_workload_and_is_checked(kafka_bootstrap, tmp_pa
     figures = {(figure["system"], figure["workload"]): figure for figure in document["figures"]}
     expected = {(system, workload) for system in SYSTEMS for workload in ("10k keys", "1M keys")}
     expected |= {(system, "restore") for system in RESTORING}
+    expected |= {(system, "group_by") for system in REKEYING}
     assert set(figures) == expected
     for figure in figures.values():
         (run,) = figure["runs"]
@@ -49,10 +53,14 @@ def test_every_system_runs_every_workload_and_is_checked(kafka_bootstrap, tmp_pa
         restore = figures[(system, "restore")]["runs"][0]
         assert restore["restored_records"] >= 2000, f"{system} restored the whole store"
     assert {ceiling["name"] for ceiling in document["ceilings"]} >= {"consume only"}
+    assert "group_by" in {ceiling["workload"] for ceiling in document["ceilings"]}
+    assert finished.stdout.count("2,000 re-keyed") == 2, "each engine re-keyed every order once"
+    assert "Quix Streams left out" in finished.stdout
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert finished.stdout.count("(checked;") == len(expected)
     targets = document["targets"]
-    assert len(targets) == 6, "a rate and a peak RSS verdict for each of the three targets"
+    assert len(targets) == 8, "a rate and a peak RSS verdict for each of the four targets"
+    assert any(verdict["target"].startswith("group_by: engine-aggregate at least 1.5x") for verdict in targets)
     for verdict in targets:
         rate = "rate" in verdict["target"]
         assert ("MISSED" if not verdict["met"] else "met") in finished.stdout

@@ -41,6 +41,7 @@ def example(kafka_bootstrap, monkeypatch, tmp_path):
     return SimpleNamespace(
         defs=load_from_defs_folder(path_within_project=ROOT),
         order_counts=apps.order_counts,
+        order_tiers=apps.order_tiers,
         ORDERS_PARTITIONS=apps.ORDERS_PARTITIONS,
     )
 
@@ -110,6 +111,34 @@ def _held_ids(app: App, partitions: int) -> set[tuple[str, str]]:
         finally:
             store.close()
     return held
+
+
+def test_example_totals_orders_per_customer_tier_from_the_customers_table(example, kafka_bootstrap, tmp_path):
+    defs = example.defs
+    instance = DagsterInstance.ephemeral()
+    generated = defs.resolve_job_def("generate_orders").execute_in_process(
+        instance=instance, run_config={"ops": {"write_orders": {"config": {"count": 300, "customers": 30}}}}
+    )
+    assert generated.success
+    assert defs.resolve_job_def("order_tiers__provision").execute_in_process(instance=instance).success
+
+    worker = defs.resolve_job_def("order_tiers__worker").execute_in_process(
+        instance=instance, run_config={"ops": {"order_tiers__run_worker_op": {"config": {"max_seconds": 120}}}}
+    )
+
+    assert worker.success
+    tiers = {m.key().decode(): orjson.loads(m.value())["tier"] for m in read_messages(kafka_bootstrap, "customers")}
+    expected: dict[str, float] = {}
+    for message in read_messages(kafka_bootstrap, "orders"):
+        order = orjson.loads(message.value())
+        tier = tiers[order["customer"]]
+        expected[tier] = expected.get(tier, 0.0) + order["amount"]
+    app = StateStoreResource(state_dir=str(tmp_path / "state")).bind(
+        example.order_tiers, KafkaResource(bootstrap_servers=kafka_bootstrap)
+    )
+    with app.read_state("per_tier") as reader:
+        totals = {entry.message_key: entry.value for entry in reader.items()}
+    assert totals == pytest.approx(expected)
 
 
 def test_example_generates_orders_and_keeps_totals(example):
