@@ -152,6 +152,10 @@ class WorkerSpec:
     closes, as `{"start", "end", "value"}` keyed by the customer."""
     window_size_ms: int = 5_000
     window_grace_ms: int = 1_000
+    lookup_topic: str = ""
+    """Join every order first (inner, on its "customer" field) with the global table of this compacted
+    topic, which holds every customer: a copy of the table missing one would drop its orders, which
+    the judge counts as lost ("": no join)."""
     regroup: bool = False
     """Re-key every order by its "customer" field first (`group_by`), through the app's repartition
     topic: the state then belongs to the repartition topic's partitions, under the same keys."""
@@ -193,6 +197,8 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         },
     )
     frame = app.dataframe()
+    if spec.lookup_topic:
+        frame.join(app.global_table(spec.lookup_topic, name="customers"), on="customer", on_merge="keep-left")
     if spec.regroup:
         frame.group_by("customer")
     if spec.windowed:

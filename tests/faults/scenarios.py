@@ -43,6 +43,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import orjson
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 from support.kafka_helpers import wait_for
@@ -172,6 +173,7 @@ def sigkill_storm(
     guarantee: str = AT_LEAST_ONCE,
     aggregate: bool = False,
     regroup: bool = False,
+    lookup: bool = False,
 ) -> FaultResult:
     """SIGKILL one worker `kills` times at random points; before every mid-restore kill (and a
     `wipe_share` of the others) its local state is deleted first, so full restores from the
@@ -179,7 +181,8 @@ def sigkill_storm(
     Under exactly-once the counted orders also go to an output topic, checked order by order
     (counters "outputs missing" and "outputs doubled"). `aggregate`: the worker keeps its counts
     and totals with a columnar aggregation, folded a batch at a time, and fills no output topic.
-    `regroup`: every order goes through the app's repartition topic first (`group_by`)."""
+    `regroup`: every order goes through the app's repartition topic first (`group_by`). `lookup`:
+    before that, every order is joined with a global table of all customers (`customers_table`)."""
     exactly_once = guarantee == EXACTLY_ONCE
     label = "1 SIGKILL at random points" + (" (exactly-once)" if exactly_once else "")
     result = FaultResult(label + (", re-keyed through a repartition topic" if regroup else ""))
@@ -198,6 +201,7 @@ def sigkill_storm(
         output=output,
         aggregate=aggregate,
         regroup=regroup,
+        lookup_topic=customers_table(lab, customers) if lookup else "",
     )
 
     def more_orders(count: int) -> None:
@@ -211,6 +215,20 @@ def sigkill_storm(
     if output:
         count_outputs(result, spec)
     return result
+
+
+def customers_table(lab: Lab, customers: int) -> str:
+    """A compacted topic (compacted as fast as Kafka allows) holding a profile for every customer,
+    rewritten three times over so that compaction has records to remove."""
+    topic = lab.unique("customers")
+    create_topic(lab.bootstrap, topic, 2, {**COMPACT_FAST, "cleanup.policy": "compact"})
+    profiles = [
+        (f"c{c}".encode(), orjson.dumps({"tier": f"t{(c + round_) % 3}"}))
+        for round_ in range(3)
+        for c in range(customers)
+    ]
+    produce_orders(lab.bootstrap, topic, profiles)
+    return topic
 
 
 def storm(

@@ -158,14 +158,25 @@ def test_exactly_once_sigkill_at_random_points_ten_times_is_exact_and_each_outpu
 
 
 @pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
-def test_sigkill_at_random_points_loses_nothing_across_a_repartition_topic(kafka_bootstrap, tmp_path, guarantee):
-    """Every order goes through the app's repartition topic (`group_by("customer")`) before it is
-    counted: a kill between the re-keyed records and the source's commit sends them again, which
-    at-least-once may count twice and exactly-once never does (its re-keyed records, counts and
-    both topics' offsets commit in one transaction; each output appears once)."""
+def test_sigkill_at_random_points_loses_nothing_across_a_global_table_and_a_repartition_topic(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    """Every order is joined (inner) with a global table of all customers, whose local copy is
+    deleted with the rest of the state before some restarts, then goes through the app's
+    repartition topic (`group_by("customer")`) before it is counted: a copy missing a customer
+    would drop its orders. A kill between the re-keyed records and the source's commit sends them
+    again, which at-least-once may count twice and exactly-once never does (its re-keyed records,
+    counts and both topics' offsets commit in one transaction; each output appears once)."""
     lab = Lab(kafka_bootstrap, tmp_path, SEED)
     result = sigkill_storm(
-        lab, orders=3_600, customers=300, partitions=3, kills=STORM_KILLS, guarantee=guarantee, regroup=True
+        lab,
+        orders=3_600,
+        customers=300,
+        partitions=3,
+        kills=STORM_KILLS,
+        guarantee=guarantee,
+        regroup=True,
+        lookup=True,
     )
 
     assert result.faults == STORM_KILLS, explain(result)

@@ -27,6 +27,9 @@ from dagster_stateful.errors import ConfigurationError, StateLockedError, StateS
 
 log = logging.getLogger(__name__)
 
+GLOBAL_TABLES_DIR = "global-tables"
+"""Where a worker keeps its copies of the app's global tables, under the app's directory."""
+
 CORRUPT_MARKER = ".corrupt-"
 DEFAULT_CORRUPT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_CORRUPT_COPIES_KEPT = 2
@@ -120,7 +123,8 @@ class StateDirectory:
         return f"{self.config.name}@{socket.gethostname()}:{self.root.resolve()}"
 
     def clear(self, stores: Iterable[str] | None = None, partitions: Iterable[int] | None = None) -> list[Path]:
-        """Delete local state (all, or some stores / partitions). Refused while a worker of the app runs."""
+        """Delete local state (all, global tables' copies included, or some stores / partitions).
+        Refused while a worker of the app runs."""
         lock = self.activity_lock()
         if not lock.try_exclusive():
             raise StateLockedError(
@@ -136,6 +140,11 @@ class StateDirectory:
                         shutil.rmtree(target)
                         deleted.append(target)
                         log.info("Deleted local state %s", target)
+            copies = self.app_dir / GLOBAL_TABLES_DIR
+            if stores is None and chosen is None and copies.exists():
+                shutil.rmtree(copies)
+                deleted.append(copies)
+                log.info("Deleted the global tables' copies %s", copies)
             return deleted
         finally:
             lock.release()

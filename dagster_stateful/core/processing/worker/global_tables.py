@@ -29,6 +29,7 @@ from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.processing.dsl.joins import GlobalTable
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.state.directory import GLOBAL_TABLES_DIR
 from dagster_stateful.core.state.rocksdb import PartitionDatabase
 from dagster_stateful.errors import RecoveryError
 
@@ -94,7 +95,7 @@ class GlobalTables:
         ends: dict[tuple[str, int], int] = {}
         starts: list[TopicPartition] = []
         for topic, table in self._tables.items():
-            copy = TableCopy(table, self._app_dir / "global-tables" / table.name / self._member)
+            copy = TableCopy(table, self._app_dir / GLOBAL_TABLES_DIR / table.name / self._member)
             self._copies[topic] = copy
             table.bind_reader(copy.database.get)
             count = self._kafka.partition_count(topic) or 0
