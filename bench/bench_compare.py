@@ -11,30 +11,45 @@ in a process of its own, one after another:
   changelog when the system restarts; then it processes --restore-messages orders appended for the
   round. Records restored per second of restoring, and the seconds from the start until
   processing resumed.
+- "group_by": re-keying. --messages orders keyed by customer (--customers of them), each carrying
+  its customer's "region" (one of --regions, derived from the customer: c<k> lives in region
+  r<k mod regions>), re-keyed by region and summed per region: this engine's
+  `group_by("region").aggregate(Sum("amount"))` (`engine`: `group_by("region").update(...)`) and
+  Kafka Streams' `groupBy((key, value) -> region).aggregate(...)`, each through its own repartition
+  topic (as many partitions as the source). Messages/s of the whole pipeline, both hops, from the
+  start (group join included) until every order was in its region's total: Kafka Streams' clock
+  stops when its aggregator added the last order, this engine's when its worker saw both topics
+  caught up (the source's offsets committed, the repartition topic processed to its end). Quix
+  Streams is left out of this workload: its runner (bench/quix/quix_totals.py) has no group_by.
 
 Systems: `engine` (bench/engine_totals.py: a stateful `update` reading and writing the total, the
-same computation as Quix's), `engine-aggregate` (the same script keeping the total with
-the columnar `aggregate(Sum("amount"))`, folded a consumed batch at a time, the same computation
-as Kafka Streams'; processing only: it restores as `engine` does), `quix` (Quix Streams in a venv of its own,
-bench/quix/), `kafka-streams` (bench/kafka-streams, one stream thread) and `kafka-streams-N`
-(as many stream threads as cores; processing only). Each is given the same commit interval and
-partitions and its defaults otherwise (Kafka Streams: its 10 MiB record cache; this engine: its
-64 MiB one). Each figure is the median of --runs runs; every run's final state is checked against
-the totals recomputed from the source (a faster wrong answer fails the run and the script). The
-peak RSS of each system's process is reported too.
+same computation as Quix's), `engine-aggregate` (the same script keeping the total with the
+columnar `aggregate(Sum("amount"))`, folded a consumed batch at a time, the same computation as
+Kafka Streams'; processing only: it restores as `engine` does), `quix` (Quix Streams in a venv of
+its own, bench/quix/; not on "group_by"), `kafka-streams` (bench/kafka-streams, one stream thread)
+and `kafka-streams-N` (as many stream threads as cores; processing only). Each is given the same
+commit interval and partitions and its defaults otherwise (Kafka Streams: its 10 MiB record cache;
+this engine: its 64 MiB one). Each figure is the median of --runs runs; every run's final state is
+checked against the totals recomputed from the source (a faster wrong answer fails the run and the
+script). The peak RSS of each system's process is reported too.
 
-Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py).
+Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py); on "group_by" only
+consuming its source (the first of its two hops).
 
 Targets (bench/targets.py): the columnar aggregation at least 1.5x Kafka Streams' single thread
-with 10k keys and 2x with 1M keys, the restore at least 1x, and peak RSS no higher than Kafka
-Streams', each printed as met or missed. For a missed rate the engine runs once more under cProfile
-on that workload (its totals checked too; --no-profile skips it) and the profile is printed.
+with 10k keys, 2x with 1M keys and 1.5x on "group_by", the restore at least 1x, and peak RSS no
+higher than Kafka Streams', each printed as met or missed. For a missed rate the engine runs once
+more under cProfile on that workload (its totals checked too; --no-profile skips it) and the
+profile is printed.
 
 Output: a table on stdout (the machine and settings first), then the targets, and `results.json` and
 `results.png` (a bar chart) in --out. Run from the repository root:
 
     .venv/bin/python bench/bench_compare.py                      # everything, about 30 minutes
     .venv/bin/python bench/bench_compare.py --messages 200000 --distinct-keys 200000 --runs 1
+    .venv/bin/python bench/bench_compare.py --workloads group_by --messages 500000
+
+Only the topics of the workloads chosen are produced (and only their ceilings measured).
 """
 
 from __future__ import annotations
@@ -47,8 +62,9 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +72,7 @@ import orjson
 from bench_core import amount, create_topic, engine_revision, load, produce_orders, total_ram
 from bench_kafka_streams import build_app, read_store_dump, run_java, run_restore, run_totals
 from bench_restore import bench_broker
-from ceilings import consume_only, parse_and_total, with_changelog
+from ceilings import Ceiling, consume_only, parse_and_total, with_changelog
 from confluent_kafka import Producer
 from quix_venv import quix_python
 from targets import Verdict, print_verdicts, verdicts
@@ -64,8 +80,11 @@ from targets import Verdict, print_verdicts, verdicts
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("engine", "engine-aggregate", "quix", "kafka-streams", "kafka-streams-N")
 ENGINES = ("engine", "engine-aggregate")
-WORKLOADS = ("10k keys", "1M keys", "restore")
+WORKLOADS = ("10k keys", "1M keys", "restore", "group_by")
 RESTORING_SYSTEMS = ("engine", "quix", "kafka-streams")
+REKEYING_SYSTEMS = ("engine", "engine-aggregate", "kafka-streams", "kafka-streams-N")
+"""The systems of the "group_by" workload: Quix's runner has no group_by."""
+REKEY_FIELD = "region"
 
 
 @dataclass
@@ -104,14 +123,27 @@ class Workload:
     topic: str
     messages: int
     keys: int
+    regions: int = 0
+    """Re-keyed ("group_by") when positive: each order carries its customer's region, one of this
+    many, and the totals are per region."""
+
+    @property
+    def rekeyed(self) -> bool:
+        return self.regions > 0
 
     def key(self, i: int) -> str:
         return f"c{i % self.keys}"
 
+    def region(self, i: int) -> str:
+        """The region of order i's customer (customer c<k> lives in region r<k mod regions>)."""
+        return f"r{i % self.keys % self.regions}"
+
     def expected(self, appended: list[list[tuple[str, int]]]) -> dict[str, int]:
+        """Each key's total (each region's, re-keyed); `appended`: the restores' (key, amount) rounds."""
         totals: dict[str, int] = {}
+        group = self.region if self.rekeyed else self.key
         for i in range(self.messages):
-            key = self.key(i)
+            key = group(i)
             totals[key] = totals.get(key, 0) + amount(i)
         for round_ in appended:
             for key, value in round_:
@@ -202,10 +234,11 @@ class Systems:
                 "--partitions",
                 str(self.args.partitions),
                 *(["--aggregate"] if system == "engine-aggregate" else []),
+                *(["--group-by", REKEY_FIELD] if workload.rekeyed else []),
                 *engine_options,
             ]
         elif system == "quix":
-            assert self._quix_python is not None
+            assert self._quix_python is not None and not workload.rekeyed
             mode = ["--mode", "restore" if restore else "process"]
             command = [str(self._quix_python), str(BENCH / "quix" / "quix_totals.py"), *common, *mode]
         else:
@@ -232,7 +265,8 @@ class Systems:
                 "seconds_until_processing": restored.seconds_first_record,
             }
         else:
-            run = run_totals(*arguments, interval, threads, dump_path=dump)
+            group_by = REKEY_FIELD if workload.rekeyed else None
+            run = run_totals(*arguments, interval, threads, dump_path=dump, group_by=group_by)
         result |= {"messages": run.messages, "seconds": run.seconds, "totals": read_store_dump(dump)}
         return result, run.peak_rss_mib or 0.0
 
@@ -255,9 +289,10 @@ def processing(systems: Systems, names: list[str], workload: Workload, label: st
             figure = Run(result["messages"] / result["seconds"], result["seconds"], rss)
             figures[name].runs.append(figure)
             figures[name].last_group = group
+            rekeyed = f"; {result['rekeyed']:,} re-keyed" if result.get("rekeyed") else ""
             print(
                 f"{label:<9} {name:<16} run {run + 1}: {figure.rate:>10,.0f} msg/s  {figure.seconds:6.1f} s  "
-                f"peak RSS {rss:,.0f} MiB  (checked; load {load()})"
+                f"peak RSS {rss:,.0f} MiB  (checked{rekeyed}; load {load()})"
             )
     return list(figures.values())
 
@@ -306,19 +341,28 @@ def append_orders(bootstrap: str, workload: Workload, count: int, round_: int) -
 # Ceilings, report
 
 
-def ceilings(bootstrap: str, few: Workload, many: Workload, args: argparse.Namespace) -> list[dict]:
-    changelog = f"bench-ceiling-changelog-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, changelog, args.partitions)
-    measured = [
-        ("10k keys", few, lambda: consume_only(bootstrap, few.topic, args.partitions)),
-        ("10k keys", few, lambda: parse_and_total(bootstrap, few.topic, args.partitions)),
-        ("1M keys", many, lambda: parse_and_total(bootstrap, many.topic, args.partitions)),
-        (
-            "1M keys",
-            many,
-            lambda: with_changelog(bootstrap, many.topic, args.partitions, changelog, args.commit_interval),
-        ),
-    ]
+def ceilings(bootstrap: str, topics: dict[str, Workload], args: argparse.Namespace) -> list[dict]:
+    """The plain loops on the topics produced (`topics`: by workload): consume only and with parsing and
+    totals on the 10k-key topic, with parsing and totals and with a changelog on the 1M-key one, and
+    consume only on the "group_by" one (the first of its two hops)."""
+    measured: list[tuple[str, Workload, Callable[[], Ceiling]]] = []
+    few, many, rekeyed = topics.get("10k keys"), topics.get("1M keys"), topics.get("group_by")
+    if few is not None:
+        measured.append(("10k keys", few, partial(consume_only, bootstrap, few.topic, args.partitions)))
+        measured.append(("10k keys", few, partial(parse_and_total, bootstrap, few.topic, args.partitions)))
+    if many is not None:
+        changelog = f"bench-ceiling-changelog-{uuid.uuid4().hex[:6]}"
+        create_topic(bootstrap, changelog, args.partitions)
+        measured.append(("1M keys", many, partial(parse_and_total, bootstrap, many.topic, args.partitions)))
+        measured.append(
+            (
+                "1M keys",
+                many,
+                partial(with_changelog, bootstrap, many.topic, args.partitions, changelog, args.commit_interval),
+            )
+        )
+    if rekeyed is not None:
+        measured.append(("group_by", rekeyed, partial(consume_only, bootstrap, rekeyed.topic, args.partitions)))
     rows = []
     for label, workload, measure in measured:
         ceiling = measure()
@@ -428,6 +472,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keys", type=int, default=10_000, help="keys of the '10k keys' workload")
     parser.add_argument("--distinct-keys", type=int, default=1_000_000, help="keys of the '1M keys' workload")
     parser.add_argument("--restore-messages", type=int, default=60, help="orders appended before each restore")
+    parser.add_argument("--customers", type=int, default=100_000, help="customers (message keys) of 'group_by'")
+    parser.add_argument("--regions", type=int, default=1_000, help="regions (new keys) of 'group_by'")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds, for every system")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is reported)")
@@ -439,7 +485,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where the JSON and PNG go")
     args = parser.parse_args()
-    if min(args.messages, args.keys, args.distinct_keys, args.restore_messages, args.partitions, args.runs) <= 0:
+    counts = (args.messages, args.keys, args.distinct_keys, args.restore_messages, args.customers, args.regions)
+    if min(*counts, args.partitions, args.runs) <= 0:
         parser.error("counts must be positive")
     if "restore" in args.workloads and "1M keys" not in args.workloads:
         parser.error("the restore workload restores the stores the '1M keys' runs built: select both")
@@ -456,6 +503,12 @@ def print_settings(args: argparse.Namespace) -> None:
     print(f"keys:             {args.keys:,} ('10k keys'), {args.distinct_keys:,} ('1M keys')")
     print(f"partitions:       {args.partitions}; commit interval {args.commit_interval} s; {args.runs} run(s) each")
     print(f"restore:          local state deleted, then {args.restore_messages} orders appended per round")
+    if "group_by" in args.workloads:
+        left_out = " (Quix Streams left out: its runner has no group_by)" if "quix" in args.systems else ""
+        print(
+            f"group_by:         {args.customers:,} customers (message keys) re-keyed by {REKEY_FIELD!r} "
+            f"({args.regions:,} regions) through a repartition topic of {args.partitions} partitions{left_out}"
+        )
 
 
 def main() -> None:
@@ -465,27 +518,28 @@ def main() -> None:
     ceiling_rows: list[dict] = []
     with bench_broker("bench-compare-") as (bootstrap, work):
         systems = Systems(bootstrap, work, args)
-        systems.prepare(args.systems)
-        few = prepare_topic(bootstrap, Workload(f"bench-few-{uuid.uuid4().hex[:6]}", args.messages, args.keys), args)
-        many = prepare_topic(
-            bootstrap, Workload(f"bench-many-{uuid.uuid4().hex[:6]}", args.messages, args.distinct_keys), args
-        )
+        only_rekeying = args.workloads == ["group_by"]
+        systems.prepare([name for name in args.systems if name in REKEYING_SYSTEMS or not only_rekeying])
+        topics = prepare_topics(bootstrap, args)
         if not args.no_ceilings:
-            ceiling_rows = ceilings(bootstrap, few, many, args)
-        if "10k keys" in args.workloads:
-            figures += processing(systems, args.systems, few, "10k keys", args.runs)
+            ceiling_rows = ceilings(bootstrap, topics, args)
+        if "10k keys" in topics:
+            figures += processing(systems, args.systems, topics["10k keys"], "10k keys", args.runs)
         appended: list[list[tuple[str, int]]] = []
         groups: dict[str, str] = {}
-        if "1M keys" in args.workloads:
+        if "1M keys" in topics:
+            many = topics["1M keys"]
             many_figures = processing(systems, args.systems, many, "1M keys", args.runs)
             figures += many_figures
             if "restore" in args.workloads:
                 groups = {f.system: f.last_group for f in many_figures if f.system in RESTORING_SYSTEMS}
                 figures += restores(systems, bootstrap, groups, many, args.runs, args.restore_messages, appended)
+        if "group_by" in topics:
+            rekeying = [name for name in args.systems if name in REKEYING_SYSTEMS]
+            figures += processing(systems, rekeying, topics["group_by"], "group_by", args.runs)
         found = verdicts(figures)
         if not args.no_profile:
-            workloads = {"10k keys": few, "1M keys": many}
-            profile_missed(systems, found, workloads, groups.get("engine"), appended)
+            profile_missed(systems, found, topics, groups.get("engine"), appended)
     print_table(figures, ceiling_rows)
     print_verdicts(found)
     write_outputs(args.out, figures, ceiling_rows, found, args)
@@ -499,14 +553,15 @@ def profile_missed(
     appended: list[list[tuple[str, int]]],
 ) -> None:
     """Run the engine once more under cProfile for each missed throughput target (the restore: its
-    local state deleted once more), check that run's totals, and keep its profile in the verdict."""
+    local state deleted once more), check that run's totals, and keep its profile in the verdict.
+    `workloads`: the topics produced, by workload."""
     for verdict in found:
         target = verdict.target
         if verdict.met or target is None:
             continue
         restore = target.workload == "restore"
         workload = workloads["1M keys" if restore else target.workload]
-        rounds = appended if workload is workloads["1M keys"] else []  # the restores appended to its topic
+        rounds = appended if workload is workloads.get("1M keys") else []  # the restores appended to its topic
         if restore:
             if restored_group is None:
                 continue
@@ -521,11 +576,37 @@ def profile_missed(
         verdict.profile = result["profile"]
 
 
+def prepare_topics(bootstrap: str, args: argparse.Namespace) -> dict[str, Workload]:
+    """The source topics the chosen workloads need (the restore appends to the 1M-key one), by workload."""
+    chosen: dict[str, Workload] = {}
+    if "10k keys" in args.workloads:
+        chosen["10k keys"] = Workload(f"bench-few-{uuid.uuid4().hex[:6]}", args.messages, args.keys)
+    if "1M keys" in args.workloads:
+        chosen["1M keys"] = Workload(f"bench-many-{uuid.uuid4().hex[:6]}", args.messages, args.distinct_keys)
+    if "group_by" in args.workloads:
+        topic = f"bench-regions-{uuid.uuid4().hex[:6]}"
+        chosen["group_by"] = Workload(topic, args.messages, args.customers, args.regions)
+    for workload in chosen.values():
+        prepare_topic(bootstrap, workload, args)
+    return chosen
+
+
 def prepare_topic(bootstrap: str, workload: Workload, args: argparse.Namespace) -> Workload:
     create_topic(bootstrap, workload.topic, args.partitions)
     keys = [workload.key(k) for k in range(workload.keys)]
-    seconds = produce_orders(bootstrap, workload.topic, workload.messages, lambda i: keys[i % workload.keys])
-    print(f"produced {workload.messages:,} orders over {workload.keys:,} keys to {workload.topic} in {seconds:.1f} s")
+    if workload.rekeyed:  # each customer lives in one region: the totals per region can be recomputed
+        seconds = produce_orders(
+            bootstrap,
+            workload.topic,
+            workload.messages,
+            lambda i: keys[i % workload.keys],
+            fields_of=lambda i: {REKEY_FIELD: workload.region(i)},
+        )
+        over = f"{workload.keys:,} customers in {workload.regions:,} regions"
+    else:
+        seconds = produce_orders(bootstrap, workload.topic, workload.messages, lambda i: keys[i % workload.keys])
+        over = f"{workload.keys:,} keys"
+    print(f"produced {workload.messages:,} orders over {over} to {workload.topic} in {seconds:.1f} s")
     return workload
 
 

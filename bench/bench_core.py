@@ -172,9 +172,10 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         time.sleep(0.2)
 
 
-def produce_orders(bootstrap: str, topic: str, count: int, key_of, timestamp_of=None) -> float:
+def produce_orders(bootstrap: str, topic: str, count: int, key_of, timestamp_of=None, fields_of=None) -> float:
     """Produce `count` orders (message i: customer and key key_of(i), amount amount(i), timestamp
-    timestamp_of(i) in ms, or the time of producing without one); returns seconds."""
+    timestamp_of(i) in ms, or the time of producing without one, and the fields fields_of(i) if
+    given); returns seconds."""
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS})
     errors: list[str] = []
 
@@ -186,7 +187,8 @@ def produce_orders(bootstrap: str, topic: str, count: int, key_of, timestamp_of=
     began = time.monotonic()
     for i in range(count):
         customer = key_of(i)
-        value = dumps({"customer": customer, "amount": amount(i), "order": i})
+        order = {"customer": customer, "amount": amount(i), "order": i}
+        value = dumps(order if fields_of is None else {**order, **fields_of(i)})
         while True:
             try:
                 producer.produce(

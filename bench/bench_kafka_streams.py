@@ -42,10 +42,12 @@ KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used. Needs Java 1
 which reaches Maven Central the first time.
 
 As a library (bench/bench_compare.py): build_app() once, then run_totals() runs the app with no output
-topic and, once the expected records were aggregated, writes its whole store (read through interactive
-queries) to a file (read_store_dump); run_restore() runs it again for the same application id with
-its local state deleted, so the store is restored from the changelog, processes the records appended
-since and reports the restore (a StateRestoreListener) before dumping the store. Every result carries
+topic (with group_by="region": re-keyed by the value's "region" through a repartition topic first, for
+bench_compare's "group_by" workload) and, once the expected records were aggregated, writes its whole
+store (read through interactive queries) to a file (read_store_dump); run_restore() runs it again
+for the same application id with its local state deleted, so the store is restored from the
+changelog, processes the records appended since and reports the restore (a StateRestoreListener)
+before dumping the store. Every result carries
 the java process's peak RSS (its VmHWM, sampled: see PeakRss).
 
 Run it from the repository root:
@@ -311,8 +313,10 @@ def app_command(
     dump_path: Path | None = None,
     restore: bool = False,
     leave_group: bool = False,
+    group_by: str | None = None,
 ) -> list[str]:
-    """The java command line running RunningTotals (see its header for the arguments and output lines)."""
+    """The java command line running RunningTotals (see its header for the arguments and output lines);
+    `group_by`: re-key by that string field of the JSON value first (its --group-by)."""
     command = [
         find_java(),
         f"-Xmx{java_heap}",
@@ -337,6 +341,8 @@ def app_command(
         command.append("--restore")
     if leave_group:
         command.append("--leave-group")
+    if group_by is not None:
+        command += ["--group-by", group_by]
     return command
 
 
@@ -403,10 +409,14 @@ def run_totals(
     guarantee: str = "at_least_once",
     java_heap: str = "1g",
     timeout_s: float = APP_TIMEOUT_S,
+    group_by: str | None = None,
 ) -> RunResult:
     """Run the Kafka Streams app once with no output topic: running totals of `source` into the store "totals"
     (and its changelog) under `application_id`, until `messages` records were aggregated; then the whole store
     is read through interactive queries and written to `dump_path` (default: default_dump_path), before close.
+    With `group_by` (a string field of the JSON value, e.g. "region") the records are re-keyed by it first,
+    through Kafka Streams' repartition topic "<application_id>-totals-repartition" (`groupBy` instead of
+    `groupByKey`), and the totals are per value of that field; the seconds then cover both hops.
 
     `state_dir` is state.dir (the app deletes its own state in it after close); commit_interval_s is
     commit.interval.ms in seconds, threads num.stream.threads, cache_bytes statestore.cache.max.bytes (None:
@@ -431,6 +441,7 @@ def run_totals(
         java_heap,
         dump_path=dump_path,
         leave_group=True,
+        group_by=group_by,
     )
     return finish_run(run_java(command, timeout_s), f"{guarantee}, {application_id}", dump_path)
 

@@ -4,7 +4,11 @@ The same computation as bench/quix/quix_totals.py and bench/kafka-streams: the J
 order added to a total per message key, in store "totals" with its changelog, no output topic, the
 app's defaults except the commit interval. With --aggregate the total is kept by the columnar
 `aggregate(Sum("amount"))`, folded a consumed batch at a time (the like-for-like of Kafka Streams'
-`groupByKey().aggregate()`) instead of a stateful `update` reading and writing it. It runs one
+`groupByKey().aggregate()`) instead of a stateful `update` reading and writing it. With
+--group-by FIELD the orders are first re-keyed by that field of their value (`group_by(FIELD)`: the
+engine writes them under the new key to its repartition topic `<group>-<FIELD>-repartition` and reads
+them back into the total, Kafka Streams' `groupBy().aggregate()`), so the totals are per value of the
+field, and "seconds" covers both hops. It runs one
 bounded worker until caught up: from the start of the source the first time; run again after the
 caller deleted the local state and appended messages, the worker first restores the store from its
 changelog (the report's restores say how many records; the restores' span, first start to last
@@ -12,7 +16,9 @@ end, how long), then processes what was
 appended. The whole store is then read back and written, with the timings, as JSON to `--result`:
 
     {"messages", "seconds", "seconds_closed", "seconds_until_processing", "restored_records",
-     "restore_seconds", "totals": {key: total}}
+     "restore_seconds", "rekeyed", "totals": {key: total}}
+
+("rekeyed": the source messages sent on to the repartition topic, with --group-by; else 0.)
 
 "seconds" runs from just before the worker starts (group join included, as for the other
 systems) until its loop saw it was caught up; "seconds_closed" until run_worker returned (final
@@ -79,14 +85,19 @@ def make_app(args: argparse.Namespace) -> App:
         commit_interval=args.commit_interval,
         consumer_config=dict(args.consumer_setting) or None,
     )
+    orders = app.dataframe()
+    if args.group_by is not None:
+        orders = orders.group_by(args.group_by)
     if args.aggregate:
-        app.dataframe().aggregate(Sum("amount"), name=TOTAL)
+        orders.aggregate(Sum("amount"), name=TOTAL)
     else:
-        app.dataframe().update(add_to_total, stateful=True)
+        orders.update(add_to_total, stateful=True)
     return app
 
 
 def read_totals(app: App, partitions: int) -> dict[str, int]:
+    """Every message key's total in the store (re-keyed: every new key's; the repartition topic has the
+    source's partition count)."""
     totals: dict[str, int] = {}
     for partition in range(partitions):
         part = app.state.partition(STORE, partition)
@@ -121,11 +132,14 @@ def run(args: argparse.Namespace) -> dict:
     if profiler is not None:
         profiler.disable()
     closed = time.monotonic() - began
+    rekeyed = sum(report.rekeyed.values())
     if report.total_processed != args.messages or report.total_lag:
         raise SystemExit(
             f"FAILED: the worker processed {report.total_processed:,} of {args.messages:,} messages "
             f"(lag left {report.total_lag}, stop reason {report.stop_reason})"
         )
+    if args.group_by is not None and rekeyed != args.messages:
+        raise SystemExit(f"FAILED: the worker re-keyed {rekeyed:,} of {args.messages:,} messages")
     loop_done = entered.get(AppState.PENDING_SHUTDOWN, began + closed) - began
     running = entered.get(AppState.RUNNING)
     return {
@@ -135,6 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         "seconds_until_processing": None if running is None else running - began,
         "restored_records": sum(restore.records_applied for restore in report.restores),
         "restore_seconds": restores.seconds,
+        "rekeyed": rekeyed,
         "totals": read_totals(app, args.partitions),
         **({"profile": profile_of(profiler, args.group)} if profiler is not None else {}),
     }
@@ -164,6 +179,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, required=True, help="of the source topic")
     parser.add_argument("--result", type=Path, required=True, help="where the JSON result is written")
     parser.add_argument("--aggregate", action="store_true", help='keep the totals with aggregate(Sum("amount"))')
+    parser.add_argument(
+        "--group-by", metavar="FIELD", help="re-key the orders by this field of the value first (group_by(FIELD))"
+    )
     parser.add_argument(
         "--consumer-setting",
         type=consumer_setting,

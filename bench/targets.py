@@ -42,6 +42,7 @@ TARGETS = (
     Target("10k keys", "engine-aggregate", 1.5),
     Target("1M keys", "engine-aggregate", 2.0),
     Target("restore", "engine", 1.0),
+    Target("group_by", "engine-aggregate", 1.5),
 )
 
 

@@ -123,6 +123,8 @@ class PartitionAssignments:
         partitions = [tp for tp in partitions if tp.topic == task_topic]
         starts = self._take_upstream(upstream)
         if not partitions:
+            if not self.restorations:  # source partitions keep no state: nothing to restore first
+                self._listeners.transition(AppState.RUNNING)
             return starts
         now = time.monotonic()
         reset = reset_position(self.config)

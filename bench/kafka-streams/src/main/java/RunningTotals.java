@@ -1,16 +1,20 @@
 // Kafka Streams' side of bench/bench_kafka_streams.py (and bench/bench_compare.py through it): a running
-// total of the JSON "amount" per key.
+// total of the JSON "amount" per key, or (--group-by <field>) per value of a string field of the JSON.
 //
 // Build with Maven (../../../../pom.xml: kafka-streams and slf4j-nop), then run:
 //
 //     java -cp "target/classes:<dependency class path>" RunningTotals <bootstrap> <source> <output> <application id> \
 //         <processing guarantee> <commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] \
-//         [--dump <file>] [--restore] [--leave-group]
+//         [--dump <file>] [--restore] [--leave-group] [--group-by <field>]
 //
 // Topology: stream(source) -> groupByKey -> aggregate(running total, persistent RocksDB store "totals"
 // with its changelog) -> toStream -> mapValues({"customer": key, "total": total}) -> to(output).
 // With <output> "-" the last three steps are left out: the totals only go to the store (and its changelog).
-// The input is never repartitioned (the key is kept), so the task count equals the source's partitions.
+// Without --group-by the input is never repartitioned (the key is kept), so the task count equals the
+// source's partitions. With --group-by <field>, groupByKey becomes groupBy((key, value) -> the value's string
+// <field>): Kafka Streams writes each record under its new key to its repartition topic
+// "<application id>-totals-repartition" (as many partitions as the source) and a second sub-topology reads
+// them back into the aggregation, so there are twice as many tasks, all on the same stream thread(s).
 //
 // Options (anywhere among the arguments):
 //   --dump <file>  once the expected records have been aggregated, and before close(), the whole store is
@@ -23,14 +27,18 @@
 //   --leave-group  close with CloseOptions LEAVE_GROUP (Kafka Streams' default is to stay in the group until
 //                  the session times out, 45 s): a later run of the same application id then gets its
 //                  partitions at once instead of waiting for this run's members to time out.
+//   --group-by <field>  re-key each record by the string <field> of its JSON value (e.g. "region") before
+//                  the aggregation, through the repartition topic (see Topology); the totals are per <field>.
 //
 // Measurement: the clock starts just before KafkaStreams.start() (so it includes the group join and
 // partition assignment, like the Python engine's run_worker) and stops when the aggregator has been
-// applied to the expected number of records (counted inside the aggregator, after it added the amount).
+// applied to the expected number of records (counted inside the aggregator, after it added the amount; with
+// --group-by that is after both hops, the source's sub-topology and the repartition topic's).
 // The app is then closed cleanly (which flushes the caches and, under exactly_once_v2, commits the open
 // transaction); the seconds until close() returned are printed too. With --dump, the store is read between
 // the two: first the app waits until the stream threads' "process-total" metrics (recorded once a batch of
-// records went through the whole topology) reach the aggregator's count, so the last aggregate is in the
+// records went through the whole topology; one count per record and sub-topology, so twice the aggregator's
+// with --group-by) reach the aggregator's count times the hops, so the last aggregate is in the
 // store, not only returned by the aggregator; the seconds that waiting and reading took are printed apart
 // and subtracted from <seconds until closed>. Restore (--restore): records restored = the sum of
 // onBatchRestored's counts; <seconds restoring> = from the first onRestoreStart to the last onRestoreEnd
@@ -78,6 +86,8 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.errors.InvalidStateStoreException;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.KGroupedStream;
+import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
@@ -94,7 +104,7 @@ public final class RunningTotals {
     private static final String USAGE =
         "usage: RunningTotals <bootstrap> <source> <output or -> <application id> <processing guarantee> "
             + "<commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] "
-            + "[--dump <file>] [--restore] [--leave-group]";
+            + "[--dump <file>] [--restore] [--leave-group] [--group-by <field>]";
     /** How long the dump may wait for the store to be up to date and queryable (e.g. during a rebalance). */
     private static final Duration DUMP_DEADLINE = Duration.ofMinutes(2);
 
@@ -123,6 +133,20 @@ public final class RunningTotals {
             value = value * 10 + (c - '0');
         }
         return negative ? -value : value;
+    }
+
+    /** The string value of `quotedField` ("\"<field>\":\"") in a compact JSON object, without escapes. */
+    static String stringField(String json, String quotedField) {
+        int at = json.indexOf(quotedField);
+        if (at < 0) {
+            throw new IllegalArgumentException("no " + quotedField + " in " + json);
+        }
+        int start = at + quotedField.length();
+        int end = json.indexOf('"', start);
+        if (end < 0) {
+            throw new IllegalArgumentException("an unterminated string after " + quotedField + " in " + json);
+        }
+        return json.substring(start, end);
     }
 
     /** Notes when restores start and end (System.nanoTime(), 0 = not yet) and counts the records restored. */
@@ -178,19 +202,19 @@ public final class RunningTotals {
     }
 
     /**
-     * Waits until the stream threads have finished the records the aggregator has seen (so the last aggregate
-     * was put into the store), then writes the whole store to `path` through interactive queries, retrying
-     * while the store is not queryable (the instance not RUNNING, or its tasks migrating). Returns the keys
-     * written.
+     * Waits until the stream threads have finished the records the aggregator has seen, in each of the `hops`
+     * sub-topologies they went through (so the last aggregate was put into the store), then writes the whole
+     * store to `path` through interactive queries, retrying while the store is not queryable (the instance not
+     * RUNNING, or its tasks migrating). Returns the keys written.
      */
-    static long dumpStore(KafkaStreams streams, AtomicLong aggregated, Path path)
+    static long dumpStore(KafkaStreams streams, AtomicLong aggregated, int hops, Path path)
         throws IOException, InterruptedException {
         long deadline = System.nanoTime() + DUMP_DEADLINE.toNanos();
-        while (processedPerMetrics(streams) < aggregated.get()) {
+        while (processedPerMetrics(streams) < aggregated.get() * hops) {
             if (System.nanoTime() - deadline > 0) {
                 throw new IllegalStateException(
                     "the stream threads' process-total stayed at " + processedPerMetrics(streams)
-                        + " below the aggregator's " + aggregated.get() + " for " + DUMP_DEADLINE);
+                        + " below the aggregator's " + aggregated.get() + " times " + hops + " for " + DUMP_DEADLINE);
             }
             Thread.sleep(10);
         }
@@ -228,6 +252,7 @@ public final class RunningTotals {
         String dump = null;
         boolean restore = false;
         boolean leaveGroup = false;
+        String groupByField = null;
         for (int i = 0; i < args.length; i++) {
             if (args[i].equals("--dump")) {
                 if (i + 1 == args.length) {
@@ -239,6 +264,12 @@ public final class RunningTotals {
                 restore = true;
             } else if (args[i].equals("--leave-group")) {
                 leaveGroup = true;
+            } else if (args[i].equals("--group-by")) {
+                if (i + 1 == args.length) {
+                    System.err.println("--group-by needs a field\n" + USAGE);
+                    System.exit(2);
+                }
+                groupByField = args[++i];
             } else if (args[i].startsWith("--")) {
                 System.err.println("unknown option " + args[i] + "\n" + USAGE);
                 System.exit(2);
@@ -286,8 +317,14 @@ public final class RunningTotals {
         AtomicLong countedAt = new AtomicLong();
 
         StreamsBuilder builder = new StreamsBuilder();
-        KTable<String, Long> totals = builder.stream(source, Consumed.with(Serdes.String(), Serdes.String()))
-            .groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
+        KStream<String, String> orders = builder.stream(source, Consumed.with(Serdes.String(), Serdes.String()));
+        String quotedField = groupByField == null ? null : "\"" + groupByField + "\":\"";
+        KGroupedStream<String, String> grouped = quotedField == null
+            ? orders.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
+            : orders.groupBy(
+                (key, value) -> stringField(value, quotedField), Grouped.with(Serdes.String(), Serdes.String()));
+        int hops = quotedField == null ? 1 : 2;
+        KTable<String, Long> totals = grouped
             .aggregate(
                 () -> 0L,
                 (key, value, total) -> {
@@ -340,7 +377,7 @@ public final class RunningTotals {
         if (dumpPath != null && done && counted != 0 && failure.get() == null) {
             long dumpBegan = System.nanoTime();
             try {
-                dumpedKeys = dumpStore(streams, processed, dumpPath);
+                dumpedKeys = dumpStore(streams, processed, hops, dumpPath);
             } catch (IOException | RuntimeException exception) {
                 dumpFailure = exception;
             }
