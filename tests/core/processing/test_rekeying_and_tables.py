@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from dagster_stateful.core import App, Count, Sum
 from dagster_stateful.core.kafka.provisioning import TopicRole
@@ -13,6 +14,8 @@ from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Opera
 from dagster_stateful.core.kafka.security.acls import required_acls
 from dagster_stateful.core.kafka.security.authorization import consuming, producing
 from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed
+from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.processing.paths.rekeying import Rekeying, RoutedBatches
 from dagster_stateful.errors import ConfigurationError
 
 
@@ -139,3 +142,56 @@ def test_a_record_a_join_cannot_take_fails_its_step_for_the_error_policy(tmp_pat
 
     with pytest.raises(StepFailed, match=says):
         frame.run(order, {})
+
+
+class StatePath:
+    """The state's path, recording the runs it is given."""
+
+    messages_in_columns = 0
+
+    def __init__(self) -> None:
+        self.runs: list[list[tuple[str | None, int | None, bool]]] = []
+
+    def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]:
+        taken = messages[start : start + budget]
+        self.runs.append([(m.topic(), m.offset(), m.error() is not None) for m in taken])
+        return start + len(taken), len(taken)
+
+
+def test_a_batch_of_both_topics_goes_each_run_to_its_path_and_the_source_is_sent_re_keyed(tmp_path):
+    app = orders_app(tmp_path, on_error="skip")
+    app.dataframe().filter(lambda order: order["amount"] > 0).group_by("region").aggregate(Count())
+    grouping = app.dataframe().grouping
+    assert grouping is not None
+    sent: list[tuple[str, bytes | None, bytes | None, int]] = []
+    counts: dict[int, int] = {}
+    bad_input = BadInputHandler(app.config.on_error, lambda *record: None, app.dead_letter_topic)
+    rekeying = Rekeying(app.config, grouping, bad_input, lambda t, k, v, h, p, ts: sent.append((t, k, v, ts)), counts)
+    rekeying.take([TopicPartition("orders", 0, 10)], reset=None)
+    state = StatePath()
+    repartition = "regions-region-repartition"
+
+    def order(offset: int, value: dict, topic: str = "orders") -> Message:
+        return Message(
+            topic=topic, partition=0, offset=offset, key=b"c1", value=orjson.dumps(value), timestamp=(1, offset)
+        )
+
+    batch = [
+        order(10, {"region": "north", "amount": 3}),
+        order(11, {"amount": 3}),  # no region: skipped by the error policy
+        order(12, {"region": "south", "amount": 0}),  # filtered out before group_by
+        order(0, {"region": "north", "amount": 3}, topic=repartition),
+        Message(topic="orders", partition=0, offset=13, error=KafkaError(KafkaError._PARTITION_EOF)),
+        order(13, {"region": "south", "amount": 5}),
+    ]
+
+    index, done = RoutedBatches(rekeying, state).process(batch, 0, 100)
+
+    assert (index, done) == (6, 6)
+    assert sent == [
+        (repartition, b"north", batch[0].value(), 10),
+        (repartition, b"south", batch[5].value(), 13),
+    ]
+    assert state.runs == [[(repartition, 0, False)], [("orders", 13, True)]]
+    assert bad_input.skipped == 1 and counts == {0: 4}, "four source records passed (one by the error policy)"
+    assert rekeying.offsets_to_commit() == [TopicPartition("orders", 0, 14)]

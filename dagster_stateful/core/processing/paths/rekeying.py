@@ -191,11 +191,11 @@ class RoutedBatches:
         source = self._rekeying.topic
         index, end, done = start, len(messages), 0
         while index < end and done < budget:
-            topic = messages[index].topic()
-            run_end = index + 1
-            while run_end < end and messages[run_end].topic() == topic:
+            topic, clean = messages[index].topic(), messages[index].error() is None
+            run_end = index + 1  # a run: one topic's messages, or Kafka's errors (the state's path raises them)
+            while run_end < end and messages[run_end].topic() == topic and (messages[run_end].error() is None) == clean:
                 run_end += 1
-            if topic == source and messages[index].error() is None:
+            if topic == source and clean:
                 index, ran = self._rekeying.process(messages, index, run_end, budget - done)
             else:
                 taken, ran = self._state_path.process(messages[index:run_end], 0, budget - done)
