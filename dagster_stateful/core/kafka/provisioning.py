@@ -193,6 +193,7 @@ def provision(
 def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
     """Compare the specs with the cluster, changing nothing."""
     source_partitions = task_partitions = None
+    state_topic = "source"
     checks = []
     for spec in specs:
         layout = kafka.topic_layout(spec.name)
@@ -205,13 +206,15 @@ def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
         else:
             expected = task_partitions if spec.role is TopicRole.CHANGELOG else source_partitions
         if spec.role is TopicRole.REPARTITION:
-            task_partitions = expected
+            task_partitions, state_topic = expected, "repartition"
         spec = TopicSpec(spec.name, spec.role, expected, spec.replication_factor, spec.config)
-        checks.append(_check(spec, layout, kafka))
+        checks.append(_check(spec, layout, kafka, state_topic))
     return ProvisioningPlan(checks)
 
 
-def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> TopicCheck:
+def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients, state_topic: str = "source") -> TopicCheck:
+    """`state_topic`: which topic owns the state ("source" or "repartition"), named when a
+    changelog's partition count does not match it."""
     if layout is None:
         check = TopicCheck(spec, TopicStatus.MISSING)
         if spec.role is TopicRole.SOURCE:
@@ -232,7 +235,7 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients) -> 
     _check_replication(spec, layout.replication_factor, check)
     found_partitions = layout.partitions
     if spec.needs_source_partitions and spec.partitions is not None and found_partitions != spec.partitions:
-        owner = "the app's group_by asks for" if spec.role is TopicRole.REPARTITION else "the state's topic has"
+        owner = "the app's group_by asks for" if spec.role is TopicRole.REPARTITION else f"the {state_topic} topic has"
         check.mismatches[TopicAspect.PARTITIONS] = (
             f"{spec.role.value} topic {spec.name} has {found_partitions} partitions but {owner} "
             f"{spec.partitions}; state partition N must map to partition N of the topic that owns the state. "
