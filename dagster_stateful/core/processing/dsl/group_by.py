@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_stateful.core.processing.dsl.steps import Chain, StepFailed
+from dagster_stateful.core.processing.dsl.steps import Chain, StepFailed, field_reader
 from dagster_stateful.errors import ConfigurationError
 
 KeyOf = Callable[[Any], Any]
@@ -34,7 +34,7 @@ class GroupBy:
     @classmethod
     def define(cls, key: str | KeyOf, name: str | None, partitions: int | None, before: Chain) -> GroupBy:
         if isinstance(key, str):
-            return cls(_field(key), name or key, partitions, before)
+            return cls(field_reader(key, f"group_by {key!r}"), name or key, partitions, before)
         if not callable(key):
             raise ConfigurationError(f"group_by needs a field name or a function of the value, got {key!r}")
         if name is None:
@@ -53,14 +53,3 @@ class GroupBy:
         if key is None:
             raise StepFailed(f"group_by {self.name}", ValueError("the new key is None"))
         return key
-
-
-def _field(name: str) -> KeyOf:
-    def field_of(value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise TypeError(f"group_by {name!r} reads a field of a dict value, got {type(value).__name__}")
-        if name not in value:
-            raise KeyError(f"the value has no field {name!r}")
-        return value[name]
-
-    return field_of

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dagster_stateful.core.processing.dsl.steps import DROPPED
+from dagster_stateful.core.processing.dsl.steps import DROPPED, field_reader
 from dagster_stateful.core.state.serialization import Serde
 from dagster_stateful.errors import ConfigurationError, StateStoreError
 
@@ -57,14 +57,7 @@ def table_key_of(on: str | TableKeyOf) -> TableKeyOf:
     if not isinstance(on, str) or not on:
         raise ConfigurationError(f"join needs on= a field name or a function of the value, got {on!r}")
 
-    def field_of(value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise TypeError(f"join on {on!r} reads a field of a dict value, got {type(value).__name__}")
-        if on not in value:
-            raise KeyError(f"the value has no field {on!r}")
-        return value[on]
-
-    return field_of
+    return field_reader(on, f"join on {on!r}")
 
 
 def join_function(table: GlobalTable, on: str | TableKeyOf, how: JoinHow, on_merge: OnMerge) -> Callable[[Any], Any]:

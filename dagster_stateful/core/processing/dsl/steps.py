@@ -237,6 +237,19 @@ class ColumnarAggregation:
         return through(emitted, self.after, {})
 
 
+def field_reader(name: str, reader: str) -> Callable[[Any], Any]:
+    """A function reading field `name` of a dict value, for `reader` (named in its errors)."""
+
+    def field_of(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"{reader} reads a field of a dict value, got {type(value).__name__}")
+        if name not in value:
+            raise KeyError(f"the value has no field {name!r}")
+        return value[name]
+
+    return field_of
+
+
 def run_chain(chain: Chain, value: Any, states: Views) -> Any:
     """The value after every step of `chain`, or DROPPED when a filter or a fold took it; after a
     window step, the `Emitted` window results, each through the steps that follow it."""
