@@ -24,6 +24,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.processing.dsl.joins import GlobalTable
@@ -170,11 +171,13 @@ class GlobalTables:
             self.applied += len(changes.get(topic, []))
         return reached
 
-    def close(self) -> None:
+    def close(self, seconds: float) -> None:
+        """Close the copies, and the table consumer within `seconds` (or in the background)."""
         for table in self._tables.values():
             table.bind_reader(None)
         if self._consumer is not None:
-            self._consumer.close()
+            what = f"closing the global tables' consumer of {self._config.name!r}"
+            BoundedCalls("global tables' consumer").close(what, self._consumer.close, seconds)
             self._consumer = None
         for copy in self._copies.values():
             copy.database.close()

@@ -437,7 +437,7 @@ class Worker:
                     f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
                 )
         if hasattr(self, "_globals"):
-            self._globals.close()
+            self._globals.close(self._close_time())
         committer = getattr(self, "_committer", None)
         if committer is not None:  # last: delivering what is left may take the rest of the time
             committer.close(self._close_time())
