@@ -39,7 +39,7 @@ from dagster_stateful.core.kafka.provisioning import (
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
-from dagster_stateful.core.processing.dsl.joins import GlobalTable
+from dagster_stateful.core.processing.dsl.joins import GlobalTable, Table
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.core.processing.worker.loop import RunLimits, Worker
 from dagster_stateful.core.queries.app_queries import AppQueries
@@ -53,7 +53,14 @@ from dagster_stateful.core.recovery.planner import RestoreMethod
 from dagster_stateful.core.state.commit_metadata import check_metadata_fits
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
-from dagster_stateful.core.state.stores import StoreDeclaration, backends_of, store_specs, warn_of_stores_in_memory
+from dagster_stateful.core.state.stores import (
+    Duration,
+    StoreDeclaration,
+    as_ms,
+    backends_of,
+    store_specs,
+    warn_of_stores_in_memory,
+)
 from dagster_stateful.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -166,6 +173,7 @@ class App(AppQueries):
             on_group_by=self._re_keyed,
         )
         self._global_tables: dict[str, GlobalTable] = {}
+        self._tables: dict[str, Table] = {}
 
     def _re_keyed(self, repartition: Repartition) -> None:
         self.config = self.config.replace(repartition=repartition)
@@ -273,6 +281,35 @@ class App(AppQueries):
         table = GlobalTable(name, topic, resolve_serde(key_serde), resolve_serde(value_serde))
         self.config = self.config.replace(global_tables={**self.config.global_tables, name: topic})
         self._global_tables = {**self._global_tables, name: table}
+        return table
+
+    def table(
+        self,
+        topic: str,
+        name: str | None = None,
+        key_serde: Serde | str = "str",
+        value_serde: Serde | str = "json",
+        history: Duration | None = None,
+    ) -> Table:
+        """A table materialized from the compacted `topic`, partitioned as the records that join it
+        (Kafka Streams' KTable from a source topic), for `dataframe().join(table)` on the message
+        key: the topic must have as many partitions as the app's task topic (its source, or its
+        repartition topic after `group_by`), keyed alike. A worker keeps the table partitions of the
+        tasks it holds, under the app's state directory; the topic is the table's changelog (no
+        second copy), read back up to the offset committed with the task when the state is lost.
+        With `history` (a timedelta or ms), the table is versioned (KIP-889): every version of a key
+        is kept that long, and a record joins the value as of its timestamp. Give a versioned
+        table's topic a `min.compaction.lag.ms` of at least `history`, or compaction drops versions
+        that lookups in the history still need."""
+        name = name or topic
+        if name in self._tables or name in self._global_tables:
+            raise ConfigurationError(f"app {self.name!r} already has a table named {name!r}")
+        history_ms = None if history is None else as_ms(history, "table history")
+        if history_ms is not None and history_ms <= 0:
+            raise ConfigurationError(f"table history must be positive, got {history!r}")
+        table = Table(name, topic, resolve_serde(key_serde), resolve_serde(value_serde), history_ms)
+        self.config = self.config.replace(tables={**self.config.tables, name: topic})
+        self._tables = {**self._tables, name: table}
         return table
 
     def add_restore_listener(self, listener: RestoreListener) -> None:

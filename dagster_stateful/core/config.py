@@ -9,8 +9,10 @@ them once, raising `ConfigurationError` with what to change.
 An app reads one or more topics (`input_topics`): the source, and, when its steps re-key the
 records (`Repartition`), the internal repartition topic `<name>-<group>-repartition`, which the app
 writes and reads back. Global tables (`global_tables`, name -> topic) are read whole by every
-worker, outside the consumer group. The stores belong to the partitions of one topic, the `task_topic`: state
-partition N is that topic's partition N (the repartition topic when there is one).
+worker, outside the consumer group. Partitioned tables (`tables`, name -> topic) are co-partitioned
+with the task topic: a worker keeps table partition N beside task partition N. The stores belong
+to the partitions of one topic, the `task_topic`: state partition N is that topic's partition N
+(the repartition topic when there is one).
 """
 
 from __future__ import annotations
@@ -130,6 +132,9 @@ class AppConfig:
     """Set when the steps re-key the records through a repartition topic."""
     global_tables: Mapping[str, str] = field(default_factory=dict)
     """The global tables the steps join with: table name -> its compacted topic (read whole by every worker)."""
+    tables: Mapping[str, str] = field(default_factory=dict)
+    """The partitioned tables the steps join with: table name -> its compacted topic, co-partitioned
+    with `task_topic` (a worker keeps the partitions of the tasks it holds)."""
     repartition_purge_interval: float = 30.0
     """Seconds between purges of the repartition topic's consumed and committed records (Kafka
     Streams' `repartition.purge.interval.ms`)."""
@@ -156,6 +161,9 @@ class AppConfig:
         self._set("global_tables", dict(self.global_tables))
         for table in self.global_tables:
             _check_name(table, what="global table name")
+        self._set("tables", dict(self.tables))
+        for table in self.tables:
+            _check_name(table, what="table name")
         if self.repartition_purge_interval < 0:
             raise ConfigurationError("repartition_purge_interval must be 0 or more")
         if self.restore_batch_size <= 0:

@@ -65,6 +65,21 @@ def produce(
     assert remaining == 0 and not errors, f"undelivered: {remaining}, errors: {errors}"
 
 
+def produce_timed(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes | None, int]]) -> None:
+    """Produce (key, value, timestamp in ms) records, each with its own timestamp, in order."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    errors: list[str] = []
+
+    def on_delivery(error, _message) -> None:
+        if error is not None:
+            errors.append(str(error))
+
+    for key, value, timestamp in records:
+        producer.produce(topic, key=key, value=value, timestamp=timestamp, on_delivery=on_delivery)
+    remaining = producer.flush(30)
+    assert remaining == 0 and not errors, f"undelivered: {remaining}, errors: {errors}"
+
+
 def read_messages(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
     """Every message (confluent_kafka.Message) of every partition of `topic`, from the beginning up
     to the current end."""

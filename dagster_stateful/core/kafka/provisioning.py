@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 class TopicRole(StrEnum):
     SOURCE = "source"
     GLOBAL_TABLE = "global-table"
+    TABLE = "table"
     REPARTITION = "repartition"
     CHANGELOG = "changelog"
     OUTPUT = "output"
@@ -57,7 +58,7 @@ class TopicSpec:
     @property
     def managed(self) -> bool:
         """Topics the app may create; the source and table topics belong to their producers."""
-        return self.role not in (TopicRole.SOURCE, TopicRole.GLOBAL_TABLE)
+        return self.role not in (TopicRole.SOURCE, TopicRole.GLOBAL_TABLE, TopicRole.TABLE)
 
     @property
     def needs_source_partitions(self) -> bool:
@@ -163,6 +164,7 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
         TopicSpec(topic, TopicRole.CHANGELOG, None, replication, _changelog_config(config, store_configs, store))
         for store, topic in (config.changelog_topics() or {}).items()
     ]
+    specs += [TopicSpec(topic, TopicRole.TABLE, None) for topic in config.tables.values()]
     if config.emits_output and config.output:
         specs.append(TopicSpec(config.output, TopicRole.OUTPUT, None, replication))
     if config.on_error is ErrorPolicy.DEAD_LETTER:
@@ -199,7 +201,9 @@ def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
         layout = kafka.topic_layout(spec.name)
         if spec.role is TopicRole.SOURCE:
             source_partitions = task_partitions = None if layout is None else layout.partitions
-        if not spec.managed:
+        if spec.role is TopicRole.TABLE:
+            expected = task_partitions
+        elif not spec.managed:
             expected = None
         elif spec.partitions is not None:
             expected = spec.partitions
@@ -221,16 +225,17 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients, sta
             check.mismatches[TopicAspect.EXISTS] = (
                 f"source topic {spec.name} does not exist; create it (or fix the app's `source`) before running the app"
             )
-        elif spec.role is TopicRole.GLOBAL_TABLE:
+        elif spec.role in (TopicRole.GLOBAL_TABLE, TopicRole.TABLE):
             check.mismatches[TopicAspect.EXISTS] = (
-                f"global table topic {spec.name} does not exist; create it (compacted) before running the app"
+                f"{_table_kind(spec)} topic {spec.name} does not exist; create it (compacted) before running the app"
             )
         return check
     check = TopicCheck(spec, TopicStatus.OK, layout.partitions, layout.replication_factor)
     if spec.role is TopicRole.SOURCE:
         return check
-    if spec.role is TopicRole.GLOBAL_TABLE:
+    if spec.role in (TopicRole.GLOBAL_TABLE, TopicRole.TABLE):
         _check_table_topic(spec, kafka, check)
+        _check_co_partitioned(spec, layout.partitions, state_topic, check)
         return check
     _check_replication(spec, layout.replication_factor, check)
     found_partitions = layout.partitions
@@ -256,11 +261,29 @@ def _check_table_topic(spec: TopicSpec, kafka: KafkaClients, check: TopicCheck) 
     policy = check.found_config.get("cleanup.policy", "delete")
     if "compact" not in cleanup_policies(policy):
         check.mismatches[TopicAspect.CLEANUP_POLICY] = (
-            f"global table topic {spec.name} has cleanup.policy={policy}: a table reads the latest value of every "
-            "key, which deletion by retention would lose. Compact it: `kafka-configs --alter --entity-type topics "
-            f"--entity-name {spec.name} --add-config cleanup.policy=compact`."
+            f"{_table_kind(spec)} topic {spec.name} has cleanup.policy={policy}: a table reads the latest value of "
+            "every key, which deletion by retention would lose. Compact it: `kafka-configs --alter "
+            f"--entity-type topics --entity-name {spec.name} --add-config cleanup.policy=compact`."
         )
         check.status = TopicStatus.MISMATCH
+
+
+def _table_kind(spec: TopicSpec) -> str:
+    return "global table" if spec.role is TopicRole.GLOBAL_TABLE else "table"
+
+
+def _check_co_partitioned(spec: TopicSpec, found: int, state_topic: str, check: TopicCheck) -> None:
+    """A partitioned table's partition N is joined with the records of task partition N: the topics
+    must have as many partitions, and the same producers' partitioner (not checked: Kafka cannot tell)."""
+    if spec.role is not TopicRole.TABLE or spec.partitions is None or found == spec.partitions:
+        return
+    check.mismatches[TopicAspect.PARTITIONS] = (
+        f"table topic {spec.name} has {found} partitions but the {state_topic} topic the app joins it with has "
+        f"{spec.partitions}: the join needs them co-partitioned (the same key in the same partition number of both). "
+        f"Re-key the stream with group_by(..., partitions={found}), repartition the table's topic to "
+        f"{spec.partitions} partitions, or join a global table (App.global_table) instead."
+    )
+    check.status = TopicStatus.MISMATCH
 
 
 def _check_replication(spec: TopicSpec, found: int, check: TopicCheck) -> None:

@@ -18,6 +18,11 @@ Owns the format of the commit's metadata string. Two things ride in it, per stor
   engine's) leaves such records counted as committed, as that engine wrote them only for state
   written from outside. Nothing else depends on the ends: a commit may leave them out.
 
+- **Table positions** (partitioned tables, `processing.worker.tables`). Entries named `table:<name>`
+  beside the stream times hold the offset of the next record of table `<name>`'s partition that
+  the commit had not yet applied; the entry `join:stream-time` the stream time of the records
+  joining a versioned table with a grace. Store names cannot hold ':', so no store takes these.
+
 Format: `"ds1:"` and a JSON object, store name to stream time in ms, when no changelog end is
 known; otherwise `"ds2:"` and a JSON object `{"v": 3, "o": <the committed offset>, "t": {store:
 stream time}, "c": {store: changelog end}, "h": 1}`. The changelog ends count only while `"o"` is
@@ -58,6 +63,16 @@ MAX_METADATA_BYTES = 4096
 """The brokers' default `offset.metadata.max.bytes`: a commit with longer metadata is refused."""
 WIDEST_OFFSET = 2**63 - 1
 """The widest offset or timestamp a commit may carry (19 digits)."""
+
+
+TABLE_ENTRY_PREFIX = "table:"
+JOIN_STREAM_TIME = "join:stream-time"
+"""The metadata entry of the stream time the grace of a versioned table join is measured in."""
+
+
+def table_entry(table: str) -> str:
+    """The metadata entry of `table`'s position (table names, as store names, hold no ':')."""
+    return TABLE_ENTRY_PREFIX + table
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 GLOBAL_TABLES_DIR = "global-tables"
 """Where a worker keeps its copies of the app's global tables, under the app's directory."""
 
+TABLES_DIR = "tables"
+"""Where a worker keeps the partitions of the app's partitioned tables it holds, under the app's directory."""
+
 CORRUPT_MARKER = ".corrupt-"
 DEFAULT_CORRUPT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_CORRUPT_COPIES_KEPT = 2
@@ -140,11 +143,12 @@ class StateDirectory:
                         shutil.rmtree(target)
                         deleted.append(target)
                         log.info("Deleted local state %s", target)
-            copies = self.app_dir / GLOBAL_TABLES_DIR
-            if stores is None and chosen is None and copies.exists():
-                shutil.rmtree(copies)
-                deleted.append(copies)
-                log.info("Deleted the global tables' copies %s", copies)
+            for tables_dir in (GLOBAL_TABLES_DIR, TABLES_DIR):
+                copies = self.app_dir / tables_dir
+                if stores is None and chosen is None and copies.exists():
+                    shutil.rmtree(copies)
+                    deleted.append(copies)
+                    log.info("Deleted the tables' local state %s", copies)
             return deleted
         finally:
             lock.release()

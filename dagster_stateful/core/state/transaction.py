@@ -7,13 +7,16 @@ one RocksDB put) and the values read or committed lately, and the view each step
 being processed are journaled and undone if it fails, so a step that fails half-way leaves no
 trace. Before a commit, expiring stores delete what has expired and bounded stores what the commit
 would push out (`prepare_commit`). When the transaction starts and after each commit, its views
-take their `view.timed_variant` for a burst of messages (see `metrics.SAMPLE_EVERY`).
+take their `view.timed_variant` for a burst of messages (see `metrics.SAMPLE_EVERY`). Work kept
+outside the stores that must commit with the partition (the partition's tables, which record
+their positions in the commit's metadata) joins the transaction as a `Participant`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import repeat
+from typing import Protocol
 
 from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
@@ -37,6 +40,26 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     WindowState: timed_variant(WindowState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
+
+
+class Participant(Protocol):
+    """Work on a partition, kept outside its stores, that commits and rolls back with it."""
+
+    def positions_to_commit(self) -> dict[str, int]:
+        """What the commit's metadata records of it, beside the stores' stream times."""
+        ...
+
+    def committed_positions(self) -> dict[str, int]:
+        """What the last commit recorded of it."""
+        ...
+
+    def committed(self) -> None:
+        """The commit went through (Kafka has it): make its work durable locally."""
+        ...
+
+    def roll_back(self) -> None:
+        """Drop the work since the last commit."""
+        ...
 
 
 class PartitionTransaction:
@@ -97,6 +120,8 @@ class PartitionTransaction:
         for name, state in self.clocked.items():
             state.start_from((stream_times or {}).get(name))
         self.window_list = list(self.windows.values())
+        self.participant: Participant | None = None
+        """Work outside the stores that commits with the partition (its tables), when there is some."""
         self._state_list = list(self.views.values())
         self._sampled: list[tuple[KeyView, type[KeyView]]] = [
             (view, _TIMED[type(view)]) for view in self._state_list if type(view) in _TIMED
@@ -199,13 +224,15 @@ class PartitionTransaction:
     def stream_times_to_commit(self) -> dict[str, int]:
         """The stream time of each store that keeps it, as the commit being prepared records it."""
         times = {name: state.stream_time_to_commit for name, state in self.clocked.items()}
-        return {name: time for name, time in times.items() if time is not None and time >= 0}
+        kept = {name: time for name, time in times.items() if time is not None and time >= 0}
+        return kept if self.participant is None else {**kept, **self.participant.positions_to_commit()}
 
     @property
     def committed_stream_times(self) -> dict[str, int]:
         """The stream time of each store that keeps it, as the last commit recorded it (where known)."""
         times = {name: state.committed_stream_time for name, state in self.clocked.items()}
-        return {name: time for name, time in times.items() if time is not None and time >= 0}
+        kept = {name: time for name, time in times.items() if time is not None and time >= 0}
+        return kept if self.participant is None else {**kept, **self.participant.committed_positions()}
 
     def changes(self, store: str) -> list[Change]:
         """(key, serialized value or None for a delete, source offset), each changed key once; then the
@@ -236,6 +263,8 @@ class PartitionTransaction:
             store.forget()
         self.emitted.clear()
         self.next_offset = self.committed_offset
+        if self.participant is not None:
+            self.participant.roll_back()
 
     def committed(self) -> None:
         """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
@@ -246,6 +275,8 @@ class PartitionTransaction:
         self.emitted.clear()
         for state in self.clocked.values():
             state.mark_committed()
+        if self.participant is not None:
+            self.participant.committed()
         processed = (self.next_offset or 0) - (self.committed_offset or 0)
         self._time_next_messages(min(TIMED_BURST, max(1, processed // SAMPLE_EVERY)))
         self.committed_offset = self.next_offset

@@ -61,9 +61,14 @@ def _topic_acls(spec: TopicSpec, create: bool) -> list[AclRequirement]:
     name = spec.name
     if spec.role is TopicRole.SOURCE:
         return [_acl(ResourceType.TOPIC, name, Operation.READ, "consume it, commit offsets on it, read its offsets")]
-    if spec.role is TopicRole.GLOBAL_TABLE:
+    if spec.role in (TopicRole.GLOBAL_TABLE, TopicRole.TABLE):
+        reads = (
+            "every worker reads the global table whole"
+            if spec.role is TopicRole.GLOBAL_TABLE
+            else ("a worker reads the table partitions of the tasks it holds")
+        )
         return [
-            _acl(ResourceType.TOPIC, name, Operation.READ, "every worker reads the global table whole"),
+            _acl(ResourceType.TOPIC, name, Operation.READ, reads),
             _acl(ResourceType.TOPIC, name, Operation.DESCRIBE_CONFIGS, "provisioning checks cleanup.policy=compact"),
         ]
     needed = [_acl(ResourceType.TOPIC, name, Operation.WRITE, _WRITES[spec.role])]

@@ -57,7 +57,7 @@ def consuming(config: AppConfig) -> tuple[AclRequirement, ...]:
         *(AclRequirement(ResourceType.TOPIC, topic, Operation.READ, why="consume it") for topic in config.input_topics),
         *(
             AclRequirement(ResourceType.TOPIC, topic, Operation.READ, why="read the global table")
-            for topic in config.global_tables.values()
+            for topic in (*config.global_tables.values(), *config.tables.values())
         ),
         AclRequirement(ResourceType.GROUP, config.consumer_group, Operation.READ, why="join the group"),
     )

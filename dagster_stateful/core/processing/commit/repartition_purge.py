@@ -17,6 +17,7 @@ from concurrent.futures import Future
 
 from confluent_kafka import TopicPartition
 
+from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ class RepartitionPurge:
         self._warned = False
         self.requests = 0
         """Purge requests sent."""
+
+    @classmethod
+    def of_app(cls, config: AppConfig, kafka: KafkaClients) -> RepartitionPurge | None:
+        """The purge of the app's repartition topic (None: the app does not re-key)."""
+        topic = config.repartition_topic
+        return None if topic is None else cls(kafka, topic, config.repartition_purge_interval)
 
     def committed(self, offsets: dict[int, int]) -> None:
         """The group committed these offsets of the repartition topic: purge below them when due."""

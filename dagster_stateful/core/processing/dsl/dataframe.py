@@ -29,7 +29,15 @@ from typing import Any
 from dagster_stateful.core.config import Repartition
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf
-from dagster_stateful.core.processing.dsl.joins import GlobalTable, JoinHow, OnMerge, TableKeyOf, join_function
+from dagster_stateful.core.processing.dsl.joins import (
+    GlobalTable,
+    JoinHow,
+    OnMerge,
+    Table,
+    TableKeyOf,
+    join_function,
+    table_join_function,
+)
 from dagster_stateful.core.processing.dsl.steps import (
     DROPPED,
     REPLACING,
@@ -46,6 +54,7 @@ from dagster_stateful.core.processing.dsl.steps import (
     step_call,
 )
 from dagster_stateful.core.processing.dsl.windows import Duration, Emit, WindowedAggregation, Windows
+from dagster_stateful.core.state.stores import as_ms
 from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError
 
@@ -73,6 +82,8 @@ class StreamingDataFrame:
         self._evicting = evicting
         self._steps: tuple[Step, ...] = ()
         self._chain: Chain = ()
+        self.table_joins: dict[str, tuple[Table, int]] = {}
+        """The partitioned tables the steps join with, by name, with each join's grace in ms."""
         """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
 
     @property
@@ -152,16 +163,57 @@ class StreamingDataFrame:
         """Keep the value only when `function` returns true."""
         return self._add(StepKind.FILTER, function, stateful, store)
 
-    def join(self, table: GlobalTable, *, on: str | TableKeyOf, how: JoinHow = "inner", on_merge: OnMerge = "raise"):
-        """Join each record with `table` (from `App.global_table`), as Kafka Streams' KStream-GlobalKTable
-        join: `on` (a field of the value, or a function of it) is the table key; the table's latest
-        value for it is merged into the record (`on_merge`: "raise" on a field both have,
-        "keep-left", "keep-right", or a function `(value, row) -> value`). how="inner" drops a
-        record the table has no row for, "left" passes it on unchanged. The join keeps no state of
-        its own, so it may come before `group_by`."""
+    def join(
+        self,
+        table: GlobalTable | Table,
+        *,
+        on: str | TableKeyOf | None = None,
+        how: JoinHow = "inner",
+        on_merge: OnMerge = "raise",
+        grace: Duration = 0,
+    ):
+        """Join each record with `table`, merging the table's row into the record (`on_merge`: "raise"
+        on a field both have, "keep-left", "keep-right", or a function `(value, row) -> value`);
+        how="inner" drops a record the table has no row for, "left" passes it on unchanged.
+
+        With a global table (`App.global_table`, Kafka Streams' KStream-GlobalKTable join), `on` (a
+        field of the value, or a function of it) is the table key, looked up in the table's latest
+        values; the join keeps no state, so it may come before `group_by`.
+
+        With a partitioned table (`App.table`, a KStream-KTable join), the record's message key is the
+        table key (`group_by` a field first to join on it): a plain table gives its value when the
+        record is processed, the partitions of both topics taken in timestamp order; a versioned
+        table its value as of the record's timestamp, after the record waited `grace` (stream time,
+        KIP-923) for table updates that arrive late."""
+        if isinstance(table, Table):
+            return self._join_table(table, on, how, on_merge, as_ms(grace, "join grace"))
         if not isinstance(table, GlobalTable):
-            raise ConfigurationError(f"join needs a table from App.global_table(...), got {table!r}")
+            raise ConfigurationError(f"join needs a table from App.global_table(...) or App.table(...), got {table!r}")
+        if on is None:
+            raise ConfigurationError(f"a join with global table {table.name!r} needs on= a field or a function")
+        if grace:
+            raise ConfigurationError("grace= applies to a join with a versioned table (App.table(..., history=...))")
         return self._append(Step(StepKind.JOIN, join_function(table, on, how, on_merge), None))
+
+    def _join_table(self, table: Table, on: object, how: JoinHow, on_merge: OnMerge, grace_ms: int):
+        if on is not None:
+            raise ConfigurationError(
+                f"table {table.name!r} is partitioned: it joins on the message key, not on={on!r}. Re-key the records "
+                "by that field with group_by first, or join a global table (App.global_table) on it."
+            )
+        if grace_ms and not table.versioned:
+            raise ConfigurationError(
+                f"grace= needs a versioned table (App.table(..., history=...)): table {table.name!r} keeps only "
+                "its latest values, which cannot answer for a record's timestamp once they changed"
+            )
+        if table.name in self.table_joins:
+            raise ConfigurationError(f"the steps already join table {table.name!r}; join each table once")
+        if self.table_joins and grace_ms != next(iter(self.table_joins.values()))[1]:
+            raise ConfigurationError("joins with several tables need the same grace= (a record waits once)")
+        self._refuse_after_per_commit("a table join")
+        self._refuse_after_windows("a table join")
+        self.table_joins[table.name] = (table, grace_ms)
+        return self._append(Step(StepKind.JOIN, table_join_function(table, how, on_merge), None))
 
     def group_by(self, key: str | KeyOf, *, name: str | None = None, partitions: int | None = None):
         """Re-key each record by `key`, a field of its value or a function of it, as Kafka Streams'
@@ -180,6 +232,11 @@ class StreamingDataFrame:
             raise ConfigurationError(
                 "group_by cannot follow a windowed aggregation: its results belong to windows. Re-key the records "
                 "before the window (group_by first, then the window)."
+            )
+        if self.table_joins:
+            raise ConfigurationError(
+                f"a join with partitioned tables {sorted(self.table_joins)} cannot come before group_by: it joins on "
+                "the key the state is partitioned by. Declare the join after group_by."
             )
         stateful = [step.name for step in self.steps if step.store is not None]
         if stateful:

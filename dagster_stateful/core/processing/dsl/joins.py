@@ -1,9 +1,13 @@
 """Joins with tables: what `StreamingDataFrame.join` declares, and how a join step runs.
 
-Owns `GlobalTable` (a compacted topic every worker keeps whole, declared with `App.global_table`,
-Kafka Streams' GlobalKTable) and the join step `join_function` makes: it finds the table key in the
-stream record (`on`: a field of its value, or a function of it, as a foreign key), reads the
-table's latest value for it (`GlobalTable.lookup`, from the worker's copy of the table), and
+Owns the two kinds of table and their join steps. `GlobalTable` (a compacted topic every worker
+keeps whole, declared with `App.global_table`, Kafka Streams' GlobalKTable): `join_function` finds
+the table key in the stream record (`on`: a field of its value, or a function of it, as a foreign
+key) and reads the table's latest value for it (`GlobalTable.lookup`, from the worker's copy).
+`Table` (a compacted topic co-partitioned with the records it joins, declared with `App.table`,
+Kafka Streams' KTable, versioned when it keeps `history`): `table_join_function` joins on the
+message key, reading the row the worker found for the record being processed (`Table.row`: the
+latest value, or the value as of the record's timestamp for a versioned table). Either join
 merges the two: an inner join drops a record whose key the table does not hold, a left join
 passes it on with no table value. Merging two dicts keeps every field of both ("raise" refuses a
 field both have, "keep-left" or "keep-right" choose), or a function `(value, row) -> value` does it.
@@ -51,6 +55,52 @@ class GlobalTable:
         return None if raw is None else self.value_serde.loads(raw)
 
 
+@dataclass(eq=False)
+class Table:
+    """A table partitioned as the records that join it: the compacted `topic` is co-partitioned
+    with the app's task topic, and a worker keeps the table partitions of the tasks it holds. With
+    `history_ms`, every version of a key is kept that long (a versioned table), and a record joins
+    the value as of its timestamp; without, the latest value when the record is processed."""
+
+    name: str
+    topic: str
+    key_serde: Serde
+    value_serde: Serde
+    history_ms: int | None = None
+    _readers: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def versioned(self) -> bool:
+        return self.history_ms is not None
+
+    def bind_reader(self, reader: Callable[[], bytes | None] | None) -> None:
+        """The worker running in this thread finds the row of the record it processes with `reader`
+        (None: no longer)."""
+        self._readers.reader = reader
+
+    def row(self) -> Any | None:
+        """The table's row for the record being processed in this thread (None: the table holds none)."""
+        reader = getattr(self._readers, "reader", None)
+        if reader is None:
+            raise StateStoreError(f"table {self.name!r} is read inside a worker only (none has opened it here)")
+        raw = reader()
+        return None if raw is None else self.value_serde.loads(raw)
+
+
+def table_join_function(table: Table, how: JoinHow, on_merge: OnMerge) -> Callable[[Any], Any]:
+    """A partitioned table's join on the message key, named `join <table>`, as `join_function`'s."""
+    merge = _merge_of(how, on_merge)
+
+    def join(value: Any) -> Any:
+        row = table.row()
+        if row is None:
+            return DROPPED if how == "inner" else value
+        return merge(value, row)
+
+    join.__name__ = f"join {table.name}"
+    return join
+
+
 def table_key_of(on: str | TableKeyOf) -> TableKeyOf:
     if callable(on):
         return on
@@ -63,14 +113,8 @@ def table_key_of(on: str | TableKeyOf) -> TableKeyOf:
 def join_function(table: GlobalTable, on: str | TableKeyOf, how: JoinHow, on_merge: OnMerge) -> Callable[[Any], Any]:
     """The join as a function of the value, named `join <table>`: the merged value, or DROPPED (an
     inner join's miss); what it raises is the record's failure (`steps.step_call` wraps it)."""
-    if how not in ("inner", "left"):
-        raise ConfigurationError(f"join how= is 'inner' or 'left', got {how!r}")
-    if not callable(on_merge) and on_merge not in ("raise", "keep-left", "keep-right"):
-        raise ConfigurationError(
-            f"join on_merge= is 'raise', 'keep-left', 'keep-right' or a function, got {on_merge!r}"
-        )
+    merge = _merge_of(how, on_merge)
     key_of = table_key_of(on)
-    merge = on_merge if callable(on_merge) else _dict_merge(on_merge)
 
     def join(value: Any) -> Any:
         key = key_of(value)
@@ -83,6 +127,16 @@ def join_function(table: GlobalTable, on: str | TableKeyOf, how: JoinHow, on_mer
 
     join.__name__ = f"join {table.name}"
     return join
+
+
+def _merge_of(how: JoinHow, on_merge: OnMerge) -> Callable[[Any, Any], Any]:
+    if how not in ("inner", "left"):
+        raise ConfigurationError(f"join how= is 'inner' or 'left', got {how!r}")
+    if not callable(on_merge) and on_merge not in ("raise", "keep-left", "keep-right"):
+        raise ConfigurationError(
+            f"join on_merge= is 'raise', 'keep-left', 'keep-right' or a function, got {on_merge!r}"
+        )
+    return on_merge if callable(on_merge) else _dict_merge(on_merge)
 
 
 def _dict_merge(policy: str) -> Callable[[Any, Any], Any]:

@@ -44,6 +44,11 @@ class BadInputHandler:
         self.dead_lettered = 0
         self.late = 0
 
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """(skipped, dead-lettered, late) messages so far."""
+        return self.skipped, self.dead_lettered, self.late
+
     def handle(self, message: Message, stage: str, error: BaseException) -> None:
         """Apply the policy to `message`, which failed in `stage`. Raises under the `raise` policy."""
         topic, partition, offset = position(message)

@@ -15,6 +15,7 @@ raised (a refused ACL as the `KafkaAuthorizationError` naming it).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -36,6 +37,19 @@ PREFIXES_REMEMBERED = 100_000
 """Message keys whose state key prefix is remembered; past that the memo starts again."""
 
 NO_KEY = "stateful steps need a message key; this message has none"
+NO_TABLE_KEY = "a join with a partitioned table needs a message key; this message has none"
+
+
+class RecordTables(Protocol):
+    """The partitioned tables the steps join with (`worker.tables.PartitionedTables`)."""
+
+    def refresh(self, messages: list[Message], start: int) -> None:
+        """Fetch the tables of the partitions of `messages[start:]` up to the ends they have now."""
+        ...
+
+    def before(self, partition: int, key: bytes, timestamp: int) -> None:
+        """Apply the table records that come before this record, and point the joins at it."""
+        ...
 
 
 class BatchProcessor:
@@ -51,10 +65,13 @@ class BatchProcessor:
         produce: Callable[[str, bytes | None, bytes], None],
         counts: dict[int, int],
         on_damage: Callable[[int, StoreCorruptedError], None],
+        tables: RecordTables | None = None,
     ) -> None:
         """transactions: the worker's, by source partition (kept up to date by its rebalance callbacks);
         produce: (topic, key, value), the commit path's; counts: messages processed per partition,
-        updated in place; on_damage(partition, error): recover a store found damaged."""
+        updated in place; on_damage(partition, error): recover a store found damaged; tables: the
+        partitioned tables the steps join with (None: none)."""
+        self._tables = tables
         self._config = config
         self.transactions = self._transactions = transactions
         self.restorations = self._restorations = restorations
@@ -79,6 +96,8 @@ class BatchProcessor:
         that are not (or no longer) ours are left alone; the error policy's `ProcessingError` and
         Kafka's errors are raised."""
         index, end, done = start, len(messages), 0
+        if self._tables is not None:
+            self._tables.refresh(messages, start)
         while index < end and done < budget:
             index, ran = self._process_run(messages, index, end, budget - done)
             done += ran
@@ -114,7 +133,7 @@ class BatchProcessor:
         stopped on a message that found its store damaged (that message comes again from the
         restored store's offsets). Counts them in the worker's report, even when the error policy raises."""
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
-        stateful, output, prefixes = self._stateful, self._output, self._prefixes
+        stateful, output, prefixes, tables = self._stateful, self._output, self._prefixes, self._tables
         states, begin, journals, windows = txn.views, txn.begin_scoped, txn.journals, txn.window_list
         expiring = txn.expiring
         timed = bool(windows or expiring)
@@ -149,6 +168,12 @@ class BatchProcessor:
                             window.timestamp = timestamp
                         for store in expiring:
                             store.observe(timestamp)
+                if tables is not None:
+                    if raw_key is None:
+                        self._reject(message, txn, "join", ValueError(NO_TABLE_KEY))
+                        done += 1
+                        continue
+                    tables.before(partition, raw_key, message.timestamp()[1])
                 try:
                     result = run_steps(value, states)
                 except StepFailed as failure:

@@ -169,7 +169,8 @@ class Rekeying:
 class BatchPath(Protocol):
     """The path the state's messages take (per message, or in columns)."""
 
-    messages_in_columns: int
+    @property
+    def messages_in_columns(self) -> int: ...
 
     def process(self, messages: list[Message], start: int, budget: int) -> tuple[int, int]: ...
 

@@ -171,7 +171,7 @@ class GlobalTables:
             self.applied += len(changes.get(topic, []))
         return reached
 
-    def close(self, seconds: float) -> None:
+    def close_all(self, seconds: float) -> None:
         """Close the copies, and the table consumer within `seconds` (or in the background)."""
         for table in self._tables.values():
             table.bind_reader(None)

@@ -43,15 +43,16 @@ from dagster_stateful.core.processing.dsl.joins import GlobalTable
 from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, Deadline, RunLimits, StopSignal
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.batch import BatchProcessor
-from dagster_stateful.core.processing.paths.batch_path import choose_path
 from dagster_stateful.core.processing.paths.emission import commit_emitter
-from dagster_stateful.core.processing.paths.rekeying import Rekeying, RoutedBatches
+from dagster_stateful.core.processing.paths.rekeying import Rekeying
 from dagster_stateful.core.processing.restores.background import background_restores
 from dagster_stateful.core.processing.standbys.replicas import standbys_for
+from dagster_stateful.core.processing.worker.batch_routing import worker_path
 from dagster_stateful.core.processing.worker.client_settings import worker_consumer_config, worker_producer_config
 from dagster_stateful.core.processing.worker.global_tables import GlobalTables
 from dagster_stateful.core.processing.worker.progress import Progress
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
+from dagster_stateful.core.processing.worker.tables import PartitionedTables
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
@@ -182,9 +183,7 @@ class Worker:
         report = self.report
         if hasattr(self, "_assignments"):
             report.restores = list(self._assignments.restorations.reports)
-            report.skipped = self._bad_input.skipped
-            report.dead_lettered = self._bad_input.dead_lettered
-            report.late = self._bad_input.late
+            report.skipped, report.dead_lettered, report.late = self._bad_input.counts
             report.store_metrics, report.store_totals, report.commit_latency = self._committer.metrics.summary()
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
@@ -219,6 +218,8 @@ class Worker:
             kafka.ends,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
+        joins, app_dir, bad_input = self._dataframe.table_joins.values(), self.state.app_dir, self._bad_input
+        self._tables = PartitionedTables(joins, config, kafka, app_dir, bad_input, self._commit_deadline)
         restorer = Restorer(
             kafka, self._restore_consumer, self.listeners, config.restore_batch_size, group=config.restore_group
         )
@@ -226,16 +227,9 @@ class Worker:
         self._standbys = standbys_for(config, kafka, self.state, self._consumer, self._offset_reader, self.partitions)
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
         grouping = self._dataframe.grouping
-        self._rekeying = (
-            None
-            if grouping is None
-            else Rekeying(config, grouping, self._bad_input, self._committer.produce, self.report.rekeyed)
-        )
-        self._purge = (
-            None
-            if config.repartition_topic is None
-            else RepartitionPurge(kafka, config.repartition_topic, config.repartition_purge_interval)
-        )
+        produce, rekeyed = self._committer.produce, self.report.rekeyed
+        self._rekeying = None if grouping is None else Rekeying(config, grouping, self._bad_input, produce, rekeyed)
+        self._purge = RepartitionPurge.of_app(config, kafka)
         self._assignments = PartitionAssignments(
             config,
             kafka,
@@ -252,10 +246,15 @@ class Worker:
             standbys=self._standbys,
             background=background_restores(config, kafka, self.listeners, self.state),
             rekeying=self._rekeying,
+            tables=self._tables or None,
         )
-        self._progress = Progress(kafka, self._consumer, config, self._assignments, pinned=self.partitions is not None)
+        waiting = self._tables.first_waiting if self._tables.grace_ms else None
+        self._progress = Progress(
+            kafka, self._consumer, config, self._assignments, self.partitions is not None, waiting
+        )
         self._transactions = self._assignments.transactions
-        per_message = BatchProcessor(
+        per_message = partial(
+            BatchProcessor,
             config,
             self._dataframe,
             self._transactions,
@@ -265,8 +264,9 @@ class Worker:
             self.report.messages_processed,
             self._recover_damaged,
         )
-        state_path, self._consume_batch = choose_path(config, self._dataframe, per_message, CONSUME_BATCH)
-        self._batches = state_path if self._rekeying is None else RoutedBatches(self._rekeying, state_path)
+        self._batches, self._consume_batch = worker_path(
+            config, self._dataframe, per_message, CONSUME_BATCH, self._tables, self._rekeying
+        )
         self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
         self._globals = GlobalTables(self._global_tables, config, kafka, self.state.app_dir, self._bad_input)
 
@@ -436,8 +436,9 @@ class Worker:
                 BoundedCalls(what).close(
                     f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
                 )
-        if hasattr(self, "_globals"):
-            self._globals.close(self._close_time())
+        for tables in (getattr(self, "_globals", None), getattr(self, "_tables", None)):
+            if tables is not None:
+                tables.close_all(self._close_time())
         committer = getattr(self, "_committer", None)
         if committer is not None:  # last: delivering what is left may take the rest of the time
             committer.close(self._close_time())

@@ -11,7 +11,7 @@ holds, and the repartition topic, whose partitions own the state; both count.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from confluent_kafka import Consumer, TopicPartition
@@ -36,9 +36,12 @@ class Progress:
         config: AppConfig,
         assignments: PartitionAssignments,
         pinned: bool = False,
+        waiting: Callable[[int], int | None] | None = None,
     ) -> None:
         """pinned: the run holds chosen partitions of the state's topic only (a re-keying app's
-        source is then left to the group's runs)."""
+        source is then left to the group's runs). waiting: the offset of the first record of a task
+        partition that waits for a join's grace (read, not processed), or None."""
+        self._waiting = waiting
         self._pinned = pinned
         self._kafka = kafka
         self._consumer = consumer
@@ -65,7 +68,11 @@ class Progress:
             for topic_partition in self._consumer.position([TopicPartition(topic, p) for p in held]):
                 processed = held.get(topic_partition.partition)
                 if processed is not None and processed.next_offset is not None:
-                    processed.next_offset = max(processed.next_offset, topic_partition.offset)
+                    moved = topic_partition.offset
+                    if self._waiting is not None and topic == self._config.task_topic:
+                        first = self._waiting(topic_partition.partition)
+                        moved = moved if first is None else min(moved, first)
+                    processed.next_offset = max(processed.next_offset, moved)
 
     def held_lag(self, topic: str, held: Mapping[int, Processed]) -> dict[int, int]:
         """Messages left per held partition of `topic`. The ends are read with one admin request

@@ -31,6 +31,7 @@ from dagster_stateful.core.processing.restores.state_updater import Restorations
 from dagster_stateful.core.processing.standbys.replicas import StandbyReplicas
 from dagster_stateful.core.processing.worker.starting_offsets import StartingOffsets, reset_position
 from dagster_stateful.core.processing.worker.store_opening import StoreOpener, damaged_store
+from dagster_stateful.core.processing.worker.tables import PartitionedTables
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
@@ -60,6 +61,7 @@ class PartitionAssignments:
         background: BackgroundRestores | None = None,
         standbys: StandbyReplicas | None = None,
         rekeying: Rekeying | None = None,
+        tables: PartitionedTables | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, with their windows' bounds (see
         `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
@@ -68,8 +70,10 @@ class PartitionAssignments:
         (exactly-once: abort the open transaction, which holds their records, and rewind the
         partitions kept). background: runs full restores on the machine's other cores. standbys:
         the standby replicas this worker keeps; a partition assigned here takes over its store.
-        rekeying: a re-keying app's source partitions (None: the app does not re-key)."""
+        rekeying: a re-keying app's source partitions (None: the app does not re-key). tables: the
+        partitioned tables the steps join with, whose partitions follow the task partitions."""
         self.rekeying = rekeying
+        self._tables = tables
         self._drop_in_flight = drop_in_flight
         self._standbys = standbys
         self._background = background
@@ -251,6 +255,8 @@ class PartitionAssignments:
             self.config.store_ttls,
             restored.stream_times,
         )
+        if self._tables is not None:
+            self._tables.open(self.transactions[restored.partition], dict(restored.stream_times))
         source, partition = self.config.task_topic, restored.partition
         query = self._kafka.time_left(END_QUERY_SECONDS, at_least=0.1)  # a bounded worker stays bounded
         bound_unknown_prefixes(
@@ -379,6 +385,8 @@ class PartitionAssignments:
     def _close(self, partition: int) -> list[StateStoreError]:
         """Close the partition's stores (each releases its lock even when closing fails); returns the failures."""
         txn = self.transactions.pop(partition, None)
+        if self._tables is not None:
+            self._tables.close(partition)
         restoring = self.restorations.suspend(partition)
         stores = txn.stores if txn is not None else restoring.stores if restoring is not None else {}
         failures = []

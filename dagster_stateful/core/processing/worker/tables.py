@@ -1,0 +1,374 @@
+"""Partitioned tables in a worker: table partition N kept beside task partition N, committed with it.
+
+Owns `PartitionedTables`, the tables (`joins.Table`) the steps join on the message key. For each
+task partition a worker holds, each table's partition of the same number is a `TablePartition`: a
+RocksDB database under the app's state directory (`tables/<table>/<partition>`) holding the latest
+value of each key (a versioned table: every version kept in its history, `state.versions`), and,
+in the same write batch, the offset of the next table record to apply. The table's topic is its
+changelog: nothing else is written to Kafka.
+
+**Order.** Before a task record with timestamp T is processed, the table records fetched for its
+partition are applied up to the first one later than T, so that the two partitions are taken in
+timestamp order as Kafka Streams' task takes them (a table record no later than the stream record
+goes first); a versioned table applies every record fetched, since its lookups are as of T anyway.
+At the start of each consumed batch, each partition's table is fetched up to the end the broker
+has then, so that what is on the broker when the batch arrives is seen.
+
+**Commit.** A table's changes since the last commit stay in memory. Each commit records, in the
+task partition's commit metadata (`commit_metadata.table_entry`), the offset of the next table
+record to apply; once the commit went through, the changes are written with that offset in one
+write batch (`Participant.committed`). An aborted or lost commit drops them and reads the table
+again from the committed offset, so the table and the task records always agree. On assignment a
+table partition behind its committed offset is read up to it; one without local state, or ahead of
+it (state from another run), is read again from the topic's beginning to its end, and processing
+then applies the records from the committed offset again (applying a record twice changes
+nothing).
+
+**Grace.** Records joining a versioned table with a grace (KIP-923) wait, per partition and in
+offset order, until the partition's stream time (the newest timestamp read there) reaches their
+timestamp plus the grace: table updates arriving late in that time are seen. A waiting record is
+not processed, so the partition's committed offset stays before it; a run that stops reads it
+again next time. The stream time is committed with the table positions.
+
+A table record whose key or value does not decode goes to the error policy, named by the table's
+topic, partition and offset.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.kafka.bounded import BoundedCalls
+from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.processing.dsl.joins import Table
+from dagster_stateful.core.processing.lifecycle import Deadline
+from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.processing.worker.table_partition import NO_TIME, TablePartition, position_of
+from dagster_stateful.core.state.commit_metadata import JOIN_STREAM_TIME, table_entry
+from dagster_stateful.core.state.directory import TABLES_DIR
+from dagster_stateful.core.state.transaction import PartitionTransaction
+from dagster_stateful.errors import RecoveryError
+
+log = logging.getLogger(__name__)
+
+FETCH_BATCH = 10_000
+PENDING_LIMIT = 50_000
+"""Records fetched ahead of a plain table's application, per partition: past that, fetching waits."""
+LOCK_SECONDS = 30.0
+"""How long opening a table partition waits for its previous holder on this machine to let it go."""
+
+
+class TaskTables:
+    """The tables of one task partition, as a participant of its transaction
+    (`transaction.Participant`): their positions and the join's stream time commit with it."""
+
+    def __init__(self, owner: PartitionedTables, partition: int, held: list[TablePartition], stream_time: int) -> None:
+        self._owner = owner
+        self.partition = partition
+        self.held = held
+        self.stream_time = self.committed_stream_time = stream_time
+        self.waiting: deque[Message] = deque()
+        """Records waiting for the grace to pass, in offset order."""
+        self.released: list[Message] = []
+        """Records whose grace passed, not processed yet, in offset order."""
+
+    def positions_to_commit(self) -> dict[str, int]:
+        positions = {table_entry(held.table.name): held.applied for held in self.held}
+        if self._owner.grace_ms:
+            positions[JOIN_STREAM_TIME] = max(self.stream_time, 0)
+        return positions
+
+    def committed_positions(self) -> dict[str, int]:
+        positions = {table_entry(held.table.name): held.committed for held in self.held}
+        if self._owner.grace_ms:
+            positions[JOIN_STREAM_TIME] = max(self.committed_stream_time, 0)
+        return positions
+
+    def committed(self) -> None:
+        for held in self.held:
+            held.commit()
+        self.committed_stream_time = self.stream_time
+
+    def roll_back(self) -> None:
+        self.waiting.clear()
+        self.released.clear()
+        self.stream_time = self.committed_stream_time
+        for held in self.held:
+            held.roll_back()
+        self._owner.reposition(self.held)
+
+
+class PartitionedTables:
+    def __init__(
+        self,
+        tables: Iterable[tuple[Table, int]],
+        config: AppConfig,
+        kafka: KafkaClients,
+        app_dir: Path,
+        bad_input: BadInputHandler,
+        deadline: Deadline,
+    ) -> None:
+        """tables: each joined table with the join's grace in ms (the same for all)."""
+        joined = list(tables)
+        self._tables = [table for table, _ in joined]
+        self.grace_ms = max((grace for _, grace in joined), default=0)
+        self._config = config
+        self._kafka = kafka
+        self._app_dir = app_dir
+        self._bad_input = bad_input
+        self._deadline = deadline
+        self._consumer: Consumer | None = None
+        self.tasks: dict[int, TaskTables] = {}
+        """Task partition -> its tables."""
+        self._by_topic_partition: dict[tuple[str, int], TablePartition] = {}
+        self._current: tuple[int, bytes, int] = (-1, b"", 0)
+        """(task partition, message key, timestamp) of the record being processed."""
+        self.applied = 0
+        """Table records applied in this run (again after a roll-back too)."""
+        for table in self._tables:
+            table.bind_reader(self._reader(table.name))
+
+    def __bool__(self) -> bool:
+        return bool(self._tables)
+
+    # Opening and closing with the task partitions.
+
+    def _reader(self, name: str) -> Callable[[], bytes | None]:
+        def row() -> bytes | None:
+            partition, key, timestamp = self._current
+            for held in self.tasks[partition].held:
+                if held.table.name == name:
+                    return held.lookup(key, timestamp)
+            return None
+
+        return row
+
+    def open(self, txn: PartitionTransaction, recorded: dict[str, int]) -> None:
+        """Take the tables of task partition `txn.partition`, read up to what its last commit
+        recorded (`recorded`: the commit's metadata entries), as a participant of `txn`."""
+        partition = txn.partition
+        held, opened = [], []
+        for table in self._tables:
+            table_partition = TablePartition(table, partition, self._app_dir / TABLES_DIR / table.name / str(partition))
+            opened.append(table_partition.open(self._deadline.bound(LOCK_SECONDS)))
+            held.append(table_partition)
+            self._by_topic_partition[(table.topic, partition)] = table_partition
+        task = TaskTables(self, partition, held, recorded.get(JOIN_STREAM_TIME, NO_TIME))
+        self.tasks[partition] = task
+        try:
+            for table_partition, (stored, newest) in zip(held, opened, strict=True):
+                committed = recorded.get(table_entry(table_partition.table.name))
+                self._catch_up(table_partition, stored, newest, committed)
+        except BaseException:
+            self.close(partition)
+            raise
+        txn.participant = task
+
+    def _catch_up(self, held: TablePartition, stored: int | None, newest: int, committed: int | None) -> None:
+        """Bring `held` to the task's last commit (`committed`: the table offset it recorded)."""
+        low, high = self._kafka.watermarks(held.table.topic, [held.partition])[held.partition]
+        where = f"table {held.table.name!r} ({held.table.topic}[{held.partition}])"
+        if committed is None:  # the task never committed with this table: it is applied from the start
+            if stored is not None:
+                held.wipe()
+            held.start_at(low, NO_TIME)
+            self._assign(held)
+            return
+        if committed > high:
+            log.warning("%s: the committed offset %d is past the topic's end %d (recreated?)", where, committed, high)
+            committed = high
+        if stored is not None and low <= stored <= committed:
+            held.start_at(stored, newest)
+            self._assign(held)
+            self._read(held, committed)
+            return
+        log.info(
+            "%s: %s; reading it from offset %d to %d, then applying from the committed offset %d again",
+            where,
+            "no local state" if stored is None else f"the local state is at offset {stored}",
+            low,
+            high,
+            committed,
+        )
+        held.wipe()
+        held.start_at(low, NO_TIME)
+        self._assign(held)
+        self._read(held, high)
+        held.start_at(committed, held.newest)
+        self.reposition([held])
+
+    def _read(self, held: TablePartition, until: int) -> None:
+        """Apply `held`'s records up to offset `until`, written locally as they come."""
+        while held.applied < until:
+            if self._deadline.passed():
+                raise RecoveryError(
+                    f"table {held.table.name!r} ({held.table.topic}[{held.partition}]) was not read up to offset "
+                    f"{until} in time (at {held.applied}); check that the brokers answer, or give the run more time"
+                )
+            self._fetch(0.2)
+            while held.pending and position_of(held.pending[0]) < until:
+                self._apply(held, held.pending.popleft())
+            if held.fetched >= until and not held.pending:
+                held.applied = max(held.applied, until)
+            held.commit()
+
+    # Fetching.
+
+    def _consumer_of(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = self._kafka.consumer(
+                {"group.id": self._config.restore_group, **RESTORE_CONSUMER_CONFIG, "enable.partition.eof": True}
+            )
+        return self._consumer
+
+    def _assign(self, held: TablePartition) -> None:
+        self._consumer_of().incremental_assign([TopicPartition(held.table.topic, held.partition, held.applied)])
+        held.paused = False
+
+    def reposition(self, partitions: list[TablePartition]) -> None:
+        """Fetch these partitions again from what they applied (after a roll-back)."""
+        consumer = self._consumer_of()
+        consumer.incremental_unassign([held.topic_partition for held in partitions])
+        for held in partitions:
+            held.fetched = held.applied
+            held.pending.clear()
+            self._assign(held)
+
+    def _fetch(self, timeout: float) -> None:
+        """Take what the table consumer has fetched into the partitions' pending records."""
+        consumer = self._consumer_of()
+        for message in consumer.consume(FETCH_BATCH, timeout=timeout):
+            failure = message.error()
+            topic, partition, offset = message.topic() or "", message.partition() or 0, message.offset() or 0
+            held = self._by_topic_partition.get((topic, partition))
+            if failure is not None:
+                if failure.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(failure)
+                if held is not None:
+                    held.fetched = max(held.fetched, offset)
+                continue
+            if held is None or offset < held.fetched:
+                continue
+            held.fetched = offset + 1
+            held.pending.append(message)
+            if len(held.pending) >= PENDING_LIMIT and not held.paused:
+                consumer.pause([held.topic_partition])
+                held.paused = True
+
+    def refresh(self, messages: list[Message], start: int) -> None:
+        """At the start of a batch: fetch the tables of its partitions up to the ends they have now."""
+        partitions = {message.partition() for message in messages[start:] if message.error() is None}
+        wanted = [held for p in partitions if p in self.tasks for held in self.tasks[p].held]
+        if not wanted:
+            return
+        consumer = self._consumer_of()
+        for held in wanted:
+            _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
+            while held.fetched < high and not held.paused:
+                if self._deadline.passed():
+                    raise RecoveryError(
+                        f"table {held.table.name!r} ({held.table.topic}[{held.partition}]) could not be fetched "
+                        f"up to offset {high} in time; check that the brokers answer"
+                    )
+                self._fetch(0.1)
+                if held.table.versioned:
+                    self._apply_all(held)
+
+    # Processing.
+
+    def before(self, partition: int, key: bytes, timestamp: int) -> None:
+        """A record of task `partition` with `key` and `timestamp` is about to go through the steps:
+        apply the table records that come before it, and point the joins at it."""
+        self._current = (partition, key, timestamp)
+        task = self.tasks.get(partition)
+        if task is None:
+            return
+        for held in task.held:
+            pending = held.pending
+            if not pending:
+                continue
+            if held.table.versioned:
+                self._apply_all(held)
+                continue
+            while pending and pending[0].timestamp()[1] <= timestamp:
+                self._apply(held, pending.popleft())
+            if held.paused and len(pending) < PENDING_LIMIT // 2:
+                self._consumer_of().resume([held.topic_partition])
+                held.paused = False
+
+    def _apply_all(self, held: TablePartition) -> None:
+        while held.pending:
+            self._apply(held, held.pending.popleft())
+        if held.paused:
+            self._consumer_of().resume([held.topic_partition])
+            held.paused = False
+
+    def _apply(self, held: TablePartition, message: Message) -> None:
+        offset = position_of(message)
+        key, value = message.key(), message.value()
+        table = held.table
+        try:
+            if key is None:
+                raise ValueError("a table record needs a key")
+            table.key_serde.loads(key)
+            if value is not None:
+                table.value_serde.loads(value)
+        except Exception as error:  # noqa: BLE001 - any codec failure is bad input
+            self._bad_input.handle(message, f"reading table {table.name!r}", error)
+            held.skip(offset)
+            return
+        held.apply(key, value, offset, message.timestamp()[1])
+        self.applied += 1
+
+    def hold(self, message: Message) -> bool:
+        """Hold a record of a join with a grace until its grace passed (False: its partition is not
+        held here); the records of its partition whose grace has passed move to its `released`."""
+        task = self.tasks.get(message.partition() or 0)
+        if task is None:
+            return False
+        timestamp = message.timestamp()[1]
+        task.stream_time = max(task.stream_time, timestamp)
+        waiting = task.waiting
+        waiting.append(message)
+        reached = task.stream_time - self.grace_ms
+        while waiting and waiting[0].timestamp()[1] <= reached:
+            task.released.append(waiting.popleft())
+        return True
+
+    def released(self) -> TaskTables | None:
+        """A task partition with records released and not processed yet (None: none has)."""
+        return next((task for task in self.tasks.values() if task.released), None)
+
+    def first_waiting(self, partition: int) -> int | None:
+        """The offset of the first record of task `partition` waiting for its grace (None: none waits)."""
+        task = self.tasks.get(partition)
+        if task is None:
+            return None
+        first = task.released or task.waiting
+        return position_of(first[0]) if first else None
+
+    def close(self, partition: int) -> None:
+        task = self.tasks.pop(partition, None)
+        if task is None:
+            return
+        for held in task.held:
+            self._by_topic_partition.pop((held.table.topic, partition), None)
+            held.close()
+        if self._consumer is not None:
+            self._consumer.incremental_unassign([held.topic_partition for held in task.held])
+
+    def close_all(self, seconds: float) -> None:
+        for partition in list(self.tasks):
+            self.close(partition)
+        for table in self._tables:
+            table.bind_reader(None)
+        if self._consumer is not None:
+            what = f"closing the tables' consumer of {self._config.name!r}"
+            BoundedCalls("tables' consumer").close(what, self._consumer.close, seconds)
+            self._consumer = None
