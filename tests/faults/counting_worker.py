@@ -156,6 +156,11 @@ class WorkerSpec:
     """Join every order first (inner, on its "customer" field) with the global table of this compacted
     topic, which holds every customer: a copy of the table missing one would drop its orders, which
     the judge counts as lost ("": no join)."""
+    table_topic: str = ""
+    """Join every order first (inner, on its message key, the customer) with the versioned
+    partitioned table of this compacted topic, co-partitioned with the source, which holds every
+    customer: a table partition missing one, or committed out of step with the orders, would drop
+    its orders, which the judge counts as lost ("": no join)."""
     regroup: bool = False
     """Re-key every order by its "customer" field first (`group_by`), through the app's repartition
     topic: the state then belongs to the repartition topic's partitions, under the same keys."""
@@ -199,6 +204,9 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
     frame = app.dataframe()
     if spec.lookup_topic:
         frame.join(app.global_table(spec.lookup_topic, name="customers"), on="customer", on_merge="keep-left")
+    if spec.table_topic:
+        table = app.table(spec.table_topic, name="profiles", history=24 * 3600 * 1000)
+        frame.join(table, on_merge="keep-left")
     if spec.regroup:
         frame.group_by("customer")
     if spec.windowed:

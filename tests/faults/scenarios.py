@@ -174,6 +174,7 @@ def sigkill_storm(
     aggregate: bool = False,
     regroup: bool = False,
     lookup: bool = False,
+    table: bool = False,
 ) -> FaultResult:
     """SIGKILL one worker `kills` times at random points; before every mid-restore kill (and a
     `wipe_share` of the others) its local state is deleted first, so full restores from the
@@ -182,10 +183,13 @@ def sigkill_storm(
     (counters "outputs missing" and "outputs doubled"). `aggregate`: the worker keeps its counts
     and totals with a columnar aggregation, folded a batch at a time, and fills no output topic.
     `regroup`: every order goes through the app's repartition topic first (`group_by`). `lookup`:
-    before that, every order is joined with a global table of all customers (`customers_table`)."""
+    before that, every order is joined with a global table of all customers (`customers_table`).
+    `table`: every order is joined with a partitioned, versioned table of all customers instead."""
     exactly_once = guarantee == EXACTLY_ONCE
     label = "1 SIGKILL at random points" + (" (exactly-once)" if exactly_once else "")
     result = FaultResult(label + (", re-keyed through a repartition topic" if regroup else ""))
+    # A versioned table joins each order as of its timestamp: its profiles come first.
+    table_topic = customers_table(lab, customers, partitions) if table else ""
     source = lab.orders_topic(partitions, orders, customers)
     produced = orders
     output = lab.unique("counted") if exactly_once and not aggregate else ""
@@ -202,6 +206,7 @@ def sigkill_storm(
         aggregate=aggregate,
         regroup=regroup,
         lookup_topic=customers_table(lab, customers) if lookup else "",
+        table_topic=table_topic,
     )
 
     def more_orders(count: int) -> None:
@@ -217,11 +222,11 @@ def sigkill_storm(
     return result
 
 
-def customers_table(lab: Lab, customers: int) -> str:
+def customers_table(lab: Lab, customers: int, partitions: int = 2) -> str:
     """A compacted topic (compacted as fast as Kafka allows) holding a profile for every customer,
     rewritten three times over so that compaction has records to remove."""
     topic = lab.unique("customers")
-    create_topic(lab.bootstrap, topic, 2, {**COMPACT_FAST, "cleanup.policy": "compact"})
+    create_topic(lab.bootstrap, topic, partitions, {**COMPACT_FAST, "cleanup.policy": "compact"})
     profiles = [
         (f"c{c}".encode(), orjson.dumps({"tier": f"t{(c + round_) % 3}"}))
         for round_ in range(3)

@@ -193,6 +193,31 @@ def test_sigkill_at_random_points_loses_nothing_across_a_global_table_and_a_repa
         assert_nothing_lost(result)
 
 
+@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
+def test_sigkill_at_random_points_loses_nothing_across_a_partitioned_table_join(kafka_bootstrap, tmp_path, guarantee):
+    """Every order is joined (inner, on its key) with a versioned table of all customers,
+    co-partitioned with the orders, whose partitions are deleted with the rest of the state before
+    some restarts (rebuilt from the table's compacted topic): a table partition missing a customer,
+    or whose position was committed out of step with the orders (a kill between the changelog's
+    records and the offsets' commit), would drop its orders."""
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    result = sigkill_storm(
+        lab, orders=3_600, customers=300, partitions=3, kills=STORM_KILLS, guarantee=guarantee, table=True
+    )
+
+    assert result.faults == STORM_KILLS, explain(result)
+    landed = " ".join(result.points)
+    for point in KillPoint:
+        assert point.value in landed, f"no kill aimed at {point.value}:\n{explain(result)}"
+    assert result.counters["full restores begun"] >= MID_RESTORE_KILLS, explain(result)
+    assert_caught_up(result, "final")
+    if guarantee == EXACTLY_ONCE:
+        assert_exact(result)
+        assert (result.counters["outputs missing"], result.counters["outputs doubled"]) == (0, 0), explain(result)
+    else:
+        assert_nothing_lost(result)
+
+
 @pytest.mark.parametrize(
     ("guarantee", "path"),
     [(EXACTLY_ONCE, "per-message"), (AT_LEAST_ONCE, "per-message"), (AT_LEAST_ONCE, "columns")],
