@@ -65,6 +65,9 @@ def source_topic_spec(topic: str, readers: list[App], translator: StatefulTransl
     apps = "apps" if len(readers) > 1 else "app"
     tables = [app.name for app in readers if topic in app.config.global_tables.values()]
     as_table = f" (as a global table by {', '.join(f'`{name}`' for name in tables)})" if tables else ""
+    partitioned = [app.name for app in readers if topic in app.config.tables.values()]
+    if partitioned:
+        as_table += f" (as a partitioned table by {', '.join(f'`{name}`' for name in partitioned)})"
     return AssetSpec(
         translator.get_topic_key(topic),
         group_name=translator.get_topic_group_name(topic),
@@ -75,8 +78,9 @@ def source_topic_spec(topic: str, readers: list[App], translator: StatefulTransl
 
 
 def table_keys(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetKey]:
-    """The topics of the global tables the app's steps join with: upstream of its stores."""
-    return [translator.get_topic_key(topic) for topic in app.config.global_tables.values()]
+    """The topics of the tables (global or partitioned) the app's steps join with: upstream of its stores."""
+    topics = dict.fromkeys((*app.config.global_tables.values(), *app.config.tables.values()))
+    return [translator.get_topic_key(topic) for topic in topics]
 
 
 def repartition_specs(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetSpec]:

@@ -157,3 +157,19 @@ def test_a_global_tables_topic_is_an_asset_upstream_of_the_stores_that_join_with
     assert deps_of(defs, store_key(joining, "totals")) == {changelog_key(joining, "totals"), topic}
     spec = defs.resolve_asset_graph().get(topic)
     assert "read by apps `tiers`, `counts` (as a global table by `tiers`)" in (spec.description or "")
+
+
+def test_a_partitioned_tables_topic_is_an_asset_upstream_of_the_stores_that_join_with_it(tmp_path):
+    joining = App(name="enriched", source="orders", stores=["totals"], state_dir=tmp_path)
+    profiles = joining.table("profiles", history=60_000)
+    joining.dataframe().join(profiles).aggregate(Sum("amount"))
+    other = App(name="plain", source="orders", stores=["counts"], state_dir=tmp_path)
+    other.dataframe().aggregate(Sum("amount"))
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:9")
+    defs = build_stateful_definitions([joining, other], PARTITIONS, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    topic = AssetKey(["kafka", "profiles"])
+
+    assert deps_of(defs, store_key(joining, "totals")) == {changelog_key(joining, "totals"), topic}
+    assert topic not in deps_of(defs, store_key(other, "counts"))  # no edge that does not exist
+    spec = defs.resolve_asset_graph().get(topic)
+    assert "read by app `enriched` (as a partitioned table by `enriched`)" in (spec.description or "")

@@ -153,6 +153,7 @@ class PartitionedTables:
         """Take the tables of task partition `txn.partition`, read up to what its last commit
         recorded (`recorded`: the commit's metadata entries), as a participant of `txn`."""
         partition = txn.partition
+        self.close(partition)  # a store found damaged opens its partition again
         held, opened = [], []
         for table in self._tables:
             table_partition = TablePartition(table, partition, self._app_dir / TABLES_DIR / table.name / str(partition))
