@@ -2,7 +2,8 @@
 with the customers table on the message key. A versioned table gives the value as of each order's
 timestamp, also for table updates that arrive after the orders they must join (within the grace),
 and across runs and a lost state directory; a plain table takes the two topics in timestamp order;
-a table record that does not decode goes to the error policy; topics that are not co-partitioned,
+a table record that does not decode goes to the error policy, one in an open transaction waits for
+its commit; topics that are not co-partitioned,
 or a table topic that is not compacted, are refused before anything is processed."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
 from support.kafka_helpers import create_topic, produce_timed, read_committed, read_messages
 
@@ -181,3 +183,33 @@ def test_joins_that_cannot_work_are_refused_before_processing(kafka_bootstrap, u
         app.dataframe().join(plain, on="customer")
     with pytest.raises(ConfigurationError, match="cannot come before group_by"):
         app.dataframe().join(plain).group_by("tier")
+
+
+def test_a_table_update_in_an_open_transaction_waits_for_its_commit(kafka_bootstrap, unique_name, tmp_path):
+    """A table written by a transactional producer (another exactly-once app, say): the worker reads
+    up to the transaction left open, joins what is committed, and does not wait on the rest."""
+    source, customers, name = unique_name("orders"), unique_name("customers"), unique_name("open-txn")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    create_topic(kafka_bootstrap, customers, PARTITIONS, COMPACT_FAST)
+    create_topic(kafka_bootstrap, f"{name}-joined", PARTITIONS)
+    t0 = int(time.time() * 1000) - 3_600_000
+    table = tier_updates(0, t0)
+    produce_timed(kafka_bootstrap, customers, table)
+    writer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_name("table-writer")})
+    writer.init_transactions(30)
+    writer.begin_transaction()
+    for key, value, _ in tier_updates(1, t0 + 1_000):
+        writer.produce(customers, key=key, value=value, timestamp=t0 + 1_000)
+    writer.flush(30)  # delivered, never committed while the worker runs
+    orders = order_batch(0, t0 + 10_000)
+    produce_timed(kafka_bootstrap, source, orders)
+    app = tiers_app(kafka_bootstrap, source, customers, tmp_path, name, None, 0, processing_guarantee="exactly-once")
+
+    try:
+        report = app.run_worker(max_seconds=60)
+    finally:
+        writer.abort_transaction(30)
+
+    expected = {order_number(value): as_of(table, key, ts) for key, value, ts in orders}
+    assert report.stop_reason == "caught_up"
+    check(joined(kafka_bootstrap, f"{name}-joined", "exactly-once"), expected, "exactly-once")

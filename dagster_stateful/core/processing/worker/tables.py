@@ -11,8 +11,9 @@ changelog: nothing else is written to Kafka.
 partition are applied up to the first one later than T, so that the two partitions are taken in
 timestamp order as Kafka Streams' task takes them (a table record no later than the stream record
 goes first); a versioned table applies every record fetched, since its lookups are as of T anyway.
-At the start of each consumed batch, each partition's table is fetched up to the end the broker
-has then, so that what is on the broker when the batch arrives is seen.
+At the start of each consumed batch, each partition's table is fetched up to the end the table
+consumer last heard from the brokers (asked the first time), short of an open transaction's
+records, so that what was on the broker when the batch arrived is seen.
 
 **Commit.** A table's changes since the last commit stay in memory. Each commit records, in the
 task partition's commit metadata (`commit_metadata.table_entry`), the offset of the next table
@@ -37,6 +38,7 @@ topic, partition and offset.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -60,6 +62,9 @@ log = logging.getLogger(__name__)
 FETCH_BATCH = 10_000
 PENDING_LIMIT = 50_000
 """Records fetched ahead of a plain table's application, per partition: past that, fetching waits."""
+STABLE_END_AFTER_SECONDS = 0.5
+"""Fetching a table's partition up to its end for longer than this asks where a `read_committed`
+reader stops (the last stable offset, before an open transaction)."""
 LOCK_SECONDS = 30.0
 """How long opening a table partition waits for its previous holder on this machine to let it go."""
 
@@ -173,7 +178,7 @@ class PartitionedTables:
 
     def _catch_up(self, held: TablePartition, stored: int | None, newest: int, committed: int | None) -> None:
         """Bring `held` to the task's last commit (`committed`: the table offset it recorded)."""
-        low, high = self._kafka.watermarks(held.table.topic, [held.partition])[held.partition]
+        low, high = self._kafka.watermarks(held.table.topic, [held.partition], committed=True)[held.partition]
         where = f"table {held.table.name!r} ({held.table.topic}[{held.partition}])"
         if committed is None:  # the task never committed with this table: it is applied from the start
             if stored is not None:
@@ -263,23 +268,36 @@ class PartitionedTables:
                 held.paused = True
 
     def refresh(self, messages: list[Message], start: int) -> None:
-        """At the start of a batch: fetch the tables of its partitions up to the ends they have now."""
+        """At the start of a batch: fetch the tables of its partitions up to the ends they have now,
+        as the table consumer last heard them from the brokers (asked once, the first time)."""
         partitions = {message.partition() for message in messages[start:] if message.error() is None}
         wanted = [held for p in partitions if p in self.tasks for held in self.tasks[p].held]
         if not wanted:
             return
         consumer = self._consumer_of()
         for held in wanted:
-            _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
-            while held.fetched < high and not held.paused:
-                if self._deadline.passed():
-                    raise RecoveryError(
-                        f"table {held.table.name!r} ({held.table.topic}[{held.partition}]) could not be fetched "
-                        f"up to offset {high} in time; check that the brokers answer"
-                    )
-                self._fetch(0.1)
-                if held.table.versioned:
-                    self._apply_all(held)
+            _, high = consumer.get_watermark_offsets(held.topic_partition, cached=True) or (0, -1)
+            if high < 0:
+                _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
+            if held.fetched < high and not held.paused:
+                self._fetch_until(held, high)
+
+    def _fetch_until(self, held: TablePartition, high: int) -> None:
+        """Fetch `held` up to `high`, or to where a `read_committed` reader must stop short of it (an
+        open transaction on the table's topic), as the brokers say once fetching takes a while."""
+        started = time.monotonic()
+        while held.fetched < high and not held.paused:
+            if self._deadline.passed():
+                raise RecoveryError(
+                    f"table {held.table.name!r} ({held.table.topic}[{held.partition}]) could not be fetched "
+                    f"up to offset {high} in time; check that the brokers answer"
+                )
+            self._fetch(0.1)
+            if held.table.versioned:
+                self._apply_all(held)
+            if time.monotonic() - started > STABLE_END_AFTER_SECONDS:
+                stable = self._kafka.watermarks(held.table.topic, [held.partition], committed=True)[held.partition][1]
+                high, started = min(high, stable), time.monotonic()
 
     # Processing.
 
