@@ -50,9 +50,15 @@ def _answers_offsets(admin: AdminClient, topic: str, partitions: int) -> bool:
 
 
 def produce(
-    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]], headers: Headers | None = None
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None]],
+    headers: Headers | None = None,
+    partitioner: str | None = None,
 ) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    """partitioner: librdkafka's `partitioner` setting (None: its default, consistent_random)."""
+    settings = {"partitioner": partitioner} if partitioner else {}
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **settings})
     errors: list[str] = []
 
     def on_delivery(error, _message) -> None:

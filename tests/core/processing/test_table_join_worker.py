@@ -175,6 +175,17 @@ def test_joins_that_cannot_work_are_refused_before_processing(kafka_bootstrap, u
     with pytest.raises(TopicMismatchError, match=r"cleanup\.policy=delete"):
         app.run_worker(max_seconds=30)
 
+    placed_apart = unique_name("customers-crc32")
+    create_topic(kafka_bootstrap, placed_apart, PARTITIONS, COMPACT_FAST)
+    produce_timed(kafka_bootstrap, placed_apart, tier_updates(0, int(time.time() * 1000)))  # librdkafka's default
+    produce_timed(
+        kafka_bootstrap, source, [(f"o{i}".encode(), orjson.dumps({"customer": f"c{i}"}), 0) for i in range(30)]
+    )
+    app = App(name=f"{name}-4", source=source, state_dir=tmp_path, kafka=kafka_bootstrap, consumer_config=FAST_GROUP)
+    app.dataframe().group_by("customer").join(app.table(placed_apart, name="customers"))
+    with pytest.raises(TopicMismatchError, match=r"place keys differently.*murmur2_random"):
+        app.run_worker(max_seconds=60)  # the repartition topic places the customers as murmur2 does
+
     app = App(name=f"{name}-3", source=source, state_dir=tmp_path, kafka=kafka_bootstrap)
     plain = app.table(not_compacted, name="plain")
     with pytest.raises(ConfigurationError, match="needs a versioned table"):

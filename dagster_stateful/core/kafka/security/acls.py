@@ -143,6 +143,7 @@ _KAFKA_OPERATIONS = {
     Operation.DESCRIBE: AclOperation.DESCRIBE,
     Operation.DESCRIBE_CONFIGS: AclOperation.DESCRIBE_CONFIGS,
     Operation.IDEMPOTENT_WRITE: AclOperation.IDEMPOTENT_WRITE,
+    Operation.DELETE: AclOperation.DELETE,
 }
 
 

@@ -64,6 +64,7 @@ from dagster_stateful.errors import (
     StatefulError,
     StateStoreError,
     StoreCorruptedError,
+    TopicMismatchError,
 )
 
 __all__ = ["RunLimits", "StopSignal", "Worker"]
@@ -150,7 +151,7 @@ class Worker:
             if not self._committer.failed:
                 self._commit()  # everything before the bad message; its own offset stays uncommitted
             raise
-        except (DeliveryError, StateStoreError, KafkaSecurityError):
+        except (DeliveryError, StateStoreError, KafkaSecurityError, TopicMismatchError):
             failed = True
             if hasattr(self, "_assignments"):
                 self._assignments.dirty = True  # Kafka Streams' dirty close: nothing more is committed

@@ -51,6 +51,7 @@ from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaCl
 from dagster_stateful.core.processing.dsl.joins import Table
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.processing.worker.co_partitioning import PlacementCheck
 from dagster_stateful.core.processing.worker.table_partition import NO_TIME, TablePartition, position_of
 from dagster_stateful.core.state.commit_metadata import JOIN_STREAM_TIME, table_entry
 from dagster_stateful.core.state.directory import TABLES_DIR
@@ -136,6 +137,7 @@ class PartitionedTables:
         """(task partition, message key, timestamp) of the record being processed."""
         self.applied = 0
         """Table records applied in this run (again after a roll-back too)."""
+        self._placement: PlacementCheck | None = None
         for table in self._tables:
             table.bind_reader(self._reader(table.name))
 
@@ -159,6 +161,10 @@ class PartitionedTables:
         recorded (`recorded`: the commit's metadata entries), as a participant of `txn`."""
         partition = txn.partition
         self.close(partition)  # a store found damaged opens its partition again
+        if self._placement is None:
+            partitions = self._kafka.partition_count(self._config.task_topic) or 0
+            rekeyed = self._config.repartition_topic is not None
+            self._placement = PlacementCheck(self._config.task_topic, partitions, rekeyed)
         held, opened = [], []
         for table in self._tables:
             table_partition = TablePartition(table, partition, self._app_dir / TABLES_DIR / table.name / str(partition))
@@ -308,6 +314,8 @@ class PartitionedTables:
         task = self.tasks.get(partition)
         if task is None:
             return
+        if self._placement is not None:
+            self._placement.stream_record(partition, key)
         for held in task.held:
             pending = held.pending
             if not pending:
@@ -342,6 +350,8 @@ class PartitionedTables:
             self._bad_input.handle(message, f"reading table {table.name!r}", error)
             held.skip(offset)
             return
+        if self._placement is not None:
+            self._placement.table_record(table.topic, held.partition, key)
         held.apply(key, value, offset, message.timestamp()[1])
         self.applied += 1
 

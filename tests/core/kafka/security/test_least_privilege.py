@@ -2,13 +2,15 @@
 default) run as a user holding exactly the ACLs `required_acls` lists, and nothing more:
 provisioning, a worker under each guarantee (with a poison message dead-lettered), and a full
 restore after its local state is deleted, against totals recomputed from the source topic, with
-changelogs compacted as fast as Kafka allows. And the same over mutual TLS. And each of those ACLs
+changelogs compacted as fast as Kafka allows. And the same over mutual TLS, and for an app joining a
+partitioned table and re-keying through its repartition topic. And each of those ACLs
 is needed: without any one of them, one of the app's jobs is refused, naming it."""
 
 from __future__ import annotations
 
 import secrets
 
+import orjson
 import pytest
 from faults.counting_worker import COMPACT_FAST
 from support.core_helpers import (
@@ -23,9 +25,9 @@ from support.core_helpers import (
     running_sums,
     totals_in_store,
 )
-from support.kafka_helpers import produce, read_all
+from support.kafka_helpers import create_topic, produce, read_all
 
-from dagster_stateful.core import App
+from dagster_stateful.core import App, Sum
 from dagster_stateful.core.kafka.security.acl_model import Operation
 from dagster_stateful.core.kafka.security.acls import acl_bindings, required_acls, transactional_id_prefix
 from dagster_stateful.core.monitoring.report import RestoreKind
@@ -175,3 +177,45 @@ def test_the_table_lists_every_acl_an_app_needs_and_each_one_is_needed(secured_k
 
         described = str(refused.value)
         assert name in described and f"{refused.value.resource_type} " in described, (role, operation, described)
+
+
+def test_a_re_keying_app_joining_a_table_runs_as_a_user_holding_exactly_its_acls(secured_kafka, unique_name, tmp_path):
+    """Orders keyed by order re-keyed by customer through the repartition topic (purged as it goes),
+    joined (inner) with a partitioned table of the customers it holds, and summed, exactly once: the
+    table's topic, the repartition topic and the rest, each with only the operations the ACL table
+    lists."""
+    user, password = unique_name("user"), secrets.token_urlsafe(16)
+    secured_kafka.admin().add_user(user, password)
+    tiers = {f"c{c}": f"t{c % 4}" for c in range(0, 30, 2)}  # the odd customers have no profile
+    customers = unique_name("customers")
+    create_topic(secured_kafka.internal, customers, PARTITIONS, {**COMPACT_FAST, "cleanup.policy": "compact"})
+    profile_records = [(c.encode(), orjson.dumps({"tier": t})) for c, t in tiers.items()]
+    # Placed as the repartition topic places them.
+    produce(secured_kafka.internal, customers, profile_records, partitioner="murmur2_random")
+    orders = [(f"o{i}".encode(), value) for i, (_, value) in enumerate(make_orders(ORDERS, customers=30))]
+    source = orders_topic(secured_kafka.internal, unique_name("orders"), PARTITIONS, orders)
+    app = App(
+        name=unique_name("profiled"),
+        source=source,
+        stores=["totals"],
+        state_dir=tmp_path,
+        kafka=secured_kafka.sasl_settings(user, password),
+        processing_guarantee="exactly-once",
+        changelog_config=COMPACT_FAST,
+        consumer_config=FAST_GROUP,
+        **FAST_COMMITS,
+    )
+    profiles = app.table(customers, name="profiles")
+    app.dataframe().group_by("customer").join(profiles, on_merge="keep-left").aggregate(Sum("amount"), name="total")
+    grant_exactly(secured_kafka, app, f"User:{user}")
+
+    report = app.run_worker(max_seconds=120)
+
+    expected: dict[str, int] = {}
+    for _, value in orders:
+        order = orjson.loads(value)
+        if order["customer"] in tiers:
+            expected[order["customer"]] = expected.get(order["customer"], 0) + order["amount"]
+    assert report.stop_reason == "caught_up"
+    with app.read_state("totals") as reader:
+        assert {entry.message_key: entry.value for entry in reader.items()} == expected
