@@ -27,7 +27,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_stateful.checks import freshness_check_spec
+from dagster_stateful.checks import freshness_check_spec, table_check_spec
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicStatus
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
@@ -41,6 +41,7 @@ from dagster_stateful.naming import (
     source_key,
     state_topic_key,
     store_key,
+    table_store_key,
     worker_pool,
 )
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
@@ -173,12 +174,28 @@ def store_assets(
             metadata={f"store_{name}": value for name, value in app.store_profile(store).items()},
         )
         for store in app.stores
+    ] + [
+        AssetSpec(
+            table_store_key(app, table, translator),
+            deps=[translator.get_topic_key(topic)],
+            group_name=group_name(app, translator),
+            kinds={"rocksdb"},
+            partitions_def=partitions_def,
+            skippable=True,
+            description=f"Partitioned table `{table}` of app `{app.name}`, from the compacted topic `{topic}` (its "
+            "changelog): one database per Kafka partition, beside the task's stores, applied as far as the "
+            "task's commits say. Materialized by the worker runs of the app's stores.",
+            metadata={"table_topic": topic},
+        )
+        for table, topic in app.config.tables.items()
     ]
+    checks = [freshness_check_spec(app, store, max_changelog_lag, translator) for store in app.stores]
+    checks += [table_check_spec(app, table, translator) for table in app.config.tables]
 
     @multi_asset(
         name=job_name(app, "stores"),
         specs=specs,
-        check_specs=[freshness_check_spec(app, store, max_changelog_lag, translator) for store in app.stores],
+        check_specs=checks,
         can_subset=False,
         partitions_def=partitions_def,
         backfill_policy=BackfillPolicy.single_run(),

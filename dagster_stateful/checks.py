@@ -36,10 +36,11 @@ from dagster import (
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicAspect, TopicCheck, TopicStatus
 from dagster_stateful.core.queries.describe import PartitionDescription
+from dagster_stateful.core.queries.tables import TablePartitionDescription
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
-from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key
+from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key, table_store_key
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
@@ -257,6 +258,37 @@ def freshness_check_spec(
         description=f"Local state is at most {max_changelog_lag} changelog records behind (every partition on "
         "this machine, evaluated by each worker run).",
     )
+
+
+TABLE_POSITION_CHECK = "table_position_valid"
+
+
+def table_check_spec(app: App, table: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetCheckSpec:
+    """A partitioned table's check, evaluated by every worker run that materializes it."""
+    return AssetCheckSpec(
+        TABLE_POSITION_CHECK,
+        asset=table_store_key(app, table, translator),
+        description="The position the last commit applied the table to lies within its topic (past the end: "
+        "the topic was recreated, and workers read the table again from its beginning).",
+    )
+
+
+def table_verdict(descriptions: list[TablePartitionDescription]) -> Verdict:
+    """The table check's verdict on the table's partitions (`TABLE_POSITION_CHECK`'s result but for the key)."""
+    invalid = {d.partition: d.committed_position for d in descriptions if not d.position_valid}
+    return {
+        "passed": not invalid,
+        "severity": AssetCheckSeverity.ERROR,
+        "metadata": {
+            "partitions_past_the_end": len(invalid),
+            "records_not_applied": sum(d.records_not_applied for d in descriptions),
+        },
+        "description": None
+        if not invalid
+        else f"partitions {sorted(invalid)} recorded positions {invalid} past the end of "
+        f"{descriptions[0].topic}: the topic was recreated or truncated. Workers read the table again from its "
+        "beginning; check that the table's producers wrote it again in full.",
+    }
 
 
 def freshness_verdict(bound: App, store: str, max_changelog_lag: int) -> Verdict:

@@ -53,6 +53,10 @@ def store_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRA
     return translator.get_store_key(app, store)
 
 
+def table_store_key(app: App, table: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_table_store_key(app, table)
+
+
 def snapshot_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
     return translator.get_snapshot_key(app, store)
 

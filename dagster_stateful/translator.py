@@ -53,6 +53,10 @@ class StatefulTranslator:
     def get_store_key(self, app: App, store: str) -> AssetKey:
         return AssetKey([python_name(app), f"{store}_store"])
 
+    def get_table_store_key(self, app: App, table: str) -> AssetKey:
+        """A partitioned table's store (`App.table`), kept beside the stores of the app."""
+        return AssetKey([python_name(app), f"{table}_table"])
+
     def get_snapshot_key(self, app: App, store: str) -> AssetKey:
         return AssetKey([python_name(app), f"{store}_snapshot"])
 

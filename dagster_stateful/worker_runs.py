@@ -28,7 +28,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_stateful.checks import FRESHNESS_CHECK, freshness_verdict
+from dagster_stateful.checks import FRESHNESS_CHECK, TABLE_POSITION_CHECK, freshness_verdict, table_verdict
 from dagster_stateful.core.app import App
 from dagster_stateful.core.monitoring.report import WorkerReport
 from dagster_stateful.core.queries.describe import PartitionDescription
@@ -41,7 +41,7 @@ from dagster_stateful.metadata import (
     store_run_metadata,
     worker_metadata,
 )
-from dagster_stateful.naming import internal_topic_keys, store_key
+from dagster_stateful.naming import internal_topic_keys, store_key, table_store_key
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import state_sample
 from dagster_stateful.translator import StatefulTranslator
@@ -117,6 +117,28 @@ def run_store_worker(
                 },
             )
         yield AssetCheckResult(asset_key=key, check_name=FRESHNESS_CHECK, **verdict)
+    yield from _table_results(run, chosen, changed)
+
+
+def _table_results(
+    run: _WorkerRun, partitions: list[int], changed: bool
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """Per partitioned table: a materialization when the run changed something (where the commits
+    applied it, per partition), and its check's verdict."""
+    descriptions = run.bound.describe_tables(partitions) if run.app.config.tables else []
+    for table in run.app.config.tables:
+        key = table_store_key(run.app, table, run.translator)
+        mine = [d for d in descriptions if d.table == table]
+        if changed:
+            yield MaterializeResult(
+                asset_key=key,
+                metadata={
+                    "table_records_applied": run.report.table_records_applied,
+                    "records_not_applied": sum(d.records_not_applied for d in mine),
+                    "table_partitions": MetadataValue.json([d.to_dict() for d in mine]),
+                },
+            )
+        yield AssetCheckResult(asset_key=key, check_name=TABLE_POSITION_CHECK, **table_verdict(mine))
 
 
 def run_worker_step(
@@ -143,7 +165,25 @@ def run_worker_step(
     for _, key, verdict in run.freshness():
         # log_event takes an AssetCheckEvaluation (dagster 1.13 handles it); its annotation does not say so.
         context.log_event(AssetCheckEvaluation(asset_key=key, check_name=FRESHNESS_CHECK, **verdict))  # type: ignore[arg-type]
+    _log_table_partitions(context, run, touched)
     context.add_output_metadata(worker_metadata(report))
+
+
+def _log_table_partitions(context: OpExecutionContext, run: _WorkerRun, partitions: list[int]) -> None:
+    """A worker step's partitioned tables: a materialization per table partition of the partitions
+    it changed, and each table's check."""
+    if not run.app.config.tables:
+        return
+    descriptions = run.bound.describe_tables(partitions)
+    for description in descriptions:
+        key = table_store_key(run.app, description.table, run.translator)
+        context.log_event(
+            AssetMaterialization(asset_key=key, partition=str(description.partition), metadata=description.to_dict())
+        )
+    for table in run.app.config.tables:
+        key = table_store_key(run.app, table, run.translator)
+        verdict = table_verdict([d for d in descriptions if d.table == table])
+        context.log_event(AssetCheckEvaluation(asset_key=key, check_name=TABLE_POSITION_CHECK, **verdict))  # type: ignore[arg-type]
 
 
 def _run(

@@ -173,3 +173,62 @@ def test_a_partitioned_tables_topic_is_an_asset_upstream_of_the_stores_that_join
     assert topic not in deps_of(defs, store_key(other, "counts"))  # no edge that does not exist
     spec = defs.resolve_asset_graph().get(topic)
     assert "read by app `enriched` (as a partitioned table by `enriched`)" in (spec.description or "")
+
+
+def test_a_partitioned_table_is_a_store_asset_its_worker_runs_materialize_and_check(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    """Orders keyed by customer enriched with their customer's region from a partitioned table (left
+    join), totalled per customer: the table's store records where the run's commit applied it in
+    each partition, and its check passes; every order is counted. The worker job records each table
+    partition its run changed, and the check."""
+    source, customers = unique_name("orders"), unique_name("customers")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    create_topic(kafka_bootstrap, customers, PARTITIONS, {"cleanup.policy": "compact"})
+    regions = {f"c{c}": f"r{c % REGIONS}" for c in range(40)}
+    produce(kafka_bootstrap, customers, [(c.encode(), orjson.dumps({"region": r})) for c, r in regions.items()])
+    produce(kafka_bootstrap, source, [(key, value) for key, value in orders() if int(key[1:]) % 2 == 0])
+    app = App(
+        name=unique_name("enriched"), source=source, stores=["totals"], consumer_config=FAST_GROUP, **FAST_COMMITS
+    )
+    profiles = app.table(customers, name="profiles")
+    app.dataframe().join(profiles, how="left", on_merge="keep-right").aggregate(Sum("amount"), name="total")
+    kafka = KafkaResource(bootstrap_servers=kafka_bootstrap)
+    state_store = StateStoreResource(state_dir=str(tmp_path / "state"))
+    defs = build_stateful_definitions(app, PARTITIONS, kafka, state_store)
+    table_key = AssetKey([app.name.replace("-", "_"), "profiles_table"])
+
+    result = materialize(
+        [defs.get_assets_def(store_key(app, "totals"))],
+        resources={"kafka": kafka, "state_store": state_store},
+        instance=(instance := DagsterInstance.ephemeral()),
+        tags={"dagster/asset_partition_range_start": "0", "dagster/asset_partition_range_end": str(PARTITIONS - 1)},
+    )
+
+    recorded = {m.asset_key: m.metadata for m in result.asset_materializations_for_node(job_name(app, "stores"))}
+    partitions = orjson.loads(orjson.dumps(recorded[table_key]["table_partitions"].value))  # as a user reads it
+    assert [p["partition"] for p in partitions] == list(range(PARTITIONS))
+    assert all(p["committed_position"] == p["topic_end"] and p["position_valid"] for p in partitions), partitions
+    assert recorded[table_key]["table_records_applied"].value == len(regions)
+    [evaluation] = [e for e in result.get_asset_check_evaluations() if e.asset_key == table_key]
+    assert evaluation.passed
+    assert deps_of(defs, table_key) == {AssetKey(["kafka", customers])}
+    expected: dict[str, int] = {}
+    for key, value in orders():
+        if int(key[1:]) % 2 == 0:
+            expected[key.decode()] = expected.get(key.decode(), 0) + orjson.loads(value)["amount"]
+    with state_store.bind(app, kafka).read_state("totals") as reader:
+        assert {entry.message_key: entry.value for entry in reader.items()} == expected
+
+    produce(kafka_bootstrap, source, [(key, value) for key, value in orders() if int(key[1:]) % 2 == 1])
+    job = defs.resolve_job_def(job_name(app, "worker")).execute_in_process(
+        instance=instance, run_config={"ops": {job_name(app, "run_worker_op"): {"config": {"max_seconds": 120}}}}
+    )
+    events = [
+        e.event_specific_data.materialization  # type: ignore[union-attr]
+        for e in job.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    assert sorted(str(m.partition) for m in events if m.asset_key == table_key) == [str(p) for p in range(PARTITIONS)]
+    checked = [e for e in job.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert any(e.event_specific_data.asset_key == table_key and e.event_specific_data.passed for e in checked)  # type: ignore[union-attr]

@@ -97,6 +97,8 @@ class WorkerReport:
     rekeyed: dict[int, int] = field(default_factory=dict)
     """A re-keying app: source messages sent on to the repartition topic (or passed by the error
     policy), per source partition."""
+    table_records_applied: int = 0
+    """Records of the partitioned tables applied (again, after a roll-back) in this run."""
     upstream_lag: dict[int, int] = field(default_factory=dict)
     """A re-keying app: messages left per source partition."""
     seconds: float = 0.0

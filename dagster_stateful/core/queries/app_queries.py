@@ -20,6 +20,7 @@ from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.queries.describe import PartitionDescription, describe_partitions
 from dagster_stateful.core.queries.key_location import KeyLocation, locate_key
 from dagster_stateful.core.queries.key_reads import KeyRead, read_key
+from dagster_stateful.core.queries.tables import TablePartitionDescription, describe_tables
 from dagster_stateful.core.recovery.verification import Digest, replay_digest
 from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
@@ -60,6 +61,12 @@ class AppQueries(ABC):
         """Offsets, lag, keys and bytes of each store partition, without running a worker."""
         with kafka_errors(f"describing the state of app {self.name!r}"):
             return describe_partitions(self.config, self.kafka, self.state, partitions, stores)
+
+    def describe_tables(self, partitions: Iterable[int] | None = None) -> list[TablePartitionDescription]:
+        """Per partitioned table and partition: the position the group's last commit applied it to,
+        the table's end, and the records not applied yet."""
+        with kafka_errors(f"describing the tables of app {self.name!r}"):
+            return describe_tables(self.config, self.kafka, self.state, partitions)
 
     def replay_digest(self, store: str, partition: int) -> Digest:
         """Digest of a store partition rebuilt from its changelog alone, in a scratch directory."""

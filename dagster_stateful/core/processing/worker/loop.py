@@ -189,6 +189,7 @@ class Worker:
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
             report.messages_in_columns = self._batches.messages_in_columns
+            report.table_records_applied = self._tables.applied
             try:
                 report.lag, *upstream = self._progress.lags()
                 report.upstream_lag = upstream[0] if upstream else {}
