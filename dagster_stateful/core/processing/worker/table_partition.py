@@ -58,6 +58,8 @@ class TablePartition:
         """The offset after the last record (or end) the table consumer handed over."""
         self.paused = False
         """Whether fetching waits for the pending records to be applied."""
+        self.assigned = False
+        """Whether the table consumer fetches the partition."""
 
     def open(self, lock_seconds: float) -> tuple[int | None, int]:
         """Open the database; returns its (offset, newest timestamp), or (None, -1) with nothing stored."""

@@ -165,18 +165,18 @@ class PartitionedTables:
             partitions = self._kafka.partition_count(self._config.task_topic) or 0
             rekeyed = self._config.repartition_topic is not None
             self._placement = PlacementCheck(self._config.task_topic, partitions, rekeyed)
-        held, opened = [], []
-        for table in self._tables:
-            table_partition = TablePartition(table, partition, self._app_dir / TABLES_DIR / table.name / str(partition))
-            opened.append(table_partition.open(self._deadline.bound(LOCK_SECONDS)))
-            held.append(table_partition)
-            self._by_topic_partition[(table.topic, partition)] = table_partition
+        held: list[TablePartition] = []
         task = TaskTables(self, partition, held, recorded.get(JOIN_STREAM_TIME, NO_TIME))
         self.tasks[partition] = task
         try:
-            for table_partition, (stored, newest) in zip(held, opened, strict=True):
-                committed = recorded.get(table_entry(table_partition.table.name))
-                self._catch_up(table_partition, stored, newest, committed)
+            for table in self._tables:
+                table_partition = TablePartition(
+                    table, partition, self._app_dir / TABLES_DIR / table.name / str(partition)
+                )
+                stored, newest = table_partition.open(self._deadline.bound(LOCK_SECONDS))
+                held.append(table_partition)
+                self._by_topic_partition[(table.topic, partition)] = table_partition
+                self._catch_up(table_partition, stored, newest, recorded.get(table_entry(table.name)))
         except BaseException:
             self.close(partition)
             raise
@@ -241,12 +241,12 @@ class PartitionedTables:
 
     def _assign(self, held: TablePartition) -> None:
         self._consumer_of().incremental_assign([TopicPartition(held.table.topic, held.partition, held.applied)])
-        held.paused = False
+        held.paused, held.assigned = False, True
 
     def reposition(self, partitions: list[TablePartition]) -> None:
         """Fetch these partitions again from what they applied (after a roll-back)."""
         consumer = self._consumer_of()
-        consumer.incremental_unassign([held.topic_partition for held in partitions])
+        consumer.incremental_unassign([held.topic_partition for held in partitions if held.assigned])
         for held in partitions:
             held.fetched = held.applied
             held.pending.clear()
@@ -389,8 +389,9 @@ class PartitionedTables:
         for held in task.held:
             self._by_topic_partition.pop((held.table.topic, partition), None)
             held.close()
-        if self._consumer is not None:
-            self._consumer.incremental_unassign([held.topic_partition for held in task.held])
+        assigned = [held.topic_partition for held in task.held if held.assigned]
+        if self._consumer is not None and assigned:
+            self._consumer.incremental_unassign(assigned)
 
     def close_all(self, seconds: float) -> None:
         for partition in list(self.tasks):
