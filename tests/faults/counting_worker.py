@@ -159,8 +159,9 @@ class WorkerSpec:
     table_topic: str = ""
     """Join every order first (inner, on its message key, the customer) with the versioned
     partitioned table of this compacted topic, co-partitioned with the source, which holds every
-    customer: a table partition missing one, or committed out of step with the orders, would drop
-    its orders, which the judge counts as lost ("": no join)."""
+    customer, and keep only the orders that joined their customer's last profile: a table partition
+    missing a customer or holding an older profile would drop its orders, which the judge counts as
+    lost ("": no join)."""
     regroup: bool = False
     """Re-key every order by its "customer" field first (`group_by`), through the app's repartition
     topic: the state then belongs to the repartition topic's partitions, under the same keys."""
@@ -171,6 +172,13 @@ class WorkerSpec:
     @classmethod
     def from_json(cls, text: str) -> WorkerSpec:
         return cls(**json.loads(text))
+
+
+def joined_its_latest_profile(order: dict) -> bool:
+    """Whether the order joined the tier its customer's last profile gives (`scenarios.customers_table`
+    writes three rounds of profiles before any order): an order joined with another is dropped, and
+    the judge counts it as lost."""
+    return order.get("tier") == f"t{(int(order['customer'][1:]) + 2) % 3}"
 
 
 def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -> App:
@@ -206,7 +214,7 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         frame.join(app.global_table(spec.lookup_topic, name="customers"), on="customer", on_merge="keep-left")
     if spec.table_topic:
         table = app.table(spec.table_topic, name="profiles", history=24 * 3600 * 1000)
-        frame.join(table, on_merge="keep-left")
+        frame.join(table, on_merge="keep-left").filter(joined_its_latest_profile)
     if spec.regroup:
         frame.group_by("customer")
     if spec.windowed:
