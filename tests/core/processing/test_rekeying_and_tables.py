@@ -9,13 +9,16 @@ import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from dagster_stateful.core import App, Count, Sum
+from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.kafka.provisioning import TopicRole
 from dagster_stateful.core.kafka.security.acl_model import AclRequirement, Operation, ResourceType
 from dagster_stateful.core.kafka.security.acls import required_acls
 from dagster_stateful.core.kafka.security.authorization import consuming, producing
 from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed
+from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.rekeying import Rekeying, RoutedBatches
+from dagster_stateful.core.processing.worker.tables import MAX_WAITING, PartitionedTables, TaskTables
 from dagster_stateful.errors import ConfigurationError
 
 
@@ -195,3 +198,42 @@ def test_a_batch_of_both_topics_goes_each_run_to_its_path_and_the_source_is_sent
     assert state.runs == [[(repartition, 0, False)], [("orders", 13, True)]]
     assert bad_input.skipped == 1 and counts == {0: 4}, "four source records passed (one by the error policy)"
     assert rekeying.offsets_to_commit() == [TopicPartition("orders", 0, 14)]
+
+
+def test_records_joining_a_versioned_table_wait_out_their_grace_in_offset_order(tmp_path):
+    """Stream time per partition is the newest timestamp read there; a record is released once it
+    passes the record's timestamp plus the grace, after every record before it (offset order); a
+    roll-back forgets what waits and where stream time was; too many waiting release the oldest."""
+    app = App(name="graced", source="orders", stores=["totals"], state_dir=tmp_path)
+    profiles = app.table("profiles", history=60_000)
+    app.dataframe().join(profiles, grace=1_000)
+    tables = PartitionedTables(
+        app._dataframe.table_joins.values(),
+        app.config,
+        KafkaClients({"bootstrap.servers": "127.0.0.1:9"}),
+        tmp_path,
+        BadInputHandler(app.config.on_error, lambda *_: None, app.config.dead_letter_topic),
+        Deadline(None),
+    )
+    task = TaskTables(tables, 0, [], stream_time=-1)
+    tables.tasks[0] = task
+
+    def record(offset: int, timestamp: int) -> Message:
+        return Message(topic="orders", partition=0, offset=offset, key=b"c1", value=b"{}", timestamp=(1, timestamp))
+
+    for offset, timestamp in enumerate([5_000, 4_000, 5_500, 5_900]):
+        assert tables.hold(record(offset, timestamp))
+    assert task.released == [] and tables.first_waiting(0) == 0
+    tables.hold(record(4, 6_000))  # stream time 6000: 5000 and the 4000 after it have waited 1 s
+    assert [m.offset() for m in task.released] == [0, 1]
+    tables.hold(record(5, 7_000))
+    assert [m.offset() for m in task.released] == [0, 1, 2, 3, 4]
+    assert task.positions_to_commit()["join:stream-time"] == 7_000
+
+    task.roll_back()
+    assert task.released == [] and task.stream_time == -1 and tables.first_waiting(0) is None
+    assert not tables.hold(Message(topic="orders", partition=9, offset=0, key=b"k", value=b"{}", timestamp=(1, 0)))
+
+    for offset in range(MAX_WAITING + 1):
+        tables.hold(record(offset, 10_000))
+    assert len(task.waiting) == MAX_WAITING and tables.released_early == 1

@@ -29,7 +29,8 @@ nothing).
 offset order, until the partition's stream time (the newest timestamp read there) reaches their
 timestamp plus the grace: table updates arriving late in that time are seen. A waiting record is
 not processed, so the partition's committed offset stays before it; a run that stops reads it
-again next time. The stream time is committed with the table positions.
+again next time. The stream time is committed with the table positions. At most `MAX_WAITING`
+records wait per partition: past that the oldest joins early, with a warning.
 
 A table record whose key or value does not decode goes to the error policy, named by the table's
 topic, partition and offset.
@@ -66,6 +67,8 @@ PENDING_LIMIT = 50_000
 STABLE_END_AFTER_SECONDS = 0.5
 """Fetching a table's partition up to its end for longer than this asks where a `read_committed`
 reader stops (the last stable offset, before an open transaction)."""
+MAX_WAITING = 200_000
+"""Records that may wait for a join's grace per partition (about 100 MiB of typical records)."""
 LOCK_SECONDS = 30.0
 """How long opening a table partition waits for its previous holder on this machine to let it go."""
 
@@ -138,6 +141,8 @@ class PartitionedTables:
         self.applied = 0
         """Table records applied in this run (again after a roll-back too)."""
         self._placement: PlacementCheck | None = None
+        self.released_early = 0
+        """Records that joined before their grace passed, to keep the records waiting within `MAX_WAITING`."""
         for table in self._tables:
             table.bind_reader(self._reader(table.name))
 
@@ -368,7 +373,24 @@ class PartitionedTables:
         reached = task.stream_time - self.grace_ms
         while waiting and waiting[0].timestamp()[1] <= reached:
             task.released.append(waiting.popleft())
+        if len(waiting) > MAX_WAITING:
+            self._release_early(task)
         return True
+
+    def _release_early(self, task: TaskTables) -> None:
+        """Memory is bounded: past `MAX_WAITING` records waiting in a partition, the oldest joins now."""
+        task.released.append(task.waiting.popleft())
+        self.released_early += 1
+        if self.released_early == 1:
+            log.warning(
+                "%s[%d] holds more than %d records waiting for the grace of %d ms: the oldest join before their "
+                "grace has passed (a table update later than that is missed). Shorten the grace, or give the "
+                "partition fewer records per grace period",
+                self._config.task_topic,
+                task.partition,
+                MAX_WAITING,
+                self.grace_ms,
+            )
 
     def released(self) -> TaskTables | None:
         """A task partition with records released and not processed yet (None: none has)."""
