@@ -22,7 +22,6 @@ from typing import Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
-from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.processing.dsl.group_by import GroupBy
 from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed, run_chain
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
@@ -126,44 +125,65 @@ class Rekeying:
     def process(self, messages: list[Message], start: int, end: int, budget: int) -> tuple[int, int]:
         """Process `messages[start:end]` (all of this topic) until `budget` of them were; returns the
         index of the next message and how many were processed (or passed by the error policy).
-        Messages of partitions no longer held are left alone."""
+        Messages of partitions no longer held are left alone. Without steps before `group_by`, a
+        record goes on with its value's bytes as they came (decoded for its new key only)."""
         index, done = start, 0
-        grouping = self._grouping
-        while index < end and done < budget:
-            message = messages[index]
-            index += 1
-            _, partition, offset = position(message)
-            held = self.positions.get(partition)
-            if held is None:
-                continue
-            try:
+        grouping, positions, counts = self._grouping, self.positions, self.counts
+        loads, new_key, key_dumps = self._value_loads, grouping.new_key, self._key_dumps
+        produce, target = self._produce, self.target
+        as_received = not grouping.before
+        sent = 0
+        try:
+            while index < end and done < budget:
+                message = messages[index]
+                index += 1
+                partition: int = message.partition()  # type: ignore[assignment]  # a record's: set
+                held = positions.get(partition)
+                if held is None:
+                    continue
                 raw = message.value()
-                value = self._value_loads(raw) if raw is not None else None
-            except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-                self._bad_input.handle(message, "deserializing the value", error)
-            else:
-                self._send(message, grouping, value)
-            held.next_offset = offset + 1
-            self.counts[partition] = self.counts.get(partition, 0) + 1
-            done += 1
+                try:
+                    value = loads(raw) if raw is not None else None
+                    if as_received:
+                        key, encoded = key_dumps(new_key(value)), raw
+                    else:
+                        key, encoded = self._encoded(value)
+                except StepFailed as failure:
+                    self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
+                except _Dropped:
+                    pass
+                except Exception as error:  # noqa: BLE001 - codec failures are bad input
+                    self._bad_input.handle(message, self._stage_of(raw, error), error)
+                else:
+                    produce(target, key, encoded, None, None, message.timestamp()[1])
+                    sent += 1
+                held.next_offset = message.offset() + 1  # type: ignore[operator]  # a record's: set
+                counts[partition] = counts.get(partition, 0) + 1
+                done += 1
+        finally:
+            self.unflushed += sent
         return index, done
 
-    def _send(self, message: Message, grouping: GroupBy, value: object) -> None:
+    def _encoded(self, value: object) -> tuple[bytes, bytes]:
+        """The new key and the value, encoded, after the steps before `group_by` (`_Dropped`: a filter
+        dropped it)."""
+        value = run_chain(self._grouping.before, value, {})
+        if value is DROPPED:
+            raise _Dropped
+        return self._key_dumps(self._grouping.new_key(value)), self._value_dumps(value)
+
+    def _stage_of(self, raw: bytes | None, error: Exception) -> str:
+        """What failed for a record: decoding its value, or encoding its new key or value."""
         try:
-            if grouping.before:
-                value = run_chain(grouping.before, value, {})
-                if value is DROPPED:
-                    return
-            key = self._key_dumps(grouping.new_key(value))
-            encoded = self._value_dumps(value)
-        except StepFailed as failure:
-            self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
-            return
-        except Exception as error:  # noqa: BLE001 - a key or value the serdes refuse is bad input
-            self._bad_input.handle(message, f"group_by {grouping.name!r}: serializing the new key or value", error)
-            return
-        self._produce(self.target, key, encoded, None, None, message.timestamp()[1])
-        self.unflushed += 1
+            if raw is not None:
+                self._value_loads(raw)
+        except Exception:  # noqa: BLE001 - the value does not decode
+            return "deserializing the value"
+        return f"group_by {self._grouping.name!r}: serializing the new key or value"
+
+
+class _Dropped(Exception):
+    """A step before `group_by` dropped the record."""
 
 
 class BatchPath(Protocol):
