@@ -21,6 +21,23 @@ in a process of its own, one after another:
   stops when its aggregator added the last order, this engine's when its worker saw both topics
   caught up (the source's offsets committed, the repartition topic processed to its end). Quix
   Streams is left out of this workload: its runner (bench/quix/quix_totals.py) has no group_by.
+- "join": a stream-table join, then a sum per tier. A compacted table topic of --customers customers
+  (as many partitions as the orders' topic, keyed by the orders' key strings c<k>, value
+  {"tier": "t<n>"}, one of --tiers tiers: see Workload.tier), produced before the orders (its
+  timestamps a minute earlier); then --messages orders over those customers, each (no tier in it)
+  joined (inner) with its customer's row, re-keyed by the tier it got and summed per tier: this
+  engine's `join(customers, how="inner", on_merge="keep-left").group_by("tier").aggregate(Sum("amount"))`
+  (`engine`: `.update(...)`), Kafka Streams' `join(builder.table(<table topic>), joiner)` (a persistent
+  store; topology.optimization=all, so the table's topic is its changelog too) then
+  `groupBy((key, value) -> tier).aggregate(...)` through its repartition topic. This engine's table is
+  --engine-join: "table", a partitioned table on the message key (`app.table`), which the engine
+  refuses before a `group_by` today (it joins on the key the state is partitioned by), or "global"
+  (the default while it does), a global table looked up by the order's "customer" field
+  (`app.global_table`; the same rows, every partition of the table read by the one worker, as Kafka
+  Streams' one stream thread reads every partition of its KTable). Messages/s as for "group_by", from
+  the start (the table's read included, for both) until every order was in its tier's total; the
+  totals per tier are checked against the ones recomputed from the orders and the table. Quix
+  Streams is left out, as on "group_by".
 
 Systems: `engine` (bench/engine_totals.py: a stateful `update` reading and writing the total, the
 same computation as Quix's), `engine-aggregate` (the same script keeping the total with the
@@ -33,11 +50,11 @@ this engine: its 64 MiB one). Each figure is the median of --runs runs; every ru
 checked against the totals recomputed from the source (a faster wrong answer fails the run and the
 script). The peak RSS of each system's process is reported too.
 
-Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py); on "group_by" only
-consuming its source (the first of its two hops).
+Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py); on "group_by" and
+"join" only consuming the orders (the first of their two hops).
 
 Targets (bench/targets.py): the columnar aggregation at least 1.5x Kafka Streams' single thread
-with 10k keys, 2x with 1M keys and 1.5x on "group_by", the restore at least 1x, and peak RSS no
+with 10k keys, 2x with 1M keys and 1.5x on "group_by" and on "join", the restore at least 1x, and peak RSS no
 higher than Kafka Streams', each printed as met or missed. For a missed rate the engine runs once
 more under cProfile on that workload (its totals checked too; --no-profile skips it) and the
 profile is printed.
@@ -48,6 +65,7 @@ Output: a table on stdout (the machine and settings first), then the targets, an
     .venv/bin/python bench/bench_compare.py                      # everything, about 30 minutes
     .venv/bin/python bench/bench_compare.py --messages 200000 --distinct-keys 200000 --runs 1
     .venv/bin/python bench/bench_compare.py --workloads group_by --messages 500000
+    .venv/bin/python bench/bench_compare.py --workloads join --messages 500000
 
 Only the topics of the workloads chosen are produced (and only their ceilings measured).
 """
@@ -69,22 +87,29 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_core import amount, create_topic, engine_revision, load, produce_orders, total_ram
+from bench_core import PRODUCER_SETTINGS, amount, create_topic, engine_revision, load, produce_orders, total_ram
 from bench_kafka_streams import build_app, read_store_dump, run_java, run_restore, run_totals
 from bench_restore import bench_broker
 from ceilings import Ceiling, consume_only, parse_and_total, with_changelog
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from quix_venv import quix_python
 from targets import Verdict, print_verdicts, verdicts
 
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("engine", "engine-aggregate", "quix", "kafka-streams", "kafka-streams-N")
 ENGINES = ("engine", "engine-aggregate")
-WORKLOADS = ("10k keys", "1M keys", "restore", "group_by")
+WORKLOADS = ("10k keys", "1M keys", "restore", "group_by", "join")
 RESTORING_SYSTEMS = ("engine", "quix", "kafka-streams")
 REKEYING_SYSTEMS = ("engine", "engine-aggregate", "kafka-streams", "kafka-streams-N")
-"""The systems of the "group_by" workload: Quix's runner has no group_by."""
+"""The systems of the "group_by" and "join" workloads: Quix's runner has no group_by."""
+REKEYING_WORKLOADS = ("group_by", "join")
 REKEY_FIELD = "region"
+COMPACTED = {"cleanup.policy": "compact"}
+JOIN_FIELD = "tier"
+"""The field of the "join" workload's table rows that the orders are re-keyed and summed by."""
+ENGINE_JOINS = ("global", "table")
+"""This engine's table on "join" (engine_totals.py --join-kind): a global table or a partitioned one."""
 
 
 @dataclass
@@ -126,10 +151,24 @@ class Workload:
     regions: int = 0
     """Re-keyed ("group_by") when positive: each order carries its customer's region, one of this
     many, and the totals are per region."""
+    tiers: int = 0
+    """Joined ("join") when positive: a customer's tier, one of this many, is in `table` only; the
+    orders are joined with it and the totals are per tier."""
+    table: str = ""
+    """The compacted table topic of "join": customer key -> {"tier": ...}, one row per customer."""
 
     @property
     def rekeyed(self) -> bool:
-        return self.regions > 0
+        return self.regions > 0 or self.tiers > 0
+
+    @property
+    def joined(self) -> bool:
+        return self.tiers > 0
+
+    @property
+    def rekey_field(self) -> str | None:
+        """The field the orders are re-keyed by (after the join, for "join"), if they are."""
+        return JOIN_FIELD if self.joined else REKEY_FIELD if self.regions > 0 else None
 
     def key(self, i: int) -> str:
         return f"c{i % self.keys}"
@@ -138,10 +177,19 @@ class Workload:
         """The region of order i's customer (customer c<k> lives in region r<k mod regions>)."""
         return f"r{i % self.keys % self.regions}"
 
+    def tier(self, customer: int) -> str:
+        """Customer c<customer>'s tier in the table: a hash of the number, so that a join that read
+        another customer's row would, most of the time, put the order in another tier."""
+        return f"t{(customer * 2654435761 % 2**32 >> 16) % self.tiers}"
+
+    def order_tier(self, i: int) -> str:
+        return self.tier(i % self.keys)
+
     def expected(self, appended: list[list[tuple[str, int]]]) -> dict[str, int]:
-        """Each key's total (each region's, re-keyed); `appended`: the restores' (key, amount) rounds."""
+        """Each key's total (each region's or tier's, re-keyed); `appended`: the restores' (key, amount)
+        rounds."""
         totals: dict[str, int] = {}
-        group = self.region if self.rekeyed else self.key
+        group = self.order_tier if self.joined else self.region if self.regions > 0 else self.key
         for i in range(self.messages):
             key = group(i)
             totals[key] = totals.get(key, 0) + amount(i)
@@ -234,7 +282,8 @@ class Systems:
                 "--partitions",
                 str(self.args.partitions),
                 *(["--aggregate"] if system == "engine-aggregate" else []),
-                *(["--group-by", REKEY_FIELD] if workload.rekeyed else []),
+                *(["--join-table", workload.table, "--join-kind", self.args.engine_join] if workload.joined else []),
+                *(["--group-by", workload.rekey_field] if workload.rekey_field is not None else []),
                 *engine_options,
             ]
         elif system == "quix":
@@ -265,8 +314,15 @@ class Systems:
                 "seconds_until_processing": restored.seconds_first_record,
             }
         else:
-            group_by = REKEY_FIELD if workload.rekeyed else None
-            run = run_totals(*arguments, interval, threads, dump_path=dump, group_by=group_by)
+            run = run_totals(
+                *arguments,
+                interval,
+                threads,
+                dump_path=dump,
+                group_by=workload.rekey_field,
+                join_table=workload.table if workload.joined else None,
+                join_field=JOIN_FIELD if workload.joined else None,
+            )
         result |= {"messages": run.messages, "seconds": run.seconds, "totals": read_store_dump(dump)}
         return result, run.peak_rss_mib or 0.0
 
@@ -344,9 +400,9 @@ def append_orders(bootstrap: str, workload: Workload, count: int, round_: int) -
 def ceilings(bootstrap: str, topics: dict[str, Workload], args: argparse.Namespace) -> list[dict]:
     """The plain loops on the topics produced (`topics`: by workload): consume only and with parsing and
     totals on the 10k-key topic, with parsing and totals and with a changelog on the 1M-key one, and
-    consume only on the "group_by" one (the first of its two hops)."""
+    consume only on the "group_by" and "join" ones (the orders: the first of their two hops)."""
     measured: list[tuple[str, Workload, Callable[[], Ceiling]]] = []
-    few, many, rekeyed = topics.get("10k keys"), topics.get("1M keys"), topics.get("group_by")
+    few, many = topics.get("10k keys"), topics.get("1M keys")
     if few is not None:
         measured.append(("10k keys", few, partial(consume_only, bootstrap, few.topic, args.partitions)))
         measured.append(("10k keys", few, partial(parse_and_total, bootstrap, few.topic, args.partitions)))
@@ -361,8 +417,10 @@ def ceilings(bootstrap: str, topics: dict[str, Workload], args: argparse.Namespa
                 partial(with_changelog, bootstrap, many.topic, args.partitions, changelog, args.commit_interval),
             )
         )
-    if rekeyed is not None:
-        measured.append(("group_by", rekeyed, partial(consume_only, bootstrap, rekeyed.topic, args.partitions)))
+    for label in REKEYING_WORKLOADS:
+        rekeyed = topics.get(label)
+        if rekeyed is not None:
+            measured.append((label, rekeyed, partial(consume_only, bootstrap, rekeyed.topic, args.partitions)))
     rows = []
     for label, workload, measure in measured:
         ceiling = measure()
@@ -472,8 +530,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keys", type=int, default=10_000, help="keys of the '10k keys' workload")
     parser.add_argument("--distinct-keys", type=int, default=1_000_000, help="keys of the '1M keys' workload")
     parser.add_argument("--restore-messages", type=int, default=60, help="orders appended before each restore")
-    parser.add_argument("--customers", type=int, default=100_000, help="customers (message keys) of 'group_by'")
+    parser.add_argument(
+        "--customers", type=int, default=100_000, help="customers (message keys) of 'group_by' and 'join' (table rows)"
+    )
     parser.add_argument("--regions", type=int, default=1_000, help="regions (new keys) of 'group_by'")
+    parser.add_argument("--tiers", type=int, default=8, help="tiers (new keys) of 'join', in the customers' table")
+    parser.add_argument(
+        "--engine-join",
+        choices=ENGINE_JOINS,
+        default="global",
+        help="this engine's table on 'join': a global table, or a partitioned one (App.table; the engine "
+        "refuses its join before group_by today)",
+    )
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds, for every system")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is reported)")
@@ -485,7 +553,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where the JSON and PNG go")
     args = parser.parse_args()
-    counts = (args.messages, args.keys, args.distinct_keys, args.restore_messages, args.customers, args.regions)
+    counts = (
+        *(args.messages, args.keys, args.distinct_keys, args.restore_messages),
+        *(args.customers, args.regions, args.tiers),
+    )
     if min(*counts, args.partitions, args.runs) <= 0:
         parser.error("counts must be positive")
     if "restore" in args.workloads and "1M keys" not in args.workloads:
@@ -509,6 +580,15 @@ def print_settings(args: argparse.Namespace) -> None:
             f"group_by:         {args.customers:,} customers (message keys) re-keyed by {REKEY_FIELD!r} "
             f"({args.regions:,} regions) through a repartition topic of {args.partitions} partitions{left_out}"
         )
+    if "join" in args.workloads:
+        left_out = " (Quix Streams left out)" if "quix" in args.systems else ""
+        engine = {"global": "a global table (App.global_table)", "table": "a partitioned table (App.table)"}
+        print(
+            f"join:             a compacted table of {args.customers:,} customers ({args.tiers} tiers, "
+            f"{args.partitions} partitions), produced first; orders joined (inner) with it, re-keyed by "
+            f"{JOIN_FIELD!r} and summed; this engine: {engine[args.engine_join]}; Kafka Streams: a KTable, "
+            f"topology.optimization=all{left_out}"
+        )
 
 
 def main() -> None:
@@ -518,7 +598,7 @@ def main() -> None:
     ceiling_rows: list[dict] = []
     with bench_broker("bench-compare-") as (bootstrap, work):
         systems = Systems(bootstrap, work, args)
-        only_rekeying = args.workloads == ["group_by"]
+        only_rekeying = set(args.workloads) <= set(REKEYING_WORKLOADS)
         systems.prepare([name for name in args.systems if name in REKEYING_SYSTEMS or not only_rekeying])
         topics = prepare_topics(bootstrap, args)
         if not args.no_ceilings:
@@ -534,9 +614,10 @@ def main() -> None:
             if "restore" in args.workloads:
                 groups = {f.system: f.last_group for f in many_figures if f.system in RESTORING_SYSTEMS}
                 figures += restores(systems, bootstrap, groups, many, args.runs, args.restore_messages, appended)
-        if "group_by" in topics:
-            rekeying = [name for name in args.systems if name in REKEYING_SYSTEMS]
-            figures += processing(systems, rekeying, topics["group_by"], "group_by", args.runs)
+        rekeying = [name for name in args.systems if name in REKEYING_SYSTEMS]
+        for label in REKEYING_WORKLOADS:
+            if label in topics:
+                figures += processing(systems, rekeying, topics[label], label, args.runs)
         found = verdicts(figures)
         if not args.no_profile:
             profile_missed(systems, found, topics, groups.get("engine"), appended)
@@ -586,15 +667,65 @@ def prepare_topics(bootstrap: str, args: argparse.Namespace) -> dict[str, Worklo
     if "group_by" in args.workloads:
         topic = f"bench-regions-{uuid.uuid4().hex[:6]}"
         chosen["group_by"] = Workload(topic, args.messages, args.customers, args.regions)
+    if "join" in args.workloads:
+        run_id = uuid.uuid4().hex[:6]
+        chosen["join"] = Workload(
+            f"bench-join-orders-{run_id}",
+            args.messages,
+            args.customers,
+            tiers=args.tiers,
+            table=f"bench-join-customers-{run_id}",
+        )
     for workload in chosen.values():
+        if workload.joined:
+            prepare_table(bootstrap, workload, args)
         prepare_topic(bootstrap, workload, args)
     return chosen
+
+
+def prepare_table(bootstrap: str, workload: Workload, args: argparse.Namespace) -> None:
+    """The "join" workload's compacted table topic (the orders' partition count): one row
+    {"tier": ...} per customer, keyed by the orders' key strings with the orders' producer settings
+    (so a customer's row and orders land in the same partition), its timestamps a minute before
+    now (before every order's)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(workload.table, num_partitions=args.partitions, replication_factor=1, config=COMPACTED)
+    admin.create_topics([topic])[workload.table].result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS})
+    errors: list[str] = []
+
+    def on_delivery(error: Any, _message: Any) -> None:
+        if error is not None:
+            errors.append(str(error))
+
+    began = time.monotonic()
+    timestamp = int(time.time() * 1000) - 60_000
+    for k in range(workload.keys):
+        row = orjson.dumps({JOIN_FIELD: workload.tier(k)})
+        while True:
+            try:
+                producer.produce(
+                    workload.table,
+                    key=workload.key(k).encode(),
+                    value=row,
+                    timestamp=timestamp,
+                    on_delivery=on_delivery,
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120) or errors:
+        raise SystemExit(f"FAILED: producing the table {workload.table}: {errors[:5]}")
+    print(
+        f"produced {workload.keys:,} customers ({workload.tiers} tiers) to the compacted table {workload.table} "
+        f"in {time.monotonic() - began:.1f} s"
+    )
 
 
 def prepare_topic(bootstrap: str, workload: Workload, args: argparse.Namespace) -> Workload:
     create_topic(bootstrap, workload.topic, args.partitions)
     keys = [workload.key(k) for k in range(workload.keys)]
-    if workload.rekeyed:  # each customer lives in one region: the totals per region can be recomputed
+    if workload.regions > 0:  # each customer lives in one region: the totals per region can be recomputed
         seconds = produce_orders(
             bootstrap,
             workload.topic,

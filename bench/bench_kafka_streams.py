@@ -43,7 +43,9 @@ which reaches Maven Central the first time.
 
 As a library (bench/bench_compare.py): build_app() once, then run_totals() runs the app with no output
 topic (with group_by="region": re-keyed by the value's "region" through a repartition topic first, for
-bench_compare's "group_by" workload) and, once the expected records were aggregated, writes its whole
+bench_compare's "group_by" workload; with join_table and join_field="tier" as well, each order is first
+joined with the KTable of that compacted topic, which adds the customer's "tier" to it, for its "join"
+workload) and, once the expected records were aggregated, writes its whole
 store (read through interactive queries) to a file (read_store_dump); run_restore() runs it again
 for the same application id with its local state deleted, so the store is restored from the
 changelog, processes the records appended since and reports the restore (a StateRestoreListener)
@@ -314,9 +316,13 @@ def app_command(
     restore: bool = False,
     leave_group: bool = False,
     group_by: str | None = None,
+    join_table: str | None = None,
+    join_field: str | None = None,
 ) -> list[str]:
     """The java command line running RunningTotals (see its header for the arguments and output lines);
-    `group_by`: re-key by that string field of the JSON value first (its --group-by)."""
+    `group_by`: re-key by that string field of the JSON value first (its --group-by); `join_table` and
+    `join_field`: join with the KTable of that topic first, adding the string field of its value to each
+    record (its --join-table and --join-field)."""
     command = [
         find_java(),
         f"-Xmx{java_heap}",
@@ -343,6 +349,10 @@ def app_command(
         command.append("--leave-group")
     if group_by is not None:
         command += ["--group-by", group_by]
+    if join_table is not None:
+        if join_field is None:
+            raise ValueError("a join needs join_field, the table value's field added to each record")
+        command += ["--join-table", join_table, "--join-field", join_field]
     return command
 
 
@@ -410,13 +420,19 @@ def run_totals(
     java_heap: str = "1g",
     timeout_s: float = APP_TIMEOUT_S,
     group_by: str | None = None,
+    join_table: str | None = None,
+    join_field: str | None = None,
 ) -> RunResult:
     """Run the Kafka Streams app once with no output topic: running totals of `source` into the store "totals"
     (and its changelog) under `application_id`, until `messages` records were aggregated; then the whole store
     is read through interactive queries and written to `dump_path` (default: default_dump_path), before close.
     With `group_by` (a string field of the JSON value, e.g. "region") the records are re-keyed by it first,
     through Kafka Streams' repartition topic "<application_id>-totals-repartition" (`groupBy` instead of
-    `groupByKey`), and the totals are per value of that field; the seconds then cover both hops.
+    `groupByKey`), and the totals are per value of that field; the seconds then cover both hops. With
+    `join_table` (a compacted topic co-partitioned with `source`) each record is first joined (inner) with the
+    KTable of that topic (store "customers"; topology.optimization=all, so the topic is its changelog too),
+    which adds the string `join_field` of the table's JSON value to the record: group_by=join_field then sums
+    per value of the table's field.
 
     `state_dir` is state.dir (the app deletes its own state in it after close); commit_interval_s is
     commit.interval.ms in seconds, threads num.stream.threads, cache_bytes statestore.cache.max.bytes (None:
@@ -442,6 +458,8 @@ def run_totals(
         dump_path=dump_path,
         leave_group=True,
         group_by=group_by,
+        join_table=join_table,
+        join_field=join_field,
     )
     return finish_run(run_java(command, timeout_s), f"{guarantee}, {application_id}", dump_path)
 

@@ -8,7 +8,14 @@ app's defaults except the commit interval. With --aggregate the total is kept by
 --group-by FIELD the orders are first re-keyed by that field of their value (`group_by(FIELD)`: the
 engine writes them under the new key to its repartition topic `<group>-<FIELD>-repartition` and reads
 them back into the total, Kafka Streams' `groupBy().aggregate()`), so the totals are per value of the
-field, and "seconds" covers both hops. It runs one
+field, and "seconds" covers both hops. With --join-table TOPIC each order is first joined (inner,
+`on_merge="keep-left"`) with the table of that compacted topic ("customers": its JSON row's fields,
+e.g. "tier", added to the order), before --group-by: with --join-kind table (the default) a
+partitioned table on the message key, `app.table(TOPIC, name="customers")` (Kafka Streams' KTable;
+the topic co-partitioned with the source), with --join-kind global a global table looked up by the
+order's "customer" field, `app.global_table(TOPIC, name="customers")` (Kafka Streams' GlobalKTable).
+The engine refuses a partitioned table's join before `group_by` (it joins on the key the state is
+partitioned by): --join-kind table with --group-by fails at declaration, with the engine's message. It runs one
 bounded worker until caught up: from the start of the source the first time; run again after the
 caller deleted the local state and appended messages, the worker first restores the store from its
 changelog (the report's restores say how many records; the restores' span, first start to last
@@ -44,6 +51,7 @@ from dagster_stateful.core import App, AppState, RestoreListener, State, Sum
 from dagster_stateful.core.state.keys import split_store_key
 
 STORE = "totals"
+JOIN_TABLE = "customers"
 TOTAL = "total"
 """The state key of each message key's total (the aggregation's name with --aggregate)."""
 
@@ -86,6 +94,13 @@ def make_app(args: argparse.Namespace) -> App:
         consumer_config=dict(args.consumer_setting) or None,
     )
     orders = app.dataframe()
+    if args.join_table is not None:
+        if args.join_kind == "global":
+            customers = app.global_table(args.join_table, name=JOIN_TABLE)
+            orders = orders.join(customers, on="customer", how="inner", on_merge="keep-left")
+        else:
+            profiles = app.table(args.join_table, name=JOIN_TABLE)
+            orders = orders.join(profiles, how="inner", on_merge="keep-left")
     if args.group_by is not None:
         orders = orders.group_by(args.group_by)
     if args.aggregate:
@@ -181,6 +196,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--aggregate", action="store_true", help='keep the totals with aggregate(Sum("amount"))')
     parser.add_argument(
         "--group-by", metavar="FIELD", help="re-key the orders by this field of the value first (group_by(FIELD))"
+    )
+    parser.add_argument(
+        "--join-table", metavar="TOPIC", help="join each order with the table of this compacted topic first (inner)"
+    )
+    parser.add_argument(
+        "--join-kind",
+        choices=("table", "global"),
+        default="table",
+        help="with --join-table: a partitioned table on the message key (App.table) or a global table on the "
+        'order\'s "customer" field (App.global_table)',
     )
     parser.add_argument(
         "--consumer-setting",

@@ -43,6 +43,7 @@ TARGETS = (
     Target("1M keys", "engine-aggregate", 2.0),
     Target("restore", "engine", 1.0),
     Target("group_by", "engine-aggregate", 1.5),
+    Target("join", "engine-aggregate", 1.5),
 )
 
 

@@ -1,11 +1,12 @@
 // Kafka Streams' side of bench/bench_kafka_streams.py (and bench/bench_compare.py through it): a running
-// total of the JSON "amount" per key, or (--group-by <field>) per value of a string field of the JSON.
+// total of the JSON "amount" per key, or (--group-by <field>) per value of a string field of the JSON, optionally
+// after a join with a table (--join-table <topic> --join-field <field>).
 //
 // Build with Maven (../../../../pom.xml: kafka-streams and slf4j-nop), then run:
 //
 //     java -cp "target/classes:<dependency class path>" RunningTotals <bootstrap> <source> <output> <application id> \
 //         <processing guarantee> <commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] \
-//         [--dump <file>] [--restore] [--leave-group] [--group-by <field>]
+//         [--dump <file>] [--restore] [--leave-group] [--group-by <field>] [--join-table <topic> --join-field <field>]
 //
 // Topology: stream(source) -> groupByKey -> aggregate(running total, persistent RocksDB store "totals"
 // with its changelog) -> toStream -> mapValues({"customer": key, "total": total}) -> to(output).
@@ -15,6 +16,13 @@
 // <field>): Kafka Streams writes each record under its new key to its repartition topic
 // "<application id>-totals-repartition" (as many partitions as the source) and a second sub-topology reads
 // them back into the aggregation, so there are twice as many tasks, all on the same stream thread(s).
+// With --join-table <topic> --join-field <field>, the stream is first joined (KStream.join, inner) with a KTable
+// read by builder.table(<topic>) into the persistent RocksDB store "customers" (the topic must be compacted and
+// co-partitioned with the source); the ValueJoiner puts the table value's string <field> into the order's JSON
+// (`{..., "<field>": "<value>"}`), and the join's output goes on to groupBy/groupByKey as above (the join runs in
+// the source's sub-topology). With a join the topology is built with topology.optimization=all, so the table's
+// source topic is its changelog too (no "<application id>-customers-changelog"): Kafka Streams' fastest setting
+// for a table read from a topic.
 //
 // Options (anywhere among the arguments):
 //   --dump <file>  once the expected records have been aggregated, and before close(), the whole store is
@@ -29,6 +37,8 @@
 //                  partitions at once instead of waiting for this run's members to time out.
 //   --group-by <field>  re-key each record by the string <field> of its JSON value (e.g. "region") before
 //                  the aggregation, through the repartition topic (see Topology); the totals are per <field>.
+//   --join-table <topic>  join the stream with the table of <topic> first (see Topology); needs --join-field.
+//   --join-field <field>  the string field of the table's JSON value the join adds to each order.
 //
 // Measurement: the clock starts just before KafkaStreams.start() (so it includes the group join and
 // partition assignment, like the Python engine's run_worker) and stops when the aggregator has been
@@ -38,9 +48,10 @@
 // transaction); the seconds until close() returned are printed too. With --dump, the store is read between
 // the two: first the app waits until the stream threads' "process-total" metrics (recorded once a batch of
 // records went through the whole topology; one count per record and sub-topology, so twice the aggregator's
-// with --group-by) reach the aggregator's count times the hops, so the last aggregate is in the
-// store, not only returned by the aggregator; the seconds that waiting and reading took are printed apart
-// and subtracted from <seconds until closed>. Restore (--restore): records restored = the sum of
+// with --group-by) reach the aggregator's count times the hops (plus, with --join-table, the table records that
+// went through the table's source node rather than a restore: counted by its timestamp extractor), so the last
+// aggregate is in the store, not only returned by the aggregator; the seconds that waiting and reading took are
+// printed apart and subtracted from <seconds until closed>. Restore (--restore): records restored = the sum of
 // onBatchRestored's counts; <seconds restoring> = from the first onRestoreStart to the last onRestoreEnd
 // (-1 if nothing was restored); the other figures are seconds from the clock's start. Restoring and
 // processing overlap: a task processes as soon as its own store is restored. Lines on stdout meant for
@@ -72,6 +83,7 @@ import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.common.Metric;
 import org.apache.kafka.common.MetricName;
 import org.apache.kafka.common.TopicPartition;
@@ -86,12 +98,14 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.errors.InvalidStateStoreException;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.Joined;
 import org.apache.kafka.streams.kstream.KGroupedStream;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.processor.StateRestoreListener;
+import org.apache.kafka.streams.processor.TimestampExtractor;
 import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.QueryableStoreTypes;
@@ -100,11 +114,13 @@ import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
 public final class RunningTotals {
     private static final String AMOUNT_FIELD = "\"amount\":";
     private static final String STORE = "totals";
+    private static final String TABLE_STORE = "customers";
     private static final String NO_OUTPUT = "-";
     private static final String USAGE =
         "usage: RunningTotals <bootstrap> <source> <output or -> <application id> <processing guarantee> "
             + "<commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] "
-            + "[--dump <file>] [--restore] [--leave-group] [--group-by <field>]";
+            + "[--dump <file>] [--restore] [--leave-group] [--group-by <field>] "
+            + "[--join-table <topic> --join-field <field>]";
     /** How long the dump may wait for the store to be up to date and queryable (e.g. during a rebalance). */
     private static final Duration DUMP_DEADLINE = Duration.ofMinutes(2);
 
@@ -203,18 +219,20 @@ public final class RunningTotals {
 
     /**
      * Waits until the stream threads have finished the records the aggregator has seen, in each of the `hops`
-     * sub-topologies they went through (so the last aggregate was put into the store), then writes the whole
+     * sub-topologies they went through, and the `others` records (a table's) they processed besides (so the last
+     * aggregate was put into the store), then writes the whole
      * store to `path` through interactive queries, retrying while the store is not queryable (the instance not
      * RUNNING, or its tasks migrating). Returns the keys written.
      */
-    static long dumpStore(KafkaStreams streams, AtomicLong aggregated, int hops, Path path)
+    static long dumpStore(KafkaStreams streams, AtomicLong aggregated, int hops, AtomicLong others, Path path)
         throws IOException, InterruptedException {
         long deadline = System.nanoTime() + DUMP_DEADLINE.toNanos();
-        while (processedPerMetrics(streams) < aggregated.get() * hops) {
+        while (processedPerMetrics(streams) < aggregated.get() * hops + others.get()) {
             if (System.nanoTime() - deadline > 0) {
                 throw new IllegalStateException(
                     "the stream threads' process-total stayed at " + processedPerMetrics(streams)
-                        + " below the aggregator's " + aggregated.get() + " times " + hops + " for " + DUMP_DEADLINE);
+                        + " below the aggregator's " + aggregated.get() + " times " + hops + " plus "
+                        + others.get() + " table records for " + DUMP_DEADLINE);
             }
             Thread.sleep(10);
         }
@@ -253,6 +271,8 @@ public final class RunningTotals {
         boolean restore = false;
         boolean leaveGroup = false;
         String groupByField = null;
+        String joinTable = null;
+        String joinField = null;
         for (int i = 0; i < args.length; i++) {
             if (args[i].equals("--dump")) {
                 if (i + 1 == args.length) {
@@ -270,6 +290,16 @@ public final class RunningTotals {
                     System.exit(2);
                 }
                 groupByField = args[++i];
+            } else if (args[i].equals("--join-table") || args[i].equals("--join-field")) {
+                if (i + 1 == args.length) {
+                    System.err.println(args[i] + " needs a value\n" + USAGE);
+                    System.exit(2);
+                }
+                if (args[i].equals("--join-table")) {
+                    joinTable = args[++i];
+                } else {
+                    joinField = args[++i];
+                }
             } else if (args[i].startsWith("--")) {
                 System.err.println("unknown option " + args[i] + "\n" + USAGE);
                 System.exit(2);
@@ -296,6 +326,10 @@ public final class RunningTotals {
             System.err.println("<expected messages> must be positive\n" + USAGE);
             System.exit(2);
         }
+        if ((joinTable == null) != (joinField == null)) {
+            System.err.println("--join-table and --join-field go together\n" + USAGE);
+            System.exit(2);
+        }
 
         Properties props = new Properties();
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
@@ -310,6 +344,10 @@ public final class RunningTotals {
         if (cacheBytes != null) {
             props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, cacheBytes);
         }
+        if (joinTable != null) {
+            // The table's source topic doubles as its changelog (reuse.ktable.source.topics, part of "all").
+            props.put(StreamsConfig.TOPOLOGY_OPTIMIZATION_CONFIG, StreamsConfig.OPTIMIZE);
+        }
 
         AtomicLong processed = new AtomicLong();
         CountDownLatch allProcessed = new CountDownLatch(1);
@@ -318,6 +356,30 @@ public final class RunningTotals {
 
         StreamsBuilder builder = new StreamsBuilder();
         KStream<String, String> orders = builder.stream(source, Consumed.with(Serdes.String(), Serdes.String()));
+        AtomicLong tableRecords = new AtomicLong();
+        if (joinTable != null) {
+            // Counts the table records that go through its source node (not those restored), for dumpStore.
+            TimestampExtractor counting = (ConsumerRecord<Object, Object> record, long partitionTime) -> {
+                tableRecords.incrementAndGet();
+                return record.timestamp();
+            };
+            KTable<String, String> customers = builder.table(
+                joinTable,
+                Consumed.with(Serdes.String(), Serdes.String()).withTimestampExtractor(counting),
+                Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as(TABLE_STORE)
+                    .withKeySerde(Serdes.String())
+                    .withValueSerde(Serdes.String()));
+            String quotedJoinField = "\"" + joinField + "\":\"";
+            String added = ",\"" + joinField + "\":\"";
+            orders = orders.join(
+                customers,
+                (order, customer) -> {
+                    String value = stringField(customer, quotedJoinField);
+                    int end = order.lastIndexOf('}');
+                    return order.substring(0, end) + added + value + "\"}";
+                },
+                Joined.with(Serdes.String(), Serdes.String(), Serdes.String()));
+        }
         String quotedField = groupByField == null ? null : "\"" + groupByField + "\":\"";
         KGroupedStream<String, String> grouped = quotedField == null
             ? orders.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
@@ -348,7 +410,7 @@ public final class RunningTotals {
                 .to(output, Produced.with(Serdes.String(), Serdes.String()));
         }
 
-        KafkaStreams streams = new KafkaStreams(builder.build(), props);
+        KafkaStreams streams = new KafkaStreams(builder.build(props), props);
         AtomicLong runningAt = new AtomicLong();
         AtomicReference<Throwable> failure = new AtomicReference<>();
         streams.setStateListener((newState, oldState) -> {
@@ -377,7 +439,7 @@ public final class RunningTotals {
         if (dumpPath != null && done && counted != 0 && failure.get() == null) {
             long dumpBegan = System.nanoTime();
             try {
-                dumpedKeys = dumpStore(streams, processed, hops, dumpPath);
+                dumpedKeys = dumpStore(streams, processed, hops, tableRecords, dumpPath);
             } catch (IOException | RuntimeException exception) {
                 dumpFailure = exception;
             }
