@@ -48,6 +48,9 @@ class TablePartition:
         """Changes applied since the last commit."""
         self.pending: deque[Message] = deque()
         """Records fetched in offset order, not applied yet."""
+        self.prefetched: dict[bytes, bytes | None] = {}
+        """Rows of the database read ahead for one batch's records with one multi-get (`prefetch`);
+        forgotten whenever the database is written."""
         self.applied = 0
         """The offset of the next record to apply (with what the overlay holds)."""
         self.newest = NO_TIME
@@ -76,6 +79,7 @@ class TablePartition:
         self.database.close()
         shutil.rmtree(self.path)
         self.path.mkdir(parents=True)
+        self.prefetched.clear()
         self.database = PartitionDatabase(self.path, store=f"table {self.table.name}", partition=self.partition)
 
     def start_at(self, offset: int, newest: int) -> None:
@@ -91,9 +95,21 @@ class TablePartition:
         assert self.database is not None
         return self.database.get(key)
 
+    def prefetch(self, keys: list[bytes]) -> None:
+        """Read the rows of `keys` from the database at once (one RocksDB multi-get), in place of
+        those read ahead for the batch before."""
+        assert self.database is not None
+        self.prefetched = dict(zip(keys, self.database.get_many(keys), strict=True))
+
     def lookup(self, key: bytes, timestamp: int) -> bytes | None:
         """The row a record with `key` and `timestamp` joins."""
-        raw = self.get(key)
+        overlay, prefetched = self.overlay, self.prefetched
+        if key in overlay:
+            raw = overlay[key]
+        elif key in prefetched:
+            raw = prefetched[key]
+        else:
+            raw = self.database.get(key)  # type: ignore[union-attr]  # open while held
         history = self.table.history_ms
         if history is None:
             return raw
@@ -119,6 +135,7 @@ class TablePartition:
         meta = {POSITION_KEY: orjson.dumps([self.applied, self.newest])}
         self.database.write(list(self.overlay.items()), meta)
         self.overlay.clear()
+        self.prefetched.clear()
         self.committed, self.committed_newest = self.applied, self.newest
 
     def roll_back(self) -> None:

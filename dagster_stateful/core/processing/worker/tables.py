@@ -86,6 +86,8 @@ class TaskTables:
         """Records waiting for the grace to pass, in offset order."""
         self.released: list[Message] = []
         """Records whose grace passed, not processed yet, in offset order."""
+        self.by_name: dict[str, TablePartition] = {}
+        """The partitions held, by table name (filled as they open)."""
 
     def positions_to_commit(self) -> dict[str, int]:
         positions = {table_entry(held.table.name): held.applied for held in self.held}
@@ -136,8 +138,11 @@ class PartitionedTables:
         self.tasks: dict[int, TaskTables] = {}
         """Task partition -> its tables."""
         self._by_topic_partition: dict[tuple[str, int], TablePartition] = {}
-        self._current: tuple[int, bytes, int] = (-1, b"", 0)
-        """(task partition, message key, timestamp) of the record being processed."""
+        self._current_tables: dict[str, TablePartition] = {}
+        """The table partitions of the record being processed, by table name."""
+        self._current_key = b""
+        self._current_time = 0
+        """The message key and timestamp of the record being processed."""
         self.applied = 0
         """Table records applied in this run (again after a roll-back too)."""
         self._placement: PlacementCheck | None = None
@@ -153,11 +158,8 @@ class PartitionedTables:
 
     def _reader(self, name: str) -> Callable[[], bytes | None]:
         def row() -> bytes | None:
-            partition, key, timestamp = self._current
-            for held in self.tasks[partition].held:
-                if held.table.name == name:
-                    return held.lookup(key, timestamp)
-            return None
+            held = self._current_tables.get(name)
+            return None if held is None else held.lookup(self._current_key, self._current_time)
 
         return row
 
@@ -180,6 +182,7 @@ class PartitionedTables:
                 )
                 stored, newest = table_partition.open(self._deadline.bound(LOCK_SECONDS))
                 held.append(table_partition)
+                task.by_name[table.name] = table_partition
                 self._by_topic_partition[(table.topic, partition)] = table_partition
                 self._catch_up(table_partition, stored, newest, recorded.get(table_entry(table.name)))
         except BaseException:
@@ -292,6 +295,20 @@ class PartitionedTables:
                 _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
             if held.fetched < high and not held.paused:
                 self._fetch_until(held, high)
+        self.prefetch(messages, start)
+
+    def prefetch(self, messages: list[Message], start: int) -> None:
+        """Read the rows the records of `messages[start:]` will join, one multi-get per table partition."""
+        keys: dict[int, list[bytes]] = {}
+        for message in messages[start:]:
+            key = message.key()
+            if key is not None and message.error() is None:
+                keys.setdefault(message.partition(), []).append(key)  # type: ignore[arg-type]  # a record's: set
+        for partition, wanted in keys.items():
+            task = self.tasks.get(partition)
+            if task is not None:
+                for held in task.held:
+                    held.prefetch(list(dict.fromkeys(wanted)))
 
     def _fetch_until(self, held: TablePartition, high: int) -> None:
         """Fetch `held` up to `high`, or to where a `read_committed` reader must stop short of it (an
@@ -315,10 +332,12 @@ class PartitionedTables:
     def before(self, partition: int, key: bytes, timestamp: int) -> None:
         """A record of task `partition` with `key` and `timestamp` is about to go through the steps:
         apply the table records that come before it, and point the joins at it."""
-        self._current = (partition, key, timestamp)
+        self._current_key, self._current_time = key, timestamp
         task = self.tasks.get(partition)
         if task is None:
+            self._current_tables = {}
             return
+        self._current_tables = task.by_name
         if self._placement is not None:
             self._placement.stream_record(partition, key)
         for held in task.held:
