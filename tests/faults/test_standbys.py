@@ -71,6 +71,12 @@ def kept_standbys(worker: WorkerProcess) -> set[int]:
     return kept
 
 
+def every_partition_held(workers: list[WorkerProcess]) -> dict[int, int] | None:
+    """Partition -> the member keeping its standby, once every partition has one (None before)."""
+    holders = {p: i for i, w in enumerate(workers) for p in kept_standbys(w)}
+    return holders if set(holders) == set(range(PARTITIONS)) else None
+
+
 def changelog_position(state: StateDirectory, partition: int) -> int:
     """Where the member's copy of the partition stands in its changelog, by its checkpoint (-1: none yet)."""
     checkpoint = read_checkpoint(state.partition_path(STORE, partition))
@@ -196,7 +202,11 @@ def test_a_killed_members_partitions_move_to_their_standbys_and_restore_a_short_
             "the members to commit the orders produced before them (every customer's first ones)",
         )
         dead = before[specs[0].group_instance_id]
-        standby_holders = {p: i for i, w in enumerate(workers) for p in kept_standbys(w)}
+        standby_holders = wait_for(
+            lambda: every_partition_held(workers),
+            60,
+            "a standby of every partition on some member (the logs read between a standby's move and its start)",
+        )
         wait_for(
             lambda: standbys_within(specs, standby_holders, before, COMMIT_EVERY),
             120,
