@@ -101,6 +101,20 @@ def table_join_function(table: Table, how: JoinHow, on_merge: OnMerge) -> Callab
     return join
 
 
+def record_fault(table: GlobalTable | Table, key: bytes | None, value: bytes | None) -> Exception | None:
+    """Why a record of `table`'s topic cannot be applied (no key, or a key or value its serdes refuse);
+    None when it can."""
+    try:
+        if key is None:
+            raise ValueError("a table record needs a key")
+        table.key_serde.loads(key)
+        if value is not None:
+            table.value_serde.loads(value)
+    except Exception as error:  # noqa: BLE001 - any codec failure is the record's fault
+        return error
+    return None
+
+
 def table_key_of(on: str | TableKeyOf) -> TableKeyOf:
     if callable(on):
         return on

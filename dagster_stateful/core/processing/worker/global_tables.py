@@ -27,7 +27,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.records import position
-from dagster_stateful.core.processing.dsl.joins import GlobalTable
+from dagster_stateful.core.processing.dsl.joins import GlobalTable, record_fault
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.state.directory import GLOBAL_TABLES_DIR
@@ -156,14 +156,9 @@ class GlobalTables:
             reached.append(TopicPartition(topic, partition, offset + 1))
             key, value = message.key(), message.value()
             table = self._tables[topic]
-            try:
-                if key is None:
-                    raise ValueError("a table record needs a key")
-                table.key_serde.loads(key)
-                if value is not None:
-                    table.value_serde.loads(value)
-            except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-                self._bad_input.handle(message, f"reading global table {table.name!r}", error)
+            fault = record_fault(table, key, value)
+            if fault is not None or key is None:
+                self._bad_input.handle(message, f"reading global table {table.name!r}", fault or ValueError("no key"))
                 continue
             changes.setdefault(topic, []).append((key, value))
         for topic, read in offsets.items():

@@ -49,7 +49,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
-from dagster_stateful.core.processing.dsl.joins import Table
+from dagster_stateful.core.processing.dsl.joins import Table, record_fault
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.worker.co_partitioning import PlacementCheck
@@ -364,14 +364,9 @@ class PartitionedTables:
         offset = position_of(message)
         key, value = message.key(), message.value()
         table = held.table
-        try:
-            if key is None:
-                raise ValueError("a table record needs a key")
-            table.key_serde.loads(key)
-            if value is not None:
-                table.value_serde.loads(value)
-        except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-            self._bad_input.handle(message, f"reading table {table.name!r}", error)
+        fault = record_fault(table, key, value)
+        if fault is not None or key is None:
+            self._bad_input.handle(message, f"reading table {table.name!r}", fault or ValueError("no key"))
             held.skip(offset)
             return
         if self._placement is not None:
