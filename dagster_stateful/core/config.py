@@ -10,7 +10,9 @@ An app reads one or more topics (`input_topics`): the source, and, when its step
 records (`Repartition`), the internal repartition topic `<name>-<group>-repartition`, which the app
 writes and reads back. Global tables (`global_tables`, name -> topic) are read whole by every
 worker, outside the consumer group. Partitioned tables (`tables`, name -> topic) are co-partitioned
-with the task topic: a worker keeps table partition N beside task partition N. The stores belong
+with the topic whose records join them (`table_stream_topic`: the task topic, or the source for a
+table joined before the re-keying): a worker keeps table partition N beside that topic's partition
+N. The stores belong
 to the partitions of one topic, the `task_topic`: state partition N is that topic's partition N
 (the repartition topic when there is one).
 """
@@ -76,6 +78,9 @@ class Repartition:
     """The re-keying's name: the repartition topic is `<app>-<name>-repartition`."""
     partitions: int | None = None
     """The repartition topic's partition count (None: the source's)."""
+    joined_before: tuple[str, ...] = ()
+    """The partitioned tables joined before the re-keying, on the source's key: co-partitioned with
+    the source, not with the repartition topic."""
 
     def __post_init__(self) -> None:
         _check_name(self.name, what="group_by name")
@@ -134,7 +139,7 @@ class AppConfig:
     """The global tables the steps join with: table name -> its compacted topic (read whole by every worker)."""
     tables: Mapping[str, str] = field(default_factory=dict)
     """The partitioned tables the steps join with: table name -> its compacted topic, co-partitioned
-    with `task_topic` (a worker keeps the partitions of the tasks it holds)."""
+    with `table_stream_topic(name)` (a worker keeps the partitions of that topic's partitions it holds)."""
     repartition_purge_interval: float = 30.0
     """Seconds between purges of the repartition topic's consumed and committed records (Kafka
     Streams' `repartition.purge.interval.ms`)."""
@@ -283,6 +288,13 @@ class AppConfig:
     def task_topic(self) -> str:
         """The topic whose partitions own the stores: state partition N is its partition N."""
         return self.repartition_topic or self.source
+
+    def table_stream_topic(self, table: str) -> str:
+        """The topic whose records join partitioned table `table`, partition for partition: the
+        source for a table joined before `group_by`, else the task's topic."""
+        if self.repartition is not None and table in self.repartition.joined_before:
+            return self.source
+        return self.task_topic
 
     @property
     def input_topics(self) -> tuple[str, ...]:

@@ -150,6 +150,8 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
     replication, store_configs = config.changelog_replication_factor, store_configs or {}
     specs = [TopicSpec(config.source, TopicRole.SOURCE, None)]
     specs += [TopicSpec(topic, TopicRole.GLOBAL_TABLE, None) for topic in config.global_tables.values()]
+    # `inspect` checks a table against the topic listed last before it: the source for these.
+    specs += _table_specs(config, before_rekeying=True)
     if config.repartition is not None and config.repartition_topic is not None:
         specs.append(
             TopicSpec(
@@ -164,12 +166,22 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
         TopicSpec(topic, TopicRole.CHANGELOG, None, replication, _changelog_config(config, store_configs, store))
         for store, topic in (config.changelog_topics() or {}).items()
     ]
-    specs += [TopicSpec(topic, TopicRole.TABLE, None) for topic in config.tables.values()]
+    specs += _table_specs(config, before_rekeying=False)
     if config.emits_output and config.output:
         specs.append(TopicSpec(config.output, TopicRole.OUTPUT, None, replication))
     if config.on_error is ErrorPolicy.DEAD_LETTER:
         specs.append(TopicSpec(config.dead_letter_topic, TopicRole.DEAD_LETTER, None, replication))
     return specs
+
+
+def _table_specs(config: AppConfig, before_rekeying: bool) -> list[TopicSpec]:
+    """The partitioned tables joined before the re-keying (on the source's key), or the others."""
+    joined_before = config.repartition.joined_before if config.repartition is not None else ()
+    return [
+        TopicSpec(topic, TopicRole.TABLE, None)
+        for name, topic in config.tables.items()
+        if (name in joined_before) == before_rekeying
+    ]
 
 
 def _changelog_config(config: AppConfig, store_configs: StoreConfigs, store: str) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Describing an app's partitioned tables without running a worker.
 
 Owns `describe_tables`: per table and partition, where the group's last commit has the table
-applied up to (the position a worker records in the task partition's commit metadata,
-`commit_metadata.table_entry`), where the table's topic starts and ends for a `read_committed`
+applied up to (the position a worker records in the commit metadata of the partition of the
+stream that joins the table, `commit_metadata.table_entry`), where the table's topic starts and ends for a `read_committed`
 reader, the table records not applied by that commit yet, and whether this machine holds a copy.
 """
 
@@ -44,17 +44,15 @@ class TablePartitionDescription:
 def describe_tables(
     config: AppConfig, kafka: KafkaClients, state: StateDirectory, partitions: Iterable[int] | None = None
 ) -> list[TablePartitionDescription]:
-    if not config.tables:
-        return []
-    count = kafka.partition_count(config.task_topic) or 0
-    chosen = sorted(partitions) if partitions is not None else list(range(count))
-    committed = kafka.committed(config.consumer_group, config.task_topic, chosen) if chosen else {}
-    positions = {
-        partition: decode_commit_metadata(metadata, offset, f"{config.task_topic}[{partition}]").stream_times
-        for partition, (offset, metadata) in committed.items()
-    }
     descriptions = []
+    recorded: dict[str, dict[int, dict[str, int]]] = {}
     for name, topic in config.tables.items():
+        stream_topic = config.table_stream_topic(name)
+        count = kafka.partition_count(stream_topic) or 0
+        chosen = sorted(partitions) if partitions is not None else list(range(count))
+        if stream_topic not in recorded:
+            recorded[stream_topic] = _recorded(config, kafka, stream_topic, chosen)
+        positions = recorded[stream_topic]
         marks = kafka.watermarks(topic, chosen, committed=True) if kafka.partition_count(topic) else {}
         for partition in chosen:
             low, end = marks.get(partition, (0, 0))
@@ -73,3 +71,12 @@ def describe_tables(
                 )
             )
     return descriptions
+
+
+def _recorded(config: AppConfig, kafka: KafkaClients, topic: str, partitions: list[int]) -> dict[int, dict[str, int]]:
+    """The metadata entries of the group's last commit of each of `topic`'s `partitions`."""
+    committed = kafka.committed(config.consumer_group, topic, partitions) if partitions else {}
+    return {
+        partition: dict(decode_commit_metadata(metadata, offset, f"{topic}[{partition}]").stream_times)
+        for partition, (offset, metadata) in committed.items()
+    }

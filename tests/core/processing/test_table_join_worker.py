@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
 from support.kafka_helpers import create_topic, produce_timed, read_committed, read_messages
 
-from dagster_stateful.core import App
+from dagster_stateful.core import App, Sum
 from dagster_stateful.errors import ConfigurationError, TopicMismatchError
 
 PARTITIONS = 3
@@ -161,6 +161,78 @@ def test_a_plain_table_and_its_stream_are_taken_in_timestamp_order(kafka_bootstr
     check(joined(kafka_bootstrap, f"{name}-joined", "at-least-once"), expected, "at-least-once")
 
 
+def tier_totals(table: list[tuple[bytes, bytes | None, int]], orders: list[tuple[bytes, bytes | None, int]]):
+    """The amount of the orders per tier their customer had at each order's time (recomputed)."""
+    totals: dict[str, int] = {}
+    for key, value, ts in orders:
+        tier = as_of(table, key, ts)
+        if tier is not None and value is not None:
+            totals[tier] = totals.get(tier, 0) + orjson.loads(value)["amount"]
+    return totals
+
+
+def last_totals(bootstrap: str, topic: str) -> dict[str, int]:
+    """The last total each tier was sent with (a read_committed reader's view)."""
+    last: dict[str, int] = {}
+    for message in sorted(read_committed(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
+        last[message.key().decode()] = orjson.loads(message.value())
+    return last
+
+
+@pytest.mark.parametrize(("guarantee", "lose_state"), [("at-least-once", False), ("exactly-once", True)])
+def test_orders_joined_with_the_table_before_group_by_are_totalled_per_tier(
+    kafka_bootstrap, unique_name, tmp_path, guarantee, lose_state
+):
+    """Kafka Streams' `join(KTable).groupBy().aggregate()`: the orders, keyed by customer, join the
+    customers table beside the source's partitions (three), then go per tier through a repartition
+    topic of two partitions. Each order counts for the tier its customer had at its time, across two
+    runs (the second after table updates, and once with the state directory deleted)."""
+    source, customers, name = unique_name("orders"), unique_name("customers"), unique_name("tiers")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    create_topic(kafka_bootstrap, customers, PARTITIONS, COMPACT_FAST)
+    create_topic(kafka_bootstrap, f"{name}-totals", 2)
+    t0 = int(time.time() * 1000) - 3_600_000
+    table = tier_updates(0, t0) + tier_updates(1, t0 + 20_000)
+    produce_timed(kafka_bootstrap, customers, table)
+    orders = order_batch(0, t0 + 10_000) + order_batch(100, t0 + 30_000)
+    produce_timed(kafka_bootstrap, source, orders)
+    app = App(
+        name=name,
+        source=source,
+        output=f"{name}-totals",
+        stores=["totals"],
+        state_dir=tmp_path,
+        kafka=kafka_bootstrap,
+        consumer_config=FAST_GROUP,
+        changelog_config=COMPACT_FAST,
+        processing_guarantee=guarantee,
+        **FAST_COMMITS,
+    )
+    joined_table = app.table(customers, name="customers")
+    tiers = app.dataframe().join(joined_table, on_merge="keep-left").group_by("tier", partitions=2)
+    app.to_topic(tiers.aggregate(Sum("amount"), name="total"))
+
+    first = app.run_worker(max_seconds=120)
+
+    assert first.stop_reason == "caught_up" and first.total_lag == 0
+    assert last_totals(kafka_bootstrap, f"{name}-totals") == tier_totals(table, orders)
+    assert first.table_records_applied >= len(table) - CUSTOMERS  # the versions before the last orders
+
+    update, later = tier_updates(2, t0 + 40_000), order_batch(200, t0 + 50_000)
+    produce_timed(kafka_bootstrap, customers, update)
+    produce_timed(kafka_bootstrap, source, later)
+    table, orders = table + update, orders + later
+    if lose_state:
+        shutil.rmtree(tmp_path / name)
+    second = app.run_worker(max_seconds=120)
+
+    assert second.stop_reason == "caught_up" and second.total_lag == 0
+    assert last_totals(kafka_bootstrap, f"{name}-totals") == tier_totals(table, orders)
+    described = {(row.table, row.partition): row for row in app.describe_tables()}
+    assert {row.committed_position for row in described.values()} != {None}
+    assert all(row.records_not_applied == 0 and row.position_valid for row in described.values())
+
+
 def test_joins_that_cannot_work_are_refused_before_processing(kafka_bootstrap, unique_name, tmp_path):
     source, name = unique_name("orders"), unique_name("refused")
     create_topic(kafka_bootstrap, source, PARTITIONS)
@@ -192,8 +264,9 @@ def test_joins_that_cannot_work_are_refused_before_processing(kafka_bootstrap, u
         app.dataframe().join(plain, grace=1000)
     with pytest.raises(ConfigurationError, match="joins on the message key"):
         app.dataframe().join(plain, on="customer")
-    with pytest.raises(ConfigurationError, match="cannot come before group_by"):
-        app.dataframe().join(plain).group_by("tier")
+    versioned = app.table(not_compacted, name="versioned", history=60_000)
+    with pytest.raises(ConfigurationError, match="with a grace .* cannot come before group_by"):
+        app.dataframe().join(versioned, grace=1000).group_by("tier")
 
 
 def test_a_table_update_in_an_open_transaction_waits_for_its_commit(kafka_bootstrap, unique_name, tmp_path):

@@ -82,9 +82,12 @@ class StreamingDataFrame:
         self._evicting = evicting
         self._steps: tuple[Step, ...] = ()
         self._chain: Chain = ()
+        """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
         self.table_joins: dict[str, tuple[Table, int]] = {}
         """The partitioned tables the steps join with, by name, with each join's grace in ms."""
-        """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
+        self.source_table_joins: dict[str, tuple[Table, int]] = {}
+        """The partitioned tables joined before `group_by`, on the source's message key: co-partitioned
+        with the source, they are kept beside its partitions (`table_joins` holds those after it)."""
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -181,10 +184,11 @@ class StreamingDataFrame:
         values; the join keeps no state, so it may come before `group_by`.
 
         With a partitioned table (`App.table`, a KStream-KTable join), the record's message key is the
-        table key (`group_by` a field first to join on it): a plain table gives its value when the
-        record is processed, the partitions of both topics taken in timestamp order; a versioned
-        table its value as of the record's timestamp, after the record waited `grace` (stream time,
-        KIP-923) for table updates that arrive late."""
+        table key: the source's key before `group_by` (the table co-partitioned with the source), the
+        new key after it (co-partitioned with the repartition topic). A plain table gives its value
+        when the record is processed, the partitions of both topics taken in timestamp order; a
+        versioned table its value as of the record's timestamp, after the record waited `grace`
+        (stream time, KIP-923; after `group_by` only) for table updates that arrive late."""
         if isinstance(table, Table):
             return self._join_table(table, on, how, on_merge, as_ms(grace, "join grace"))
         if not isinstance(table, GlobalTable):
@@ -206,7 +210,7 @@ class StreamingDataFrame:
                 f"grace= needs a versioned table (App.table(..., history=...)): table {table.name!r} keeps only "
                 "its latest values, which cannot answer for a record's timestamp once they changed"
             )
-        if table.name in self.table_joins:
+        if table.name in self.table_joins or table.name in self.source_table_joins:
             raise ConfigurationError(f"the steps already join table {table.name!r}; join each table once")
         if self.table_joins and grace_ms != next(iter(self.table_joins.values()))[1]:
             raise ConfigurationError("joins with several tables need the same grace= (a record waits once)")
@@ -233,10 +237,11 @@ class StreamingDataFrame:
                 "group_by cannot follow a windowed aggregation: its results belong to windows. Re-key the records "
                 "before the window (group_by first, then the window)."
             )
-        if self.table_joins:
+        graced = sorted(name for name, (_, grace_ms) in self.table_joins.items() if grace_ms)
+        if graced:
             raise ConfigurationError(
-                f"a join with partitioned tables {sorted(self.table_joins)} cannot come before group_by: it joins on "
-                "the key the state is partitioned by. Declare the join after group_by."
+                f"a join with a grace (tables {graced}) cannot come before group_by: records wait for the grace in "
+                "the partitions of the state they update. Declare the join after group_by, or without grace=."
             )
         stateful = [step.name for step in self.steps if step.store is not None]
         if stateful:
@@ -245,8 +250,9 @@ class StreamingDataFrame:
                 "key and partition, the steps after it by the new key. Declare group_by before them."
             )
         grouping = GroupBy.define(key, name, partitions, self._chain)
-        repartition = Repartition(grouping.name, partitions)
+        repartition = Repartition(grouping.name, partitions, tuple(self.table_joins))
         self.grouping = grouping
+        self.source_table_joins, self.table_joins = self.table_joins, {}
         self._steps, self._chain = (), ()
         if self._on_group_by is not None:
             self._on_group_by(repartition)

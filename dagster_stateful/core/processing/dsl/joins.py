@@ -29,6 +29,8 @@ JoinHow = Literal["inner", "left"]
 OnMerge = Literal["raise", "keep-left", "keep-right"] | Callable[[Any, Any], Any]
 TableKeyOf = Callable[[Any], Any]
 
+NO_TABLE_KEY = "a join with a partitioned table needs a message key; this message has none"
+
 
 @dataclass(eq=False)
 class GlobalTable:

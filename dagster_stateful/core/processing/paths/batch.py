@@ -23,6 +23,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.kafka.security.authorization import authorization_error, consuming, is_authorization_failure
 from dagster_stateful.core.processing.dsl.dataframe import DROPPED, StepFailed, StreamingDataFrame
+from dagster_stateful.core.processing.dsl.joins import NO_TABLE_KEY
 from dagster_stateful.core.processing.dsl.windows import Emitted
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.restores.state_updater import Restorations
@@ -37,7 +38,6 @@ PREFIXES_REMEMBERED = 100_000
 """Message keys whose state key prefix is remembered; past that the memo starts again."""
 
 NO_KEY = "stateful steps need a message key; this message has none"
-NO_TABLE_KEY = "a join with a partitioned table needs a message key; this message has none"
 
 
 class RecordTables(Protocol):

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.processing.dsl.group_by import GroupBy
+from dagster_stateful.core.processing.dsl.joins import NO_TABLE_KEY
 from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed, run_chain
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.state.commit_metadata import decode_commit_metadata, encode_commit_metadata
 from dagster_stateful.core.state.serialization import fast_loads
+from dagster_stateful.core.state.transaction import Participant
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +38,31 @@ Produce = Callable[[str, bytes | None, bytes | None, None, None, int], None]
 
 @dataclass
 class SourcePosition:
-    """How far one held source partition was committed and processed."""
+    """How far one held source partition was committed and processed, and its tables."""
 
     committed: int | None
     next_offset: int | None = None
+    recorded: dict[str, int] = field(default_factory=dict)
+    """The entries of its last commit's metadata (the positions of the tables joined before `group_by`)."""
+    tables: Participant | None = None
+    """Its tables, once opened (at its first record)."""
 
     @property
     def progressed(self) -> bool:
         return self.next_offset is not None and self.next_offset != self.committed
+
+
+class SourceTables(Protocol):
+    """The partitioned tables joined before `group_by`, kept beside the source partitions
+    (`worker.tables.PartitionedTables`)."""
+
+    def open(self, partition: int, recorded: dict[str, int]) -> Participant: ...
+
+    def close(self, partition: int) -> None: ...
+
+    def refresh(self, messages: list[Message], start: int, end: int | None = None) -> None: ...
+
+    def before(self, partition: int, key: bytes, timestamp: int) -> None: ...
 
 
 class Rekeying:
@@ -55,8 +75,12 @@ class Rekeying:
         bad_input: BadInputHandler,
         produce: Produce,
         counts: dict[int, int],
+        tables: SourceTables | None = None,
     ) -> None:
-        """counts: messages processed per source partition, updated in place."""
+        """counts: messages processed per source partition, updated in place. tables: the partitioned
+        tables joined before `group_by` (None: none), which commit their positions with the source
+        offsets, in the commit's metadata."""
+        self._tables = tables
         assert config.repartition_topic is not None
         self.topic = config.source
         self.target = config.repartition_topic
@@ -80,7 +104,9 @@ class Rekeying:
         starts = []
         for topic_partition in committed:
             offset = topic_partition.offset if topic_partition.offset >= 0 else None
-            self.positions[topic_partition.partition] = SourcePosition(offset, offset)
+            where = f"{self.topic}[{topic_partition.partition}]"
+            recorded = decode_commit_metadata(topic_partition.metadata, offset, where).stream_times
+            self.positions[topic_partition.partition] = SourcePosition(offset, offset, dict(recorded))
             at = topic_partition.offset if offset is not None or reset is None else reset
             starts.append(TopicPartition(self.topic, topic_partition.partition, at))
         if starts:
@@ -92,6 +118,9 @@ class Rekeying:
     def release(self, partitions: Iterable[int]) -> list[int]:
         """Let these partitions go (their progress since the last commit with them); returns those held."""
         released = [partition for partition in partitions if self.positions.pop(partition, None) is not None]
+        if self._tables is not None:
+            for partition in released:
+                self._tables.close(partition)
         if released:
             log.info("Let go of %s partitions %s", self.topic, released)
         return released
@@ -100,6 +129,8 @@ class Rekeying:
         """Drop what was processed since the last commit: each partition starts again at its committed offset."""
         for partition, held in self.positions.items():
             held.next_offset = held.committed
+            if held.tables is not None:
+                held.tables.roll_back()
             start = OFFSET_BEGINNING if held.committed is None else held.committed
             consumer.seek(TopicPartition(self.topic, partition, start))
         self.unflushed = 0
@@ -107,17 +138,26 @@ class Rekeying:
     # Committing.
 
     def offsets_to_commit(self) -> list[TopicPartition]:
+        """The offsets of the partitions processed since the last commit, with their tables' positions."""
         return [
-            TopicPartition(self.topic, partition, held.next_offset)
+            self._offset(partition, held.next_offset, held.tables)
             for partition, held in self.positions.items()
             if held.progressed and held.next_offset is not None
         ]
+
+    def _offset(self, partition: int, offset: int, tables: Participant | None) -> TopicPartition:
+        if tables is None:
+            return TopicPartition(self.topic, partition, offset)
+        metadata = encode_commit_metadata(tables.positions_to_commit(), offset, {})
+        return TopicPartition(self.topic, partition, offset, metadata)
 
     def committed(self, offsets: Iterable[TopicPartition]) -> None:
         for topic_partition in offsets:
             held = self.positions.get(topic_partition.partition)
             if held is not None:
                 held.committed = topic_partition.offset
+                if held.tables is not None:
+                    held.tables.committed()
         self.unflushed = 0
 
     # Processing.
@@ -130,8 +170,11 @@ class Rekeying:
         index, done = start, 0
         grouping, positions, counts = self._grouping, self.positions, self.counts
         loads, new_key, key_dumps = self._value_loads, grouping.new_key, self._key_dumps
-        produce, target = self._produce, self.target
+        produce, target, tables = self._produce, self.target, self._tables
         as_received = not grouping.before
+        if tables is not None:
+            self._open_tables(messages, start, end)
+            tables.refresh(messages, start, end)
         sent = 0
         try:
             while index < end and done < budget:
@@ -143,6 +186,8 @@ class Rekeying:
                     continue
                 raw = message.value()
                 try:
+                    if tables is not None:
+                        self._point_tables(tables, message, partition)
                     value = loads(raw) if raw is not None else None
                     if as_received:
                         key, encoded = key_dumps(new_key(value)), raw
@@ -152,6 +197,8 @@ class Rekeying:
                     self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
                 except _Dropped:
                     pass
+                except _NoKey:
+                    self._bad_input.handle(message, "join", ValueError(NO_TABLE_KEY))
                 except Exception as error:  # noqa: BLE001 - codec failures are bad input
                     self._bad_input.handle(message, self._stage_of(raw, error), error)
                 else:
@@ -163,6 +210,23 @@ class Rekeying:
         finally:
             self.unflushed += sent
         return index, done
+
+    def _open_tables(self, messages: list[Message], start: int, end: int) -> None:
+        """Open the tables of the held partitions of `messages[start:end]` not opened yet, read up
+        to what each partition's last commit recorded."""
+        assert self._tables is not None
+        for partition in {message.partition() for message in messages[start:end]}:
+            held = self.positions.get(partition)  # type: ignore[arg-type]  # a record's: set
+            if held is not None and held.tables is None:
+                held.tables = self._tables.open(partition, held.recorded)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _point_tables(tables: SourceTables, message: Message, partition: int) -> None:
+        """Apply the table records that come before `message`, and point the joins at its key."""
+        key = message.key()
+        if key is None:
+            raise _NoKey
+        tables.before(partition, key, message.timestamp()[1])
 
     def _encoded(self, value: object) -> tuple[bytes, bytes]:
         """The new key and the value, encoded, after the steps before `group_by` (`_Dropped`: a filter
@@ -184,6 +248,10 @@ class Rekeying:
 
 class _Dropped(Exception):
     """A step before `group_by` dropped the record."""
+
+
+class _NoKey(Exception):
+    """A record joining a partitioned table has no message key."""
 
 
 class BatchPath(Protocol):

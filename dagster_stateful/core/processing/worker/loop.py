@@ -189,7 +189,7 @@ class Worker:
             report.partition_store_metrics = self._committer.metrics.partition_metrics()
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
             report.messages_in_columns = self._batches.messages_in_columns
-            report.table_records_applied = self._tables.applied
+            report.table_records_applied = self._tables.applied + self._source_tables.applied
             try:
                 report.lag, *upstream = self._progress.lags()
                 report.upstream_lag = upstream[0] if upstream else {}
@@ -220,8 +220,12 @@ class Worker:
             kafka.ends,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
-        joins, app_dir, bad_input = self._dataframe.table_joins.values(), self.state.app_dir, self._bad_input
-        self._tables = PartitionedTables(joins, config, kafka, app_dir, bad_input, self._commit_deadline)
+        app_dir, bad_input, deadline = self.state.app_dir, self._bad_input, self._commit_deadline
+        joins, source_joins = self._dataframe.table_joins.values(), self._dataframe.source_table_joins.values()
+        self._tables = PartitionedTables(joins, config, kafka, app_dir, bad_input, deadline)
+        self._source_tables = PartitionedTables(
+            source_joins, config, kafka, app_dir, bad_input, deadline, stream_topic=config.source
+        )
         restorer = Restorer(
             kafka, self._restore_consumer, self.listeners, config.restore_batch_size, group=config.restore_group
         )
@@ -230,7 +234,11 @@ class Worker:
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
         grouping = self._dataframe.grouping
         produce, rekeyed = self._committer.produce, self.report.rekeyed
-        self._rekeying = None if grouping is None else Rekeying(config, grouping, self._bad_input, produce, rekeyed)
+        self._rekeying = (
+            None
+            if grouping is None
+            else Rekeying(config, grouping, self._bad_input, produce, rekeyed, self._source_tables or None)
+        )
         self._purge = RepartitionPurge.of_app(config, kafka)
         self._assignments = PartitionAssignments(
             config,
@@ -438,7 +446,7 @@ class Worker:
                 BoundedCalls(what).close(
                     f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
                 )
-        for tables in (getattr(self, "_globals", None), getattr(self, "_tables", None)):
+        for tables in (getattr(self, name, None) for name in ("_globals", "_tables", "_source_tables")):
             if tables is not None:
                 tables.close_all(self._close_time())
         committer = getattr(self, "_committer", None)

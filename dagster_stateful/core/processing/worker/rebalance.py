@@ -256,7 +256,8 @@ class PartitionAssignments:
             restored.stream_times,
         )
         if self._tables is not None:
-            self._tables.open(self.transactions[restored.partition], dict(restored.stream_times))
+            txn = self.transactions[restored.partition]
+            txn.participant = self._tables.open(restored.partition, dict(restored.stream_times))
         source, partition = self.config.task_topic, restored.partition
         query = self._kafka.time_left(END_QUERY_SECONDS, at_least=0.1)  # a bounded worker stays bounded
         bound_unknown_prefixes(

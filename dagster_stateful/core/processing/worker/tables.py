@@ -56,7 +56,6 @@ from dagster_stateful.core.processing.worker.co_partitioning import PlacementChe
 from dagster_stateful.core.processing.worker.table_partition import NO_TIME, TablePartition, position_of
 from dagster_stateful.core.state.commit_metadata import JOIN_STREAM_TIME, table_entry
 from dagster_stateful.core.state.directory import TABLES_DIR
-from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ LOCK_SECONDS = 30.0
 
 
 class TaskTables:
-    """The tables of one task partition, as a participant of its transaction
+    """The tables of one partition of the stream that joins them, as a participant of its commit
     (`transaction.Participant`): their positions and the join's stream time commit with it."""
 
     def __init__(self, owner: PartitionedTables, partition: int, held: list[TablePartition], stream_time: int) -> None:
@@ -124,9 +123,13 @@ class PartitionedTables:
         app_dir: Path,
         bad_input: BadInputHandler,
         deadline: Deadline,
+        stream_topic: str | None = None,
     ) -> None:
-        """tables: each joined table with the join's grace in ms (the same for all)."""
+        """tables: each joined table with the join's grace in ms (the same for all). stream_topic:
+        the topic whose records join them, partition for partition (the task's topic unless given:
+        the source, for tables joined before `group_by`)."""
         joined = list(tables)
+        self.stream_topic = stream_topic or config.task_topic
         self._tables = [table for table, _ in joined]
         self.grace_ms = max((grace for _, grace in joined), default=0)
         self._config = config
@@ -163,15 +166,14 @@ class PartitionedTables:
 
         return row
 
-    def open(self, txn: PartitionTransaction, recorded: dict[str, int]) -> None:
-        """Take the tables of task partition `txn.partition`, read up to what its last commit
-        recorded (`recorded`: the commit's metadata entries), as a participant of `txn`."""
-        partition = txn.partition
+    def open(self, partition: int, recorded: dict[str, int]) -> TaskTables:
+        """Take the tables of stream partition `partition`, read up to what its last commit recorded
+        (`recorded`: the commit's metadata entries); returns them, to commit with the partition."""
         self.close(partition)  # a store found damaged opens its partition again
         if self._placement is None:
-            partitions = self._kafka.partition_count(self._config.task_topic) or 0
-            rekeyed = self._config.repartition_topic is not None
-            self._placement = PlacementCheck(self._config.task_topic, partitions, rekeyed)
+            partitions = self._kafka.partition_count(self.stream_topic) or 0
+            rekeyed = self.stream_topic == self._config.repartition_topic
+            self._placement = PlacementCheck(self.stream_topic, partitions, rekeyed)
         held: list[TablePartition] = []
         task = TaskTables(self, partition, held, recorded.get(JOIN_STREAM_TIME, NO_TIME))
         self.tasks[partition] = task
@@ -188,7 +190,7 @@ class PartitionedTables:
         except BaseException:
             self.close(partition)
             raise
-        txn.participant = task
+        return task
 
     def _catch_up(self, held: TablePartition, stored: int | None, newest: int, committed: int | None) -> None:
         """Bring `held` to the task's last commit (`committed`: the table offset it recorded)."""
@@ -281,10 +283,11 @@ class PartitionedTables:
                 consumer.pause([held.topic_partition])
                 held.paused = True
 
-    def refresh(self, messages: list[Message], start: int) -> None:
-        """At the start of a batch: fetch the tables of its partitions up to the ends they have now,
-        as the table consumer last heard them from the brokers (asked once, the first time)."""
-        partitions = {message.partition() for message in messages[start:] if message.error() is None}
+    def refresh(self, messages: list[Message], start: int, end: int | None = None) -> None:
+        """At the start of a batch (`messages[start:end]`, of the stream topic): fetch the tables of
+        its partitions up to the ends they have now, as the table consumer last heard them from the
+        brokers (asked once, the first time)."""
+        partitions = {message.partition() for message in messages[start:end] if message.error() is None}
         wanted = [held for p in partitions if p in self.tasks for held in self.tasks[p].held]
         if not wanted:
             return
@@ -295,12 +298,12 @@ class PartitionedTables:
                 _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
             if held.fetched < high and not held.paused:
                 self._fetch_until(held, high)
-        self.prefetch(messages, start)
+        self.prefetch(messages, start, end)
 
-    def prefetch(self, messages: list[Message], start: int) -> None:
-        """Read the rows the records of `messages[start:]` will join, one multi-get per table partition."""
+    def prefetch(self, messages: list[Message], start: int, end: int | None = None) -> None:
+        """Read the rows the records of `messages[start:end]` will join, one multi-get per table partition."""
         keys: dict[int, list[bytes]] = {}
-        for message in messages[start:]:
+        for message in messages[start:end]:
             key = message.key()
             if key is not None and message.error() is None:
                 keys.setdefault(message.partition(), []).append(key)  # type: ignore[arg-type]  # a record's: set
@@ -400,7 +403,7 @@ class PartitionedTables:
                 "%s[%d] holds more than %d records waiting for the grace of %d ms: the oldest join before their "
                 "grace has passed (a table update later than that is missed). Shorten the grace, or give the "
                 "partition fewer records per grace period",
-                self._config.task_topic,
+                self.stream_topic,
                 task.partition,
                 MAX_WAITING,
                 self.grace_ms,
