@@ -30,11 +30,10 @@ in a process of its own, one after another:
   (`engine`: `.update(...)`), Kafka Streams' `join(builder.table(<table topic>), joiner)` (a persistent
   store; topology.optimization=all, so the table's topic is its changelog too) then
   `groupBy((key, value) -> tier).aggregate(...)` through its repartition topic. This engine's table is
-  --engine-join: "table", a partitioned table on the message key (`app.table`), which the engine
-  refuses before a `group_by` today (it joins on the key the state is partitioned by), or "global"
-  (the default while it does), a global table looked up by the order's "customer" field
-  (`app.global_table`; the same rows, every partition of the table read by the one worker, as Kafka
-  Streams' one stream thread reads every partition of its KTable). Messages/s as for "group_by", from
+  --engine-join: "table" (the default, like for like), a partitioned table on the message key
+  (`app.table`, kept beside the orders' partitions, as Kafka Streams' KTable), or "global", a global
+  table looked up by the order's "customer" field (`app.global_table`; the same rows, every
+  partition of the table read by the one worker). Messages/s as for "group_by", from
   the start (the table's read included, for both) until every order was in its tier's total; the
   totals per tier are checked against the ones recomputed from the orders and the table. Quix
   Streams is left out, as on "group_by".
@@ -538,9 +537,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--engine-join",
         choices=ENGINE_JOINS,
-        default="global",
-        help="this engine's table on 'join': a global table, or a partitioned one (App.table; the engine "
-        "refuses its join before group_by today)",
+        default="table",
+        help="this engine's table on 'join': a partitioned table on the message key (App.table), or a global "
+        "table on the order's customer field (App.global_table)",
     )
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds, for every system")

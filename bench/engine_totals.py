@@ -14,8 +14,7 @@ e.g. "tier", added to the order), before --group-by: with --join-kind table (the
 partitioned table on the message key, `app.table(TOPIC, name="customers")` (Kafka Streams' KTable;
 the topic co-partitioned with the source), with --join-kind global a global table looked up by the
 order's "customer" field, `app.global_table(TOPIC, name="customers")` (Kafka Streams' GlobalKTable).
-The engine refuses a partitioned table's join before `group_by` (it joins on the key the state is
-partitioned by): --join-kind table with --group-by fails at declaration, with the engine's message. It runs one
+It runs one
 bounded worker until caught up: from the start of the source the first time; run again after the
 caller deleted the local state and appended messages, the worker first restores the store from its
 changelog (the report's restores say how many records; the restores' span, first start to last

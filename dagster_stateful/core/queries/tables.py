@@ -2,8 +2,9 @@
 
 Owns `describe_tables`: per table and partition, where the group's last commit has the table
 applied up to (the position a worker records in the commit metadata of the partition of the
-stream that joins the table, `commit_metadata.table_entry`), where the table's topic starts and ends for a `read_committed`
-reader, the table records not applied by that commit yet, and whether this machine holds a copy.
+stream that joins the table, `commit_metadata.table_entry`), where the table's topic starts and
+ends for a `read_committed` reader, the table records not applied by that commit yet, and whether
+this machine holds a copy.
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def test_joins_that_cannot_work_are_refused_before_processing(kafka_bootstrap, u
     with pytest.raises(ConfigurationError, match="joins on the message key"):
         app.dataframe().join(plain, on="customer")
     versioned = app.table(not_compacted, name="versioned", history=60_000)
-    with pytest.raises(ConfigurationError, match="with a grace .* cannot come before group_by"):
+    with pytest.raises(ConfigurationError, match=r"with a grace .* cannot come before group_by"):
         app.dataframe().join(versioned, grace=1000).group_by("tier")
 
 
