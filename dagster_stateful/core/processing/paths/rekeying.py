@@ -1,8 +1,10 @@
 """The source side of a re-keying app: its records go, under their new key, to the repartition topic.
 
 Owns `Rekeying`: the source partitions a worker holds when its app re-keys (`group_by`), which keep
-no state (only where each was committed and how far it was processed), and the path their messages
-take: decode the value, run the stateless steps declared before `group_by`, compute the new key and
+no state but the partitioned tables joined before `group_by` (`SourceTables`: opened at a
+partition's first record, their positions committed in its offset's metadata), and the path their
+messages take: decode the value, point the tables at the record (which must have a key), run the
+stateless steps declared before `group_by` (joins among them), compute the new key and
 produce the record, with the source record's timestamp, to the repartition topic through the commit
 path, so that under exactly-once it belongs to the transaction that also commits the source offset,
 and at-least-once it is acknowledged before that offset is committed. A message the codecs, the

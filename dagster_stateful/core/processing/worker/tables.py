@@ -1,6 +1,9 @@
-"""Partitioned tables in a worker: table partition N kept beside task partition N, committed with it.
+"""Partitioned tables in a worker: table partition N kept beside stream partition N, committed with it.
 
-Owns `PartitionedTables`, the tables (`joins.Table`) the steps join on the message key. For each
+Owns `PartitionedTables`, the tables (`joins.Table`) the steps join on the message key. The
+records that join them are the task's (tables joined after `group_by`, or in an app that does not
+re-key), or the source's in a re-keying app (tables joined before `group_by`, whose partitions
+`rekeying.Rekeying` holds); "task partition" below means a partition of either. For each
 task partition a worker holds, each table's partition of the same number is a `TablePartition`: a
 RocksDB database under the app's state directory (`tables/<table>/<partition>`) holding the latest
 value of each key (a versioned table: every version kept in its history, `state.versions`), and,
@@ -16,7 +19,8 @@ consumer last heard from the brokers (asked the first time), short of an open tr
 records, so that what was on the broker when the batch arrived is seen.
 
 **Commit.** A table's changes since the last commit stay in memory. Each commit records, in the
-task partition's commit metadata (`commit_metadata.table_entry`), the offset of the next table
+task partition's commit metadata (`commit_metadata.table_entry`; for a source partition, in the
+metadata of its offset's commit), the offset of the next table
 record to apply; once the commit went through, the changes are written with that offset in one
 write batch (`Participant.committed`). An aborted or lost commit drops them and reads the table
 again from the committed offset, so the table and the task records always agree. On assignment a
