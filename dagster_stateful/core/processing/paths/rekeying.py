@@ -24,6 +24,7 @@ from typing import Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.dsl.group_by import GroupBy
 from dagster_stateful.core.processing.dsl.joins import NO_TABLE_KEY
 from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed, run_chain
@@ -97,6 +98,22 @@ class Rekeying:
         """The source partitions held, by partition."""
         self.unflushed = 0
         """Records sent to the repartition topic since the last commit."""
+
+    @classmethod
+    def of_app(
+        cls,
+        config: AppConfig,
+        dataframe: StreamingDataFrame,
+        bad_input: BadInputHandler,
+        produce: Produce,
+        counts: dict[int, int],
+        tables: SourceTables,
+    ) -> Rekeying | None:
+        """The re-keying of an app whose steps re-key (None for one that does not); `tables`: those
+        joined before `group_by` (none when empty)."""
+        if dataframe.grouping is None:
+            return None
+        return cls(config, dataframe.grouping, bad_input, produce, counts, tables if tables else None)
 
     # Partitions taken and let go.
 

@@ -220,11 +220,8 @@ class Worker:
             kafka.ends,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
-        app_dir, bad_input, deadline = self.state.app_dir, self._bad_input, self._commit_deadline
-        joins, source_joins = self._dataframe.table_joins.values(), self._dataframe.source_table_joins.values()
-        self._tables = PartitionedTables(joins, config, kafka, app_dir, bad_input, deadline)
-        self._source_tables = PartitionedTables(
-            source_joins, config, kafka, app_dir, bad_input, deadline, stream_topic=config.source
+        self._tables, self._source_tables = PartitionedTables.of_app(
+            self._dataframe, config, kafka, self.state.app_dir, self._bad_input, self._commit_deadline
         )
         restorer = Restorer(
             kafka, self._restore_consumer, self.listeners, config.restore_batch_size, group=config.restore_group
@@ -232,12 +229,8 @@ class Worker:
         self._offset_reader = kafka.consumer({"group.id": config.consumer_group, "enable.auto.commit": False})
         self._standbys = standbys_for(config, kafka, self.state, self._consumer, self._offset_reader, self.partitions)
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
-        grouping = self._dataframe.grouping
-        produce, rekeyed = self._committer.produce, self.report.rekeyed
-        self._rekeying = (
-            None
-            if grouping is None
-            else Rekeying(config, grouping, self._bad_input, produce, rekeyed, self._source_tables or None)
+        self._rekeying = Rekeying.of_app(
+            config, self._dataframe, self._bad_input, self._committer.produce, self.report.rekeyed, self._source_tables
         )
         self._purge = RepartitionPurge.of_app(config, kafka)
         self._assignments = PartitionAssignments(
@@ -342,8 +335,7 @@ class Worker:
 
     def _commit_before_closing(self, assignments: PartitionAssignments) -> None:
         """Commit what the held partitions processed since the last commit, as their revocation would
-        (a failure is only logged: the run's own error, if any, is the one raised); nothing once a
-        commit or a delivery failed, after which the run commits nothing more."""
+        (a failure is only logged: the run's own error is the one raised); nothing after a failure."""
         if assignments.dirty or not assignments.transactions or self._committer.failed:
             return
         try:

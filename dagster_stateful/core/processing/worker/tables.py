@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -53,11 +52,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.dsl.joins import Table, record_fault
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.worker.co_partitioning import PlacementCheck
 from dagster_stateful.core.processing.worker.table_partition import NO_TIME, TablePartition, position_of
+from dagster_stateful.core.processing.worker.task_tables import TaskTables
 from dagster_stateful.core.state.commit_metadata import JOIN_STREAM_TIME, table_entry
 from dagster_stateful.core.state.directory import TABLES_DIR
 from dagster_stateful.errors import RecoveryError
@@ -74,48 +75,6 @@ MAX_WAITING = 200_000
 """Records that may wait for a join's grace per partition (about 100 MiB of typical records)."""
 LOCK_SECONDS = 30.0
 """How long opening a table partition waits for its previous holder on this machine to let it go."""
-
-
-class TaskTables:
-    """The tables of one partition of the stream that joins them, as a participant of its commit
-    (`transaction.Participant`): their positions and the join's stream time commit with it."""
-
-    def __init__(self, owner: PartitionedTables, partition: int, held: list[TablePartition], stream_time: int) -> None:
-        self._owner = owner
-        self.partition = partition
-        self.held = held
-        self.stream_time = self.committed_stream_time = stream_time
-        self.waiting: deque[Message] = deque()
-        """Records waiting for the grace to pass, in offset order."""
-        self.released: list[Message] = []
-        """Records whose grace passed, not processed yet, in offset order."""
-        self.by_name: dict[str, TablePartition] = {}
-        """The partitions held, by table name (filled as they open)."""
-
-    def positions_to_commit(self) -> dict[str, int]:
-        positions = {table_entry(held.table.name): held.applied for held in self.held}
-        if self._owner.grace_ms:
-            positions[JOIN_STREAM_TIME] = max(self.stream_time, 0)
-        return positions
-
-    def committed_positions(self) -> dict[str, int]:
-        positions = {table_entry(held.table.name): held.committed for held in self.held}
-        if self._owner.grace_ms:
-            positions[JOIN_STREAM_TIME] = max(self.committed_stream_time, 0)
-        return positions
-
-    def committed(self) -> None:
-        for held in self.held:
-            held.commit()
-        self.committed_stream_time = self.stream_time
-
-    def roll_back(self) -> None:
-        self.waiting.clear()
-        self.released.clear()
-        self.stream_time = self.committed_stream_time
-        for held in self.held:
-            held.roll_back()
-        self._owner.reposition(self.held)
 
 
 class PartitionedTables:
@@ -157,6 +116,21 @@ class PartitionedTables:
         """Records that joined before their grace passed, to keep the records waiting within `MAX_WAITING`."""
         for table in self._tables:
             table.bind_reader(self._reader(table.name))
+
+    @classmethod
+    def of_app(
+        cls,
+        dataframe: StreamingDataFrame,
+        config: AppConfig,
+        kafka: KafkaClients,
+        app_dir: Path,
+        bad_input: BadInputHandler,
+        deadline: Deadline,
+    ) -> tuple[PartitionedTables, PartitionedTables]:
+        """The tables joined with the task's records, and those joined before `group_by` (with the source's)."""
+        after = cls(dataframe.table_joins.values(), config, kafka, app_dir, bad_input, deadline)
+        before = cls(dataframe.source_table_joins.values(), config, kafka, app_dir, bad_input, deadline, config.source)
+        return after, before
 
     def __bool__(self) -> bool:
         return bool(self._tables)
