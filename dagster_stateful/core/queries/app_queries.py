@@ -1,9 +1,10 @@
 """The App's queries of its state from outside a run: descriptions, reads, key lookups, digests.
 
 Owns `AppQueries`, the part of the `App` façade that answers questions about state without running
-a worker: `describe_partitions()`, `replay_digest()`, `store_profile()`, `read_state()`,
-`read_key()`, `key_location()`, `store_shape()` and `row_decoder()`. The `App` inherits it and
-provides the configuration, the Kafka clients, the state directory and the declared steps.
+a worker: `describe_partitions()`, `describe_tables()`, `describe_inputs()`, `replay_digest()`,
+`store_profile()`, `read_state()`, `read_key()`, `key_location()`, `store_shape()` and
+`row_decoder()`. The `App` inherits it and provides the configuration, the Kafka clients, the state
+directory and the declared steps.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dagster_stateful.core.kafka.error_codes import kafka_errors
 from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.queries.describe import PartitionDescription, describe_partitions
+from dagster_stateful.core.queries.input_lag import InputsLag, describe_inputs
 from dagster_stateful.core.queries.key_location import KeyLocation, locate_key
 from dagster_stateful.core.queries.key_reads import KeyRead, read_key
 from dagster_stateful.core.queries.tables import TablePartitionDescription, describe_tables
@@ -67,6 +69,12 @@ class AppQueries(ABC):
         the table's end, and the records not applied yet."""
         with kafka_errors(f"describing the tables of app {self.name!r}"):
             return describe_tables(self.config, self.kafka, self.state, partitions)
+
+    def describe_inputs(self) -> InputsLag:
+        """The work waiting on every input: messages left on the source (and the repartition topic),
+        the partitioned tables' records not applied, and the global tables' sizes."""
+        with kafka_errors(f"reading the lag of app {self.name!r} on its inputs"):
+            return describe_inputs(self.config, self.kafka, self.state)
 
     def replay_digest(self, store: str, partition: int) -> Digest:
         """Digest of a store partition rebuilt from its changelog alone, in a scratch directory."""
