@@ -7,10 +7,12 @@ group; over chosen partitions (the store is partitioned by Kafka partition) it p
 them, so one partition can be restored and brought up to date from the UI (`worker_runs` runs it
 and records what it did). Materializing a
 snapshot has Spark fold the changelog, up to what the consumer group committed, into the store's
-next snapshot.
+next snapshot; a partitioned table's snapshot is its topic folded up to the positions the group's
+commits applied it to.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from dagster import (
     AssetCheckResult,
@@ -30,24 +32,35 @@ from pydantic import Field
 from dagster_stateful.checks import freshness_check_spec, table_check_spec
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicStatus
-from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.table_snapshots import table_snapshots
+from dagster_stateful.core.state.decoding import RowDecoder
 from dagster_stateful.core.state_tables.table import write_snapshot_table
-from dagster_stateful.metadata import changelog_states, snapshot_metadata, state_table_metadata
+from dagster_stateful.metadata import (
+    changelog_states,
+    snapshot_metadata,
+    state_table_metadata,
+    table_snapshot_metadata,
+)
 from dagster_stateful.naming import (
     changelog_key,
     group_name,
     job_name,
     snapshot_key,
+    snapshot_tables,
     source_key,
     state_topic_key,
     store_key,
+    table_snapshot_key,
     table_store_key,
     worker_pool,
 )
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
+from dagster_stateful.state_table import table_row_decoder
 from dagster_stateful.state_table_loader import (
     APP_METADATA,
     STORE_METADATA,
+    TABLE_METADATA,
     state_table_io_manager,
     state_table_io_manager_key,
 )
@@ -215,6 +228,10 @@ class SnapshotConfig(Config):
 
 
 def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
+    """The snapshot assets of `app`: one per store (with changelog topics), downstream of its
+    changelog, and one per partitioned table (but a versioned one), downstream of the table's topic,
+    its changelog; materialized together, by Spark."""
+    stores = app.stores if app.config.use_changelog_topics else []
     specs = [
         AssetSpec(
             snapshot_key(app, store, translator),
@@ -226,7 +243,20 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
             "(one row per state value) is written beside it, and an asset taking this one as an input receives it.",
             metadata={APP_METADATA: app.name, STORE_METADATA: store},
         ).with_io_manager_key(state_table_io_manager_key(app))
-        for store in app.stores
+        for store in stores
+    ] + [
+        AssetSpec(
+            table_snapshot_key(app, table, translator),
+            deps=[translator.get_topic_key(app.config.tables[table])],
+            group_name=group_name(app, translator),
+            kinds={"spark", "parquet"},
+            description=f"Compacted snapshot of partitioned table `{table}` (from its topic "
+            f"`{app.config.tables[table]}`, up to the positions the app's commits applied it to; Parquet per Kafka "
+            "partition, keys sorted), built by Spark; `App.restore_table_partitions` loads it. Its decoded table "
+            "(one row per key) is written beside it, and an asset taking this one as an input receives it.",
+            metadata={APP_METADATA: app.name, TABLE_METADATA: table},
+        ).with_io_manager_key(state_table_io_manager_key(app))
+        for table in snapshot_tables(app)
     ]
 
     # The assets carry the IO manager that hands them to downstream assets, so no caller supplies it;
@@ -242,18 +272,17 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
         kafka: KafkaResource = context.resources.kafka
         state_store: StateStoreResource = context.resources.state_store
         spark: SparkRunner = context.resources.spark
-        if not state_store.snapshot_root:
+        root = state_store.snapshot_root
+        if not root:
             raise Failure(
                 description="Snapshots need a location: set `snapshot_root` on the state_store resource "
                 "(a path or a URI Spark can write)."
             )
-        for store in app.stores:
+        for store in stores:
             key = snapshot_key(app, store, translator)
-            snapshot_store = SnapshotStore(state_store.snapshot_root, app.name, store)
+            snapshot_store = SnapshotStore(root, app.name, store)
             manifest = spark.take_snapshot(context.op_execution_context, kafka, app, snapshot_store, config.keep, key)
-            metadata = snapshot_metadata(manifest, snapshot_store.snapshot_location(manifest.snapshot_id))
-            table = write_snapshot_table(app.row_decoder(store), snapshot_store, manifest)
-            metadata |= state_table_metadata(table, snapshot_store.table_location(manifest.snapshot_id))
+            metadata = _with_table(manifest, snapshot_store, app.row_decoder(store), snapshot_metadata)
             if metadata["partitions_cut_short"]:
                 context.log.info(
                     "Snapshot of %s stops short of the changelog's end in %d partition(s) (records of uncommitted "
@@ -262,5 +291,25 @@ def snapshot_assets(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATO
                     metadata["partitions_cut_short"],
                 )
             yield MaterializeResult(asset_key=key, metadata=metadata)
+        for table in snapshot_tables(app):
+            key = table_snapshot_key(app, table, translator)
+            snapshot_store = table_snapshots(root, app.name, table)
+            manifest = spark.take_table_snapshot(
+                context.op_execution_context, kafka, app, snapshot_store, config.keep, key
+            )
+            metadata = _with_table(manifest, snapshot_store, table_row_decoder(app, table), table_snapshot_metadata)
+            yield MaterializeResult(asset_key=key, metadata=metadata)
 
     return snapshots
+
+
+def _with_table(
+    manifest: SnapshotManifest,
+    snapshots: SnapshotStore,
+    decoder: RowDecoder,
+    described: Callable[[SnapshotManifest, str], dict[str, Any]],
+) -> dict[str, Any]:
+    """A snapshot's metadata (`described`), its decoded table written beside it and described too."""
+    metadata = described(manifest, snapshots.snapshot_location(manifest.snapshot_id))
+    table = write_snapshot_table(decoder, snapshots, manifest)
+    return metadata | state_table_metadata(table, snapshots.table_location(manifest.snapshot_id))

@@ -37,7 +37,7 @@ from dagster_stateful.jobs import (
     spark_restore_job,
     worker_job,
 )
-from dagster_stateful.naming import store_key
+from dagster_stateful.naming import snapshot_keys, store_key
 from dagster_stateful.resources import KafkaResource, SparkRunner, StatefulSparkResource, StateStoreResource
 from dagster_stateful.state_table_jobs import bootstrap_state_job, transform_state_job
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
@@ -177,11 +177,12 @@ class _Parts:
         if app.config.use_changelog_topics or app.config.repartition is not None:
             self.assets.append(changelog_assets(app, translator))
             self.jobs.append(provision_job(app, translator))
-        if not app.config.use_changelog_topics:
-            return target
-        compaction = compaction_job(app, translator)
-        self.assets.append(snapshot_assets(app, translator))
-        self.jobs += [spark_restore_job(app, translator), compaction]
-        self.jobs += [bootstrap_state_job(app, translator), transform_state_job(app, translator)]
-        self.schedules.append(compaction_schedule(app, compaction, compaction_cron, status))
+        if snapshot_keys(app, translator):  # the stores' (with changelogs) and the partitioned tables'
+            compaction = compaction_job(app, translator)
+            self.assets.append(snapshot_assets(app, translator))
+            self.jobs.append(compaction)
+            self.schedules.append(compaction_schedule(app, compaction, compaction_cron, status))
+        if app.config.use_changelog_topics:
+            self.jobs += [spark_restore_job(app, translator), bootstrap_state_job(app, translator)]
+            self.jobs.append(transform_state_job(app, translator))
         return target

@@ -5,9 +5,11 @@ the store's: compact, or compact,delete for a window store; both judged by the a
 plan, the verdict the provision job and workers act on; no local stored offset beyond the
 changelog's end, the sign of a recreated changelog; the group's committed source offset not below
 the source's low watermark, the sign of data lost to retention; up-to-date local partitions equal
-a changelog replay, by digest), on each snapshot asset (not too old) and on each state-store asset
-(local state not too far behind its changelog: evaluated by the store's own materialization, so
-every worker run carries its result). Each result says what it found, where, and what to do.
+a changelog replay, by digest), on each snapshot asset (not too old; a partitioned table's
+snapshot too, in one multi-asset check per app, `<app>__table_snapshot_checks`) and on each
+state-store asset (local state not too far behind its changelog: evaluated by the store's own
+materialization, so every worker run carries its result). Each result says what it found, where,
+and what to do.
 
 The checks of one store are one multi-asset check (`<app>__<store>_checks`): a run of several
 of them is one step, which reads the topic's description and the local partitions once, instead
@@ -37,14 +39,24 @@ from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.provisioning import TopicAspect, TopicCheck, TopicStatus
 from dagster_stateful.core.queries.describe import PartitionDescription
 from dagster_stateful.core.queries.tables import TablePartitionDescription
-from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
+from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.table_snapshots import table_snapshots
 from dagster_stateful.core.recovery.verification import Digest, partition_digest
 from dagster_stateful.errors import StateLockedError
-from dagster_stateful.naming import changelog_key, job_name, snapshot_key, store_key, table_store_key
+from dagster_stateful.naming import (
+    changelog_key,
+    job_name,
+    snapshot_key,
+    snapshot_tables,
+    store_key,
+    table_snapshot_key,
+    table_store_key,
+)
 from dagster_stateful.resources import KafkaResource, StateStoreResource
 from dagster_stateful.translator import DEFAULT_TRANSLATOR, StatefulTranslator
 
 FRESHNESS_CHECK = "local_state_fresh"
+SNAPSHOT_FRESH = "snapshot_fresh"
 Verdict = dict[str, Any]
 """An `AssetCheckResult`'s fields other than the check's key."""
 
@@ -59,10 +71,12 @@ def stateful_checks(
     store; with `check_cron`, each is evaluated on that schedule and after each materialization of
     its asset by a Dagster automation-condition sensor (`automation.checks_sensor`), so it never
     stays "Not evaluated". The store's own check is part of the store asset (`freshness_check_spec`)."""
-    if not app.config.use_changelog_topics:
-        return []
     automation = _automation(check_cron)
-    return [_store_checks(app, store, max_snapshot_age_hours, translator, automation) for store in app.stores]
+    stores = app.stores if app.config.use_changelog_topics else []
+    checks = [_store_checks(app, store, max_snapshot_age_hours, translator, automation) for store in stores]
+    if snapshot_tables(app):
+        checks.append(_table_snapshot_checks(app, max_snapshot_age_hours, translator, automation))
+    return checks
 
 
 def _automation(check_cron: str | None) -> AutomationCondition | None:
@@ -173,9 +187,7 @@ def _checks_of(store: str, max_age_hours: float) -> list[_Check]:
             "as the store a replay of this changelog gives (SHA-256 digests).",
             _matches_replay,
         ),
-        _Check(
-            "snapshot_fresh", True, f"The latest snapshot is younger than {max_age_hours:g} hours.", _snapshot_fresh
-        ),
+        _Check(SNAPSHOT_FRESH, True, f"The latest snapshot is younger than {max_age_hours:g} hours.", _snapshot_fresh),
     ]
 
 
@@ -356,9 +368,53 @@ def _local_digest(app: App, store: str, partition: int) -> Digest | None:
 
 
 def _snapshot_fresh(evidence: _Evidence) -> Verdict:
-    if not evidence.snapshot_root:
+    root = evidence.snapshot_root
+    latest = SnapshotStore(root, evidence.app.name, evidence.store).latest() if root else None
+    return _fresh(root, latest, evidence.max_snapshot_age_hours)
+
+
+def _table_snapshot_checks(
+    app: App, max_age_hours: float, translator: StatefulTranslator, automation: AutomationCondition | None
+) -> AssetChecksDefinition:
+    """The `snapshot_fresh` check of each partitioned table's snapshot asset, as a store snapshot's."""
+    keys = {
+        table: AssetCheckKey(table_snapshot_key(app, table, translator), SNAPSHOT_FRESH)
+        for table in snapshot_tables(app)
+    }
+    specs = [
+        AssetCheckSpec(
+            SNAPSHOT_FRESH,
+            asset=key.asset_key,
+            description=f"The latest snapshot of table `{table}` is younger than {max_age_hours:g} hours.",
+            automation_condition=automation,
+        )
+        for table, key in keys.items()
+    ]
+
+    @multi_asset_check(
+        name=job_name(app, "table_snapshot_checks"),
+        specs=specs,
+        can_subset=True,
+        description="The checks of the partitioned tables' snapshots.",
+    )
+    def table_snapshot_checks(
+        context: AssetCheckExecutionContext, state_store: StateStoreResource
+    ) -> Iterator[AssetCheckResult]:
+        root = state_store.snapshot_root
+        for table, key in keys.items():
+            if key in context.selected_asset_check_keys:
+                latest = table_snapshots(root, app.name, table).latest() if root else None
+                yield AssetCheckResult(
+                    asset_key=key.asset_key, check_name=key.name, **_fresh(root, latest, max_age_hours)
+                )
+
+    return table_snapshot_checks
+
+
+def _fresh(root: str | None, latest: SnapshotManifest | None, max_age_hours: float) -> Verdict:
+    """The `snapshot_fresh` verdict on the latest snapshot of a store or a table."""
+    if not root:
         return {"passed": True, "description": "snapshots are not configured (no snapshot_root)"}
-    latest = SnapshotStore(evidence.snapshot_root, evidence.app.name, evidence.store).latest()
     if latest is None:
         return {
             "passed": False,
@@ -366,7 +422,7 @@ def _snapshot_fresh(evidence: _Evidence) -> Verdict:
             "description": "no snapshot yet: materialize the snapshot asset",
         }
     age_hours = latest.age_seconds / 3600
-    fresh = age_hours <= evidence.max_snapshot_age_hours
+    fresh = age_hours <= max_age_hours
     return {
         "passed": fresh,
         "severity": AssetCheckSeverity.WARN,

@@ -28,7 +28,7 @@ from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.recovery.offline_restore import PartitionRestore
 from dagster_stateful.errors import ConfigurationError
 from dagster_stateful.metadata import partition_metadata, restore_metadata
-from dagster_stateful.naming import internal_topic_keys, job_name, snapshot_key, store_key, worker_pool
+from dagster_stateful.naming import internal_topic_keys, job_name, snapshot_keys, store_key, worker_pool
 from dagster_stateful.resources import KafkaResource, SparkRunner, StateStoreResource
 from dagster_stateful.run_progress import RestoreProgressLog
 from dagster_stateful.state_rows import copy_summary, key_read_rows, state_rows
@@ -84,8 +84,9 @@ def provision_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR)
 def compaction_job(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR):
     return define_asset_job(
         job_name(app, "compaction"),
-        selection=AssetSelection.assets(*(snapshot_key(app, s, translator) for s in app.stores)),
-        description=f"Spark folds the changelogs of `{app.name}` into new snapshots.",
+        selection=AssetSelection.assets(*snapshot_keys(app, translator)),
+        description=f"Spark folds the changelogs of `{app.name}` (its stores' and its partitioned tables' topics) "
+        "into new snapshots.",
     )
 
 

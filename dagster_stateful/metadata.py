@@ -254,6 +254,19 @@ def snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, An
     }
 
 
+def table_snapshot_metadata(manifest: SnapshotManifest, location: str) -> dict[str, Any]:
+    """A partitioned table's snapshot asset's materialization: as a store snapshot's, with the
+    positions the group's commits applied the table to (where it is cut) instead of source offsets;
+    `records_left_to_replay` counts the topic's records past them."""
+    metadata = snapshot_metadata(manifest, location)
+    del metadata["committed_source_offsets"]
+    positions = manifest.extra.get("committed_table_positions", {})
+    return metadata | {
+        "committed_table_positions": MetadataValue.json(positions),
+        "stream_topic": manifest.extra.get("stream_topic", ""),
+    }
+
+
 STATE_TABLE_SAMPLE_ROWS = 10
 
 

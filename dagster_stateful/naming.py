@@ -19,8 +19,11 @@ __all__ = [
     "job_name",
     "python_name",
     "snapshot_key",
+    "snapshot_keys",
+    "snapshot_tables",
     "source_key",
     "store_key",
+    "table_snapshot_key",
     "worker_pool",
 ]
 
@@ -59,6 +62,24 @@ def table_store_key(app: App, table: str, translator: StatefulTranslator = DEFAU
 
 def snapshot_key(app: App, store: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
     return translator.get_snapshot_key(app, store)
+
+
+def table_snapshot_key(app: App, table: str, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> AssetKey:
+    return translator.get_table_snapshot_key(app, table)
+
+
+def snapshot_tables(app: App) -> list[str]:
+    """The partitioned tables of `app` that have snapshots: every one but the versioned (see
+    `core.recovery.table_snapshots`)."""
+    return [table for table in app.config.tables if not app.partitioned_table(table).versioned]
+
+
+def snapshot_keys(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetKey]:
+    """The snapshot assets of `app`: its stores' (with changelog topics) and its tables'."""
+    stores = app.stores if app.config.use_changelog_topics else []
+    return [snapshot_key(app, store, translator) for store in stores] + [
+        table_snapshot_key(app, table, translator) for table in snapshot_tables(app)
+    ]
 
 
 def group_name(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> str:

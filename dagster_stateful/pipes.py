@@ -1,8 +1,9 @@
 """The Spark jobs launched through Dagster Pipes: `python -m dagster_stateful.spark` in its own process.
 
-Owns `SparkPipesResource`, the `SparkRunner` that runs the snapshot job and the SST writer of the
-Spark restore as a separate command (by default this interpreter; `spark-submit` or a cluster's
-own submitter in production) under Dagster's `PipesSubprocessClient`, so the job's logs and
+Owns `SparkPipesResource`, the `SparkRunner` that runs the snapshot jobs (a store's, a partitioned
+table's) and the SST writer of the Spark restore as a separate command (by default this
+interpreter; `spark-submit` or a cluster's own submitter in production) under Dagster's
+`PipesSubprocessClient`, so the job's logs and
 materializations reach the run while Spark itself runs elsewhere; the same pattern reaches EMR,
 Databricks or Kubernetes through their Pipes clients. Kafka settings travel to the command as
 environment variables named on its command line, never as values on it, so secrets stay out of
@@ -69,18 +70,32 @@ class SparkPipesResource(SparkRunner):
             *options,
         ]
         invocation = self._run(context, [*arguments, *_store_arguments(snapshots)], env, asset_key)
-        snapshot_ids = [
-            _plain(result.metadata.get("snapshot_id"))
-            for result in invocation.get_results()
-            if isinstance(result, MaterializeResult) and result.asset_key == asset_key and result.metadata
+        return _reported_snapshot(invocation, snapshots, asset_key)
+
+    def take_table_snapshot(
+        self,
+        context: OpExecutionContext,
+        kafka: KafkaResource,
+        app: App,
+        snapshots: SnapshotStore,
+        keep: int,
+        asset_key: AssetKey,
+    ) -> SnapshotManifest:
+        options, env = _kafka_arguments(kafka)
+        table = snapshots.store
+        arguments = [
+            "table-snapshot",
+            f"--bootstrap={kafka.bootstrap_servers}",
+            f"--group={app.consumer_group}",
+            f"--stream-topic={app.config.table_stream_topic(table)}",
+            f"--topic={app.config.tables[table]}",
+            f"--keep={keep}",
+            *options,
+            f"--app={snapshots.app}",
+            f"--table={table}",
+            f"--snapshot-root={snapshots.root}",
         ]
-        found = {m.snapshot_id: m for m in snapshots.manifests()}
-        if len(snapshot_ids) != 1 or snapshot_ids[0] not in found:
-            raise RecoveryError(
-                f"the snapshot command for store {snapshots.store!r} reported snapshots {snapshot_ids}, but "
-                f"{snapshots.location} holds {sorted(found) or 'none'}: see the command's output in the run's logs"
-            )
-        return found[snapshot_ids[0]]
+        return _reported_snapshot(self._run(context, arguments, env, asset_key), snapshots, asset_key)
 
     def sst_writer(self, context: OpExecutionContext) -> SstWriter:
         def write(
@@ -118,6 +133,24 @@ class SparkPipesResource(SparkRunner):
             env={**self.env, **env},
             extras=extras,
         )
+
+
+def _reported_snapshot(
+    invocation: PipesClientCompletedInvocation, snapshots: SnapshotStore, asset_key: AssetKey
+) -> SnapshotManifest:
+    """The manifest of the one snapshot the command reported for `asset_key`, found where it wrote it."""
+    snapshot_ids = [
+        _plain(result.metadata.get("snapshot_id"))
+        for result in invocation.get_results()
+        if isinstance(result, MaterializeResult) and result.asset_key == asset_key and result.metadata
+    ]
+    found = {m.snapshot_id: m for m in snapshots.manifests()}
+    if len(snapshot_ids) != 1 or snapshot_ids[0] not in found:
+        raise RecoveryError(
+            f"the snapshot command for {snapshots.store!r} reported snapshots {snapshot_ids}, but "
+            f"{snapshots.location} holds {sorted(found) or 'none'}: see the command's output in the run's logs"
+        )
+    return found[snapshot_ids[0]]
 
 
 def _store_arguments(snapshots: SnapshotStore) -> list[str]:

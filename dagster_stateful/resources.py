@@ -3,9 +3,10 @@
 Owns configuration. `KafkaResource` turns bootstrap servers and client settings (secrets through
 `EnvVar`, never logged) into the core's `KafkaClients`; `StateStoreResource` names the state
 directory and binds an app to it and to a connection. `SparkRunner` is how a run reaches Spark for
-the snapshot asset and the Spark restore, under the resource key `spark`: `StatefulSparkResource`
-(dagster-pyspark's resource with Spark's Kafka connector jars on the classpath) runs the jobs in
-the run's own process; `SparkPipesResource` (in `pipes`) launches them through Dagster Pipes.
+the snapshot assets (stores' and partitioned tables') and the Spark restore, under the resource
+key `spark`: `StatefulSparkResource` (dagster-pyspark's resource with Spark's Kafka connector jars
+on the classpath) runs the jobs in the run's own process; `SparkPipesResource` (in `pipes`)
+launches them through Dagster Pipes.
 """
 
 from __future__ import annotations
@@ -109,6 +110,19 @@ class SparkRunner(ConfigurableResource):
         """Fold the changelog of the store `snapshots` holds into its next snapshot; returns its manifest."""
         raise NotImplementedError
 
+    def take_table_snapshot(
+        self,
+        context: OpExecutionContext,
+        kafka: KafkaResource,
+        app: App,
+        snapshots: SnapshotStore,
+        keep: int,
+        asset_key: AssetKey,
+    ) -> SnapshotManifest:
+        """Fold the topic of the partitioned table `snapshots` holds (`table_snapshots`) into its next
+        snapshot, up to the positions the group's commits applied it to; returns its manifest."""
+        raise NotImplementedError
+
     def sst_writer(self, context: OpExecutionContext) -> SstWriter:
         """What writes a snapshot's partitions as SST files into a staging location."""
         raise NotImplementedError
@@ -173,6 +187,29 @@ class StatefulSparkResource(PySparkResource, SparkRunner):
             app.consumer_group,
             app.config.task_topic,
             app.changelog_topic(snapshots.store),
+            snapshots,
+            keep,
+        ).manifest
+
+    def take_table_snapshot(
+        self,
+        context: OpExecutionContext,
+        kafka: KafkaResource,
+        app: App,
+        snapshots: SnapshotStore,
+        keep: int,
+        asset_key: AssetKey,
+    ) -> SnapshotManifest:
+        from dagster_stateful.spark.table_snapshots import snapshot_table
+
+        table = snapshots.store
+        return snapshot_table(
+            self.spark_session,
+            kafka.clients(),
+            kafka.spark_kafka_options(),
+            app.consumer_group,
+            app.config.table_stream_topic(table),
+            app.config.tables[table],
             snapshots,
             keep,
         ).manifest

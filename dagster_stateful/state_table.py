@@ -5,9 +5,10 @@ Owns `bootstrap_store` (a batch table made a store's state, see `core.recovery.b
 `transform_state` (the state migrated to a new shape, see `core.recovery.migration`) and
 `read_state_table`, Flink's State Processor API "read" for Kafka state: the rows of a
 snapshot (the latest by default), decoded with the app's serializers as
-`core.recovery.state_table` lays them out. Arrow and pandas read the decoded Parquet written
-beside the snapshot (or decode the raw snapshot when none was written); Spark reads that Parquet
-itself, writing it first when a snapshot has none.
+`core.recovery.state_table` lays them out (`read_table_state`: a partitioned table's, decoded
+with the table's). Arrow and pandas read the decoded Parquet written beside the snapshot (or
+decode the raw snapshot when none was written); Spark reads that Parquet itself, writing it first
+when a snapshot has none.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pyarrow as pa
 from dagster_stateful.core.app import App
 from dagster_stateful.core.kafka.partitioner import Partitioner
 from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
+from dagster_stateful.core.recovery.table_snapshots import table_snapshots
+from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state_tables.bootstrap import BootstrapReport, SourcePositions, StoreTarget, bootstrap_arrow
 from dagster_stateful.core.state_tables.migration import MigrationReport, migrate_snapshot
 from dagster_stateful.core.state_tables.table import (
@@ -39,8 +42,10 @@ __all__ = [
     "as_arrow",
     "bootstrap_store",
     "read_state_table",
+    "read_table_state",
     "snapshot_of",
     "snapshot_source_offsets",
+    "table_row_decoder",
     "transform_state",
 ]
 
@@ -64,10 +69,50 @@ def read_state_table(
     snapshot_root: where the app's snapshots live (default: the app's `snapshot_root`).
     spark: the session for `engine="spark"` (default: the active one, else a local one).
     """
-    if engine not in ENGINES:
-        raise ConfigurationError(f"unknown engine {engine!r} for read_state_table; use one of {list(ENGINES)}")
+    _check_engine(engine, "read_state_table")
     snapshots, manifest = snapshot_of(app, store, snapshot, snapshot_root)
-    decoder = app.row_decoder(store)
+    return _decoded(app.row_decoder(store), snapshots, manifest, engine, spark)
+
+
+def read_table_state(
+    app: App,
+    table: str,
+    snapshot: str | None = None,
+    engine: Engine = "arrow",
+    snapshot_root: str | None = None,
+    spark: SparkSession | None = None,
+) -> Any:
+    """The rows of partitioned table `table` (`App.table`) in a snapshot of its store (`snapshot`:
+    its id; the latest by default), as `read_state_table` gives a store's: one row per key, with
+    columns `partition`, `key` and the value (one column per field of a JSON object), decoded with
+    the table's serializers. A versioned table has no snapshots (`core.recovery.table_snapshots`)."""
+    _check_engine(engine, "read_table_state")
+    declared = app.partitioned_table(table)
+    snapshots = table_snapshots(snapshot_root or app.snapshot_root, app.name, table, declared.versioned)
+    return _decoded(
+        table_row_decoder(app, table), snapshots, _manifest(snapshots, snapshot, f"table {table!r}"), engine, spark
+    )
+
+
+def table_row_decoder(app: App, table: str) -> RowDecoder:
+    """Decodes the rows of partitioned table `table`'s store with the table's serializers."""
+    declared = app.partitioned_table(table)
+    return RowDecoder(StoreShape(table, table=True), declared.key_serde, declared.value_serde)
+
+
+def _check_engine(engine: str, function: str) -> None:
+    if engine not in ENGINES:
+        raise ConfigurationError(f"unknown engine {engine!r} for {function}; use one of {list(ENGINES)}")
+
+
+def _decoded(
+    decoder: RowDecoder,
+    snapshots: SnapshotStore,
+    manifest: SnapshotManifest,
+    engine: Engine,
+    spark: SparkSession | None,
+) -> Any:
+    """The snapshot's decoded table in `engine` (Spark reads the Parquet written beside it, written now if missing)."""
     if engine == "spark":
         if not table_written(snapshots, manifest.snapshot_id):
             write_snapshot_table(decoder, snapshots, manifest)
@@ -176,16 +221,21 @@ def snapshot_of(
             "snapshot_root) or give the App one"
         )
     snapshots = SnapshotStore(root, app.name, store)
+    return snapshots, _manifest(snapshots, snapshot, f"store {store!r}")
+
+
+def _manifest(snapshots: SnapshotStore, snapshot: str | None, what: str) -> SnapshotManifest:
+    """The finished snapshot `snapshot` (the latest by default) of `what` (a store or a table)."""
     finished = snapshots.manifests()
     if snapshot is None and finished:
-        return snapshots, finished[-1]
+        return finished[-1]
     for manifest in finished:
         if manifest.snapshot_id == snapshot:
-            return snapshots, manifest
+            return manifest
     wanted = "finished snapshot" if snapshot is None else f"finished snapshot {snapshot!r}"
     raise ConfigurationError(
-        f"store {store!r} of app {app.name!r} has no {wanted} under "
-        f"{snapshots.location} (finished: {[m.snapshot_id for m in finished] or 'none'}); materialize the store's "
+        f"{what} of app {snapshots.app!r} has no {wanted} under "
+        f"{snapshots.location} (finished: {[m.snapshot_id for m in finished] or 'none'}); materialize its "
         "snapshot asset (or run the compaction job) first"
     )
 

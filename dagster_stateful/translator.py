@@ -5,7 +5,8 @@ dagster-sling's: `build_stateful_definitions(..., translator=...)` asks it for e
 group, so a subclass can put the assets where a deployment wants them. By default a source topic
 is `kafka/<topic>` in the group `kafka` (several apps may read it: it belongs to none of them), and
 an app's own assets are `<app>/<store>_changelog`, `<app>/<store>_store` and
-`<app>/<store>_snapshot` (and, when it re-keys, `<app>/<name>_repartition`) in one group per app:
+`<app>/<store>_snapshot` (and, when it re-keys, `<app>/<name>_repartition`; for a partitioned
+table, `<app>/<table>_table` and `<app>/<table>_table_snapshot`) in one group per app:
 short enough for the catalog's width, and told apart at a glance in the asset graph, which shows
 the last part of a key.
 """
@@ -59,6 +60,10 @@ class StatefulTranslator:
 
     def get_snapshot_key(self, app: App, store: str) -> AssetKey:
         return AssetKey([python_name(app), f"{store}_snapshot"])
+
+    def get_table_snapshot_key(self, app: App, table: str) -> AssetKey:
+        """The snapshot of a partitioned table's store, beside the table's store asset."""
+        return AssetKey([python_name(app), f"{table}_table_snapshot"])
 
     def get_group_name(self, app: App) -> str:
         return python_name(app)

@@ -65,5 +65,5 @@ def compaction_schedule(app: App, compaction: Any, cron: str, status: DefaultSch
         job=compaction,
         cron_schedule=cron,
         default_status=status,
-        description="Daily snapshot of every store (Spark).",
+        description="Daily snapshot of every store and partitioned table (Spark).",
     )

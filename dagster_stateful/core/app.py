@@ -3,9 +3,9 @@
 Owns what a user holds: an `AppConfig` (validated settings), the steps (`dataframe()`,
 `to_topic()`), listeners, the Kafka connection and the state directory, and the operations users
 call: `provisioning_plan()` / `provision()`, `run_worker()` (or `worker()` for one to stop from
-another thread), `restore_partitions()`, `describe_partitions()`, `replay_digest()`,
-`read_state()` and `clear_state()`. Lower layers get the parts they need, never the App; Kafka
-errors leave the engine as `KafkaOperationError`s.
+another thread), `restore_partitions()` (a partitioned table's: `restore_table_partitions()`),
+`describe_partitions()`, `replay_digest()`, `read_state()` and `clear_state()`. Lower layers get
+the parts they need, never the App; Kafka errors leave the engine as `KafkaOperationError`s.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ from dagster_stateful.core.kafka.provisioning import (
     provisioning_plan,
 )
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
-from dagster_stateful.core.monitoring.report import WorkerReport
+from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.dsl.joins import GlobalTable, Table
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.core.processing.worker.loop import RunLimits, Worker
+from dagster_stateful.core.processing.worker.table_partition import TablePartition
 from dagster_stateful.core.queries.app_queries import AppQueries
 from dagster_stateful.core.recovery.offline_restore import (
     PartitionRestore,
@@ -50,8 +51,9 @@ from dagster_stateful.core.recovery.offline_restore import (
     restore_partitions,
 )
 from dagster_stateful.core.recovery.planner import RestoreMethod
+from dagster_stateful.core.recovery.table_snapshots import restore_table_partitions, table_snapshots
 from dagster_stateful.core.state.commit_metadata import check_metadata_fits
-from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.directory import TABLES_DIR, StateDirectory
 from dagster_stateful.core.state.serialization import Serde, resolve_serde
 from dagster_stateful.core.state.stores import (
     Duration,
@@ -312,6 +314,12 @@ class App(AppQueries):
         self._tables = {**self._tables, name: table}
         return table
 
+    def partitioned_table(self, name: str) -> Table:
+        """The partitioned table named `name` (see `table`)."""
+        if name not in self._tables:
+            raise ConfigurationError(f"app {self.name!r} has no partitioned table {name!r} ({sorted(self._tables)})")
+        return self._tables[name]
+
     def add_restore_listener(self, listener: RestoreListener) -> None:
         self.listeners.restore.append(listener)
 
@@ -411,6 +419,19 @@ class App(AppQueries):
         )
         with kafka_errors(f"restoring state of app {self.name!r}"):
             return restore_partitions(self.config, self.kafka, self.state, self.listeners, request)
+
+    def restore_table_partitions(
+        self, table: str, partitions: Iterable[int] | None = None, snapshot_root: str | None = None
+    ) -> list[RestoreReport]:
+        """Load partitions (all, by default) of partitioned `table` on this machine from its latest
+        snapshot (refused while a worker holds one): workers then read the table's topic on from the
+        snapshot's end only (`recovery.table_snapshots`)."""
+        declared = self.partitioned_table(table)
+        snapshots = table_snapshots(snapshot_root or self.snapshot_root, self.name, table, declared.versioned)
+        directory, lock_seconds = self.app_dir() / TABLES_DIR / table, self.state.lock_timeout_seconds
+        with kafka_errors(f"restoring table {table!r} of app {self.name!r}"):
+            copies = lambda p: TablePartition(declared, p, directory / str(p))  # noqa: E731 - one use
+            return restore_table_partitions(copies, snapshots, self.kafka, partitions, lock_seconds)
 
     def clear_state(self, partitions: Iterable[int] | None = None, stores: Iterable[str] | None = None) -> list[Path]:
         """Delete local state (all, or some stores / partitions). Refused while a worker of the app runs here."""

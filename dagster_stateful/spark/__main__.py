@@ -1,12 +1,13 @@
-"""`python -m dagster_stateful.spark snapshot|sst ...`: the Spark jobs outside the Dagster process.
+"""`python -m dagster_stateful.spark snapshot|table-snapshot|sst ...`: the Spark jobs outside the Dagster process.
 
 For teams that run Spark themselves (`spark-submit`, a cluster's scheduler) and for Dagster Pipes
 (`SparkPipesResource` launches this). `snapshot` folds one store's changelog into its next
-snapshot, as the Dagster snapshot asset does, and prints the manifest as JSON on stdout. `sst`
+snapshot, as the Dagster snapshot asset does, and prints the manifest as JSON on stdout;
+`table-snapshot` does the same for a partitioned table's store, from the table's topic. `sst`
 writes the SST files of chosen partitions from a snapshot into a staging location (see
 `SstStaging`), leaves the report of what it wrote there and prints it; a worker then fetches and
 ingests exactly those files. It builds the session itself (the master from `--master` or the
-submitter; `snapshot` adds the Kafka connector jars unless the submitter ships them). Kafka
+submitter; the snapshots add the Kafka connector jars unless the submitter ships them). Kafka
 settings beyond the bootstrap servers come from `--kafka-option key=value`, and secrets never from
 the command line: pass one as `--kafka-option-env key=ENV_VAR`, read from the environment. Under
 Dagster Pipes it also reports to the launching run: the snapshot as a materialization of the asset
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from dagster_pipes import PipesContext
     from pyspark.sql import SparkSession
 
+    from dagster_stateful.core.kafka.clients import KafkaClients
+    from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
@@ -43,15 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _snapshot(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext | None) -> dict[str, Any]:
-    from dagster_stateful.core.kafka.clients import KafkaClients
     from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
-    from dagster_stateful.spark.kafka_options import process_secrets, spark_kafka_options
     from dagster_stateful.spark.snapshots import snapshot_changelog
 
-    options = dict(_pair(entry) for entry in arguments.kafka_option)
-    options |= {key: os.environ[variable] for key, variable in map(_pair, arguments.kafka_option_env)}
-    kafka = KafkaClients({"bootstrap.servers": arguments.bootstrap, **options})
-    spark_options = spark_kafka_options({"bootstrap.servers": arguments.bootstrap, **options}, process_secrets())
+    kafka, spark_options = _kafka(arguments)
     snapshots = SnapshotStore(arguments.snapshot_root, arguments.app, arguments.store)
     taken = snapshot_changelog(
         spark,
@@ -63,12 +62,39 @@ def _snapshot(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesCo
         snapshots,
         arguments.keep,
     )
-    manifest = asdict(taken.manifest)
+    return _reported(taken.manifest, pipes)
+
+
+def _table_snapshot(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext | None) -> dict[str, Any]:
+    from dagster_stateful.core.recovery.table_snapshots import table_snapshots
+    from dagster_stateful.spark.table_snapshots import snapshot_table
+
+    kafka, spark_options = _kafka(arguments)
+    snapshots = table_snapshots(arguments.snapshot_root, arguments.app, arguments.table)
+    taken = snapshot_table(
+        spark, kafka, spark_options, arguments.group, arguments.stream_topic, arguments.topic, snapshots, arguments.keep
+    )
+    return _reported(taken.manifest, pipes)
+
+
+def _kafka(arguments: argparse.Namespace) -> tuple[KafkaClients, dict[str, str]]:
+    """The Kafka clients of the command's settings, and Spark's Kafka source options of them."""
+    from dagster_stateful.core.kafka.clients import KafkaClients
+    from dagster_stateful.spark.kafka_options import process_secrets, spark_kafka_options
+
+    options = dict(_pair(entry) for entry in arguments.kafka_option)
+    options |= {key: os.environ[variable] for key, variable in map(_pair, arguments.kafka_option_env)}
+    settings = {"bootstrap.servers": arguments.bootstrap, **options}
+    return KafkaClients(settings), spark_kafka_options(settings, process_secrets())
+
+
+def _reported(manifest: SnapshotManifest, pipes: PipesContext | None) -> dict[str, Any]:
+    """The manifest as JSON, reported under Pipes as a materialization of the `asset_key` extra."""
     if pipes is not None:
         pipes.report_asset_materialization(
-            metadata={"snapshot_id": taken.manifest.snapshot_id}, asset_key=pipes.get_extra("asset_key")
+            metadata={"snapshot_id": manifest.snapshot_id}, asset_key=pipes.get_extra("asset_key")
         )
-    return manifest
+    return asdict(manifest)
 
 
 def _sst(arguments: argparse.Namespace, spark: SparkSession, pipes: PipesContext | None) -> dict[str, Any]:
@@ -101,7 +127,7 @@ def _session(arguments: argparse.Namespace) -> SparkSession:
     builder = SparkSession.builder.appName(f"dagster-stateful {arguments.command.__name__.strip('_')}")
     if arguments.master:
         builder = builder.master(arguments.master)
-    if arguments.command is _snapshot and not arguments.no_connector_jars:
+    if arguments.command in (_snapshot, _table_snapshot) and not arguments.no_connector_jars:
         from dagster_stateful.spark.connector import spark_jars_conf
 
         builder = builder.config("spark.jars", spark_jars_conf())
@@ -131,9 +157,22 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--source", required=True, help="the app's source topic")
     snapshot.add_argument("--changelog-topic", required=True)
     snapshot.add_argument("--keep", type=int, default=3, help="snapshots kept; older ones are deleted")
-    snapshot.add_argument("--no-connector-jars", action="store_true", help="the submitter ships the Kafka jars")
-    snapshot.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
-    snapshot.add_argument("--kafka-option-env", action="append", default=[], metavar="KEY=ENV_VAR")
+    _kafka_arguments(snapshot)
+    table = commands.add_parser(
+        "table-snapshot", help="snapshot a partitioned table's topic up to the committed positions; print the manifest"
+    )
+    table.set_defaults(command=_table_snapshot)
+    table.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    table.add_argument("--app", required=True, help="the app's name (snapshots live under it)")
+    table.add_argument("--table", required=True, help="the partitioned table's name (not a versioned table's)")
+    table.add_argument("--snapshot-root", required=True, help="a path or URI Spark and pyarrow both write")
+    table.add_argument("--master", help="Spark master URL (default: the submitter's, or local[*])")
+    table.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
+    table.add_argument("--group", required=True, help="the app's consumer group (its name, by default)")
+    table.add_argument("--stream-topic", required=True, help="the topic whose commits record the table's positions")
+    table.add_argument("--topic", required=True, help="the table's topic")
+    table.add_argument("--keep", type=int, default=3, help="snapshots kept; older ones are deleted")
+    _kafka_arguments(table)
     sst = commands.add_parser("sst", help="write chosen partitions of a snapshot as SST files into a staging location")
     sst.set_defaults(command=_sst)
     _store_arguments(sst)
@@ -141,6 +180,12 @@ def _parser() -> argparse.ArgumentParser:
     sst.add_argument("--partitions", required=True, help="comma-separated Kafka partitions, e.g. 0,1,2")
     sst.add_argument("--staging", required=True, help="where to stage the files (a path or URI, see SstStaging)")
     return parser
+
+
+def _kafka_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--no-connector-jars", action="store_true", help="the submitter ships the Kafka jars")
+    command.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
+    command.add_argument("--kafka-option-env", action="append", default=[], metavar="KEY=ENV_VAR")
 
 
 def _store_arguments(command: argparse.ArgumentParser) -> None:

@@ -14,7 +14,10 @@ Kafka partition with rows sorted by the raw key bytes, then (unless `sst_image=F
 rows as RocksDB SST files, the snapshot's image (`snapshot_image`), written by Spark tasks as a
 bulk restore's are, so that loading a partition is a copy and an ingest. The manifest, written
 last, records the cut as the end offsets and lists the image's files; older snapshots are pruned
-to `keep`. Runs unchanged on `local[*]` or a cluster.
+to `keep`. A partitioned table's topic, whose records carry no processing headers, is cut at the
+offsets given instead (`table_snapshots`). Where a partition would end before the previous
+snapshot does (a recreated topic), the new snapshot is built from the topic's beginning. Runs
+unchanged on `local[*]` or a cluster.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -91,11 +95,12 @@ def build_snapshot(
     kafka_options: dict[str, str],
     changelog_topic: str,
     end_offsets: dict[int, int],
-    committed_offsets: Mapping[int, int | None],
+    committed_offsets: Mapping[int, int | None] | None,
     snapshots: SnapshotStore,
     keep: int = 3,
     sst_image: bool = True,
     bare_uncommitted_from: Mapping[int, int] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> SnapshotManifest:
     """Fold the committed part of `changelog_topic` up to `end_offsets` (partition -> exclusive end)
     into a new snapshot.
@@ -107,10 +112,13 @@ def build_snapshot(
     past the committed one, whichever comes first. A block's first record names the block's first
     offset, so the cut falls there for a block of an uncommitted commit, before its records without
     headers; such a record outside a block counts as committed, unless it lies at or past its
-    partition's offset in `bare_uncommitted_from` (see `changelog_format`). sst_image: also write
-    the partitions as SST files, which a load ingests as they are.
+    partition's offset in `bare_uncommitted_from` (see `changelog_format`). None instead of a
+    mapping: the topic's records carry no processing headers (a partitioned table's topic, which its
+    producers write), and the snapshot ends exactly at `end_offsets`. sst_image: also write the
+    partitions as SST files, which a load ingests as they are. extra: more entries of the
+    manifest's `extra`.
     """
-    previous = snapshots.latest()
+    previous = _extendable(snapshots.latest(), end_offsets, changelog_topic)
     start_offsets = {p: (previous.end_offsets.get(p, 0) if previous else 0) for p in end_offsets}
     started = time.monotonic()
     records = _changelog_records(
@@ -122,7 +130,9 @@ def build_snapshot(
         bare_uncommitted_from or {},
     )
     try:
-        snapshot_id, cut, cut_seconds = _write_snapshot(spark, records, end_offsets, snapshots, previous)
+        snapshot_id, cut, cut_seconds = _write_snapshot(
+            spark, records, end_offsets, snapshots, previous, committed_offsets is not None
+        )
     finally:
         if records is not None:
             records.unpersist()
@@ -145,10 +155,15 @@ def build_snapshot(
             "records_read_upper_bound": sum(end_offsets[p] - start_offsets[p] for p in end_offsets),
             "partitions_cut_short": len(cut_short),
             "changelog_end_offsets": {str(p): end for p, end in sorted(end_offsets.items())},
-            "committed_source_offsets": {str(p): committed_offsets.get(p) for p in sorted(end_offsets)},
+            **(
+                {"committed_source_offsets": {str(p): committed_offsets.get(p) for p in sorted(end_offsets)}}
+                if committed_offsets is not None
+                else {}
+            ),
             "seconds_finding_cut": round(cut_seconds, 3),
             "seconds_writing_image": round(image_seconds, 3),
             "seconds": round(time.monotonic() - started, 3),
+            **(extra or {}),
         },
     )
     snapshots.write_manifest(manifest)
@@ -174,17 +189,44 @@ def build_snapshot(
     return manifest
 
 
+def _extendable(
+    previous: SnapshotManifest | None, end_offsets: Mapping[int, int], topic: str
+) -> SnapshotManifest | None:
+    """The previous snapshot, when the new one can start from its end: not when a partition would
+    end before it (a recreated topic, or a table whose committed position moved back), whose rows
+    the previous snapshot may hold from past the new end; the new snapshot is then built from the
+    topic's beginning."""
+    if previous is None:
+        return None
+    behind = {
+        p: (end, previous.end_offsets[p]) for p, end in end_offsets.items() if end < previous.end_offsets.get(p, 0)
+    }
+    if not behind:
+        return previous
+    log.warning(
+        "Snapshot %s of %s reaches past where the new snapshot ends in partitions %s (new end/previous end: %s): the "
+        "topic was recreated or the committed positions moved back; building the new snapshot from the topic's "
+        "beginning",
+        previous.snapshot_id,
+        topic,
+        sorted(behind),
+        ", ".join(f"{p}: {end}/{was}" for p, (end, was) in sorted(behind.items())),
+    )
+    return None
+
+
 def _write_snapshot(
     spark: SparkSession,
     records: DataFrame | None,
     end_offsets: dict[int, int],
     snapshots: SnapshotStore,
     previous: SnapshotManifest | None,
+    find_uncommitted: bool,
 ) -> tuple[str, dict[int, int], float]:
     """Write the new snapshot's Parquet; returns its id, its end offsets (the cut) and the seconds
-    finding the cut took."""
+    finding the cut took (`find_uncommitted`: cut at the first record of an uncommitted message)."""
     started = time.monotonic()
-    uncommitted = _first_uncommitted(records)
+    uncommitted = _first_uncommitted(records) if find_uncommitted else {}
     cut_seconds = time.monotonic() - started
     cut = {p: min(end, uncommitted.get(p, end)) for p, end in end_offsets.items()}
     changes = _latest_changes(spark, records, cut)
@@ -234,16 +276,24 @@ def _changelog_records(
     kafka_options: dict[str, str],
     topic: str,
     ranges: tuple[dict[int, int], dict[int, int]],
-    committed: Mapping[int, int | None],
+    committed: Mapping[int, int | None] | None,
     bare_from: Mapping[int, int],
 ) -> DataFrame | None:
-    """The records in [start, end) of `ranges`, each marked `uncommitted` (see `_uncommitted`), read
-    from Kafka once and kept (memory, then disk) for the two passes over them; None when all ranges
-    are empty."""
+    """The records in [start, end) of `ranges`, each marked `uncommitted` (see `_uncommitted`; none
+    is when `committed` is None), read from Kafka once and kept (memory, then disk) for the passes
+    over them; None when all ranges are empty."""
     start, end = ranges
-    records = _kafka_records(spark, kafka_options, topic, start, end)
+    records = _kafka_records(spark, kafka_options, topic, start, end, headers=committed is not None)
     if records is None:
         return None
+    if committed is None:
+        return records.select(
+            F.col("partition").cast("int").alias("partition"),
+            "offset",
+            "key",
+            "value",
+            F.lit(False).alias("uncommitted"),
+        ).persist(StorageLevel.MEMORY_AND_DISK)
     committed_by_partition = F.create_map(
         *[column for p in sorted(end) for column in (F.lit(p), _offset_bytes(committed.get(p)))]
     )
@@ -264,8 +314,10 @@ def _kafka_records(
     topic: str,
     start: dict[int, int],
     end: dict[int, int],
+    headers: bool = True,
 ) -> DataFrame | None:
-    """The changelog records in the offset ranges [start, end) of Spark's Kafka source; None when all are empty."""
+    """The records in the offset ranges [start, end) of Spark's Kafka source (with their headers
+    unless `headers` is False); None when all are empty."""
     partitions = [p for p in sorted(end) if end[p] > start[p]]
     if not partitions:
         return None
@@ -277,7 +329,7 @@ def _kafka_records(
         .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in partitions}}))
         .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in partitions}}))
         .option("failOnDataLoss", "false")  # compaction leaves gaps in the offsets
-        .option("includeHeaders", "true")
+        .option("includeHeaders", str(headers).lower())
         .option("kafka.isolation.level", "read_committed")  # aborted transactions of exactly-once apps
         .load()
     )
@@ -320,12 +372,13 @@ def _offset_bytes(offset: int | None) -> Column:
 
 
 def _latest_changes(spark: SparkSession, records: DataFrame | None, end: dict[int, int]) -> DataFrame:
-    """The last record per (partition, key) before each partition's `end`; tombstones keep a null value."""
+    """The last record per (partition, key) before each partition's `end`; tombstones keep a null
+    value, records without a key (which no store holds) are left out."""
     if records is None:
         return spark.createDataFrame([], "partition int, key binary, value binary, offset long")
     ends = F.create_map(*[column for p, offset in sorted(end.items()) for column in (F.lit(p), F.lit(offset))])
     latest = (
-        records.where(F.col("offset") < ends[F.col("partition")])
+        records.where((F.col("offset") < ends[F.col("partition")]) & F.col("key").isNotNull())
         .groupBy("partition", "key")
         .agg(F.max_by(F.struct("value", "offset"), "offset").alias("last"))
     )

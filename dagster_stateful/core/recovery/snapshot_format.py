@@ -1,7 +1,8 @@
 """Snapshots of a store: compacted images of its changelog, as Parquet plus a manifest.
 
 Owns the snapshot layout and its manifest, readable without Spark (pyarrow):
-`<root>/<app>/<store>/snapshot-<created ms>/partition=<p>/*.parquet` holds the latest value of
+`<root>/<app>/<store>/snapshot-<created ms>/partition=<p>/*.parquet` (a partitioned table's store:
+`<root>/<app>/tables/<table>/...`) holds the latest value of
 every live key of Kafka partition p, sorted by the raw key bytes, with columns `key`, `value`,
 `offset` (the changelog offset of that value); `_manifest.json`, written last, records the
 changelog end offset each partition covers, key counts and the creation time, so a snapshot
@@ -77,16 +78,19 @@ class SnapshotManifest:
 class SnapshotStore:
     """The snapshots of one store under a root path or URI."""
 
-    def __init__(self, root: str, app: str, store: str) -> None:
+    def __init__(self, root: str, app: str, store: str, directory: str | None = None) -> None:
+        """directory: where under the app's folder the snapshots live (default: the store's name;
+        a partitioned table's store keeps them under `tables/<table>`, `table_snapshots`)."""
         self.root = (root if "://" in root else os.path.abspath(root)).rstrip("/")
         self.app = app
         self.store = store
-        self._fs, self._base = filesystem(f"{self.root}/{app}/{store}")
+        self.directory = directory or store
+        self._fs, self._base = filesystem(self.location)
 
     @property
     def location(self) -> str:
         """Where this store's snapshots live, as given (for Spark)."""
-        return f"{self.root}/{self.app}/{self.store}"
+        return f"{self.root}/{self.app}/{self.directory}"
 
     def new_snapshot_id(self) -> str:
         return f"{SNAPSHOT_PREFIX}{int(time.time() * 1000)}"

@@ -2,8 +2,9 @@
 
 Owns `StoreShape` (what must be known of a store to decode it), the decoded rows (`StateEntry`,
 `WindowEntry`) and `RowDecoder`, which turns a stored (key, value) pair into one of them with the
-app's key and state serializers. A RocksDB partition read in place (`query.StoreReader`) and a
-snapshot read as a table (`recovery.state_table`) decode through it, so both read alike.
+app's key and state serializers (a partitioned table's: with the table's). A RocksDB partition
+read in place (`query.StoreReader`) and a snapshot read as a table (`recovery.state_table`) decode
+through it, so both read alike.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class StoreShape:
     """A window store's window size (ms); None for a key-value or aggregation store."""
     window_retention: int | None = None
     """How long (ms of stream time) a window store keeps a window after its start."""
+    table: bool = False
+    """A partitioned table's store (`App.table`): each stored key is the message key itself, with no
+    state key, and each value the table's value (decoded with the table's serializers)."""
 
     @property
     def is_window_store(self) -> bool:
@@ -80,7 +84,9 @@ class RowDecoder:
         return -1 if retention is None else stream_time - retention
 
     def entry(self, partition: int, store_key: bytes, data: bytes, stream_time: int) -> StateEntry | None:
-        """A key-value store's row; None when it has expired by `stream_time`."""
+        """A key-value store's row (a table's: with an empty state key); None when it has expired by `stream_time`."""
+        if self.shape.table:
+            return StateEntry(partition, self.message_key(store_key), "", self.value(data))
         expiry, payload = split_expiry(data) if self.shape.ttl is not None else (None, data)
         if expiry is not None and expiry <= stream_time:
             return None

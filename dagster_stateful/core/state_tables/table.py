@@ -6,7 +6,8 @@ partition and `_SUCCESS` last, for any engine to read without this package) and
 `read_snapshot_table` (the written table, or the snapshot decoded when none was written).
 
 Columns: `partition`, `key` (the message key, decoded), then `state_key` (and `expires_at` for an
-expiring store) or, for a window store, `window_start` and `window_end` (ms). A value that is a
+expiring store) or, for a window store, `window_start` and `window_end` (ms); a partitioned
+table's store has neither (its rows are its keys and their values). A value that is a
 JSON object gives one column per field (named `value_<field>` where a field's name is taken);
 other values share a `value` column. Types are Arrow's inference over every row, ints widened to
 floats where both occur; when no one type fits (a field holding both text and numbers), every
@@ -151,7 +152,7 @@ def _columns(decoder: RowDecoder, entries: list[StateEntry] | list[WindowEntry],
         windows = [entry for entry in entries if isinstance(entry, WindowEntry)]
         columns["window_start"] = pa.array([window.start for window in windows], pa.int64())
         columns["window_end"] = pa.array([window.end for window in windows], pa.int64())
-    else:
+    elif not decoder.shape.table:
         states = [entry for entry in entries if isinstance(entry, StateEntry)]
         columns["state_key"] = pa.array([state.state_key for state in states], pa.string())
         if decoder.shape.ttl is not None:

@@ -81,6 +81,23 @@ def test_json_objects_become_one_column_per_field_with_their_keys_decoded(tmp_pa
     ]
 
 
+def test_a_partitioned_tables_rows_are_its_keys_and_values_with_no_state_key(tmp_path):
+    rows = {0: {b"c1": b'{"tier": "gold"}', b"c2": b'{"tier": "silver", "since": 2024}'}, 1: {b"c3": b'"plain"'}}
+    snapshots, manifest = write_raw_snapshot(tmp_path, "customers", {0: rows[0]})
+    scalars, scalar_manifest = write_raw_snapshot(tmp_path / "scalars", "customers", {1: rows[1]})
+    decoder = RowDecoder(StoreShape("customers", table=True), STR, JSON)
+
+    table = snapshot_table(decoder, snapshots, manifest)
+
+    assert table.to_pylist() == [
+        {"partition": 0, "key": "c1", "tier": "gold", "since": None},
+        {"partition": 0, "key": "c2", "tier": "silver", "since": 2024},
+    ]
+    assert snapshot_table(decoder, scalars, scalar_manifest).to_pylist() == [
+        {"partition": 1, "key": "c3", "value": "plain"}
+    ]
+
+
 def test_the_written_table_is_plain_parquet_that_reads_back_the_same(tmp_path):
     snapshots, manifest = write_raw_snapshot(tmp_path, "totals", totals_rows())
     decoder = RowDecoder(StoreShape("totals"), STR, JSON)
