@@ -91,9 +91,14 @@ def source_topic_spec(topic: str, readers: list[App], translator: StatefulTransl
     )
 
 
-def table_keys(app: App, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetKey]:
-    """The topics of the tables (global or partitioned) the app's steps join with: upstream of its stores."""
-    topics = dict.fromkeys((*app.config.global_tables.values(), *app.config.tables.values()))
+def table_keys(app: App, before_rekeying: bool, translator: StatefulTranslator = DEFAULT_TRANSLATOR) -> list[AssetKey]:
+    """The topics of the tables (global or partitioned) the app's steps join with: upstream of its
+    stores, or of its repartition topic for those joined before `group_by` (`before_rekeying`)."""
+    config = app.config
+    tables = {**config.global_tables, **config.tables}
+    topics = dict.fromkeys(
+        topic for name, topic in tables.items() if config.joined_before_rekeying(name) == before_rekeying
+    )
     return [translator.get_topic_key(topic) for topic in topics]
 
 
@@ -105,7 +110,7 @@ def repartition_specs(app: App, translator: StatefulTranslator = DEFAULT_TRANSLA
     return [
         AssetSpec(
             translator.get_repartition_key(app),
-            deps=[source_key(app, translator)],
+            deps=[source_key(app, translator), *table_keys(app, True, translator)],
             group_name=group_name(app, translator),
             kinds={"kafka"},
             skippable=True,
@@ -176,7 +181,7 @@ def store_assets(
                 changelog_key(app, store, translator)
                 if app.config.use_changelog_topics
                 else state_topic_key(app, translator),
-                *table_keys(app, translator),
+                *table_keys(app, False, translator),
             ],
             group_name=group_name(app, translator),
             kinds={"rocksdb" if app.store_profile(store)["kind"] == "rocksdb" else "python"},

@@ -171,10 +171,18 @@ def run_worker_step(
 
 def _log_table_partitions(context: OpExecutionContext, run: _WorkerRun, partitions: list[int]) -> None:
     """A worker step's partitioned tables: a materialization per table partition of the partitions
-    it changed, and each table's check."""
-    if not run.app.config.tables:
+    it changed (for a table joined before `group_by`, the source partitions it re-keyed), and each
+    table's check."""
+    config = run.app.config
+    if not config.tables:
         return
-    descriptions = run.bound.describe_tables(partitions)
+    rekeyed = sorted(p for p, count in run.report.rekeyed.items() if count)
+    held = {
+        table: rekeyed if config.table_stream_topic(table) != config.task_topic else partitions
+        for table in config.tables
+    }
+    wanted = sorted(set(partitions) | set(rekeyed))
+    descriptions = [d for d in run.bound.describe_tables(wanted) if d.partition in held[d.table]]
     for description in descriptions:
         key = table_store_key(run.app, description.table, run.translator)
         context.log_event(

@@ -79,8 +79,9 @@ class Repartition:
     partitions: int | None = None
     """The repartition topic's partition count (None: the source's)."""
     joined_before: tuple[str, ...] = ()
-    """The partitioned tables joined before the re-keying, on the source's key: co-partitioned with
-    the source, not with the repartition topic."""
+    """The tables joined before the re-keying: the partitioned ones join on the source's key,
+    co-partitioned with the source, not with the repartition topic; global ones feed the repartition
+    topic, not the stores."""
 
     def __post_init__(self) -> None:
         _check_name(self.name, what="group_by name")
@@ -289,10 +290,14 @@ class AppConfig:
         """The topic whose partitions own the stores: state partition N is its partition N."""
         return self.repartition_topic or self.source
 
+    def joined_before_rekeying(self, table: str) -> bool:
+        """Whether table `table` (partitioned or global) is joined before `group_by`."""
+        return self.repartition is not None and table in self.repartition.joined_before
+
     def table_stream_topic(self, table: str) -> str:
         """The topic whose records join partitioned table `table`, partition for partition: the
         source for a table joined before `group_by`, else the task's topic."""
-        if self.repartition is not None and table in self.repartition.joined_before:
+        if self.joined_before_rekeying(table):
             return self.source
         return self.task_topic
 

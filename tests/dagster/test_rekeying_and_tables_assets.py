@@ -12,8 +12,9 @@ from support.kafka_helpers import create_topic, produce
 
 from dagster_stateful.builder import build_stateful_definitions
 from dagster_stateful.core import App, Sum
-from dagster_stateful.naming import changelog_key, job_name, snapshot_key, source_key, store_key
+from dagster_stateful.naming import changelog_key, job_name, snapshot_key, source_key, store_key, table_store_key
 from dagster_stateful.resources import KafkaResource, StatefulSparkResource, StateStoreResource
+from dagster_stateful.translator import StatefulTranslator
 
 PARTITIONS = 3
 ORDERS = 600
@@ -144,17 +145,25 @@ def test_a_re_keyed_store_is_snapshotted_by_spark_against_the_repartition_topics
         assert {entry.message_key: entry.value for entry in reader.items()} == expected
 
 
-def test_a_global_tables_topic_is_an_asset_upstream_of_the_stores_that_join_with_it(tmp_path):
+def test_a_global_tables_topic_is_an_asset_upstream_of_what_its_join_feeds(tmp_path):
+    """Joined before group_by, the table's rows go into the repartition topic, not straight into the stores."""
     joining = App(name="tiers", source="orders", stores=["totals"], state_dir=tmp_path)
     customers = joining.global_table("customers")
     joining.dataframe().join(customers, on="customer").group_by("tier").aggregate(Sum("amount"))
+    after = App(name="late-join", source="orders", stores=["totals"], state_dir=tmp_path)
+    regions = after.global_table("regions")
+    after.dataframe().group_by("region").join(regions, on="region").aggregate(Sum("amount"))
     plain = App(name="counts", source="customers", stores=["counts"], state_dir=tmp_path)
     plain.dataframe().aggregate(Sum("amount"))
     kafka = KafkaResource(bootstrap_servers="127.0.0.1:9")
-    defs = build_stateful_definitions([joining, plain], PARTITIONS, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    apps = [joining, after, plain]
+    defs = build_stateful_definitions(apps, PARTITIONS, kafka, StateStoreResource(state_dir=str(tmp_path)))
     topic = AssetKey(["kafka", "customers"])
+    repartition = StatefulTranslator().get_repartition_key(joining)
 
-    assert deps_of(defs, store_key(joining, "totals")) == {changelog_key(joining, "totals"), topic}
+    assert deps_of(defs, repartition) == {source_key(joining), topic}
+    assert deps_of(defs, store_key(joining, "totals")) == {changelog_key(joining, "totals")}
+    assert AssetKey(["kafka", "regions"]) in deps_of(defs, store_key(after, "totals"))
     spec = defs.resolve_asset_graph().get(topic)
     assert "read by apps `tiers`, `counts` (as a global table by `tiers`)" in (spec.description or "")
 
@@ -173,6 +182,19 @@ def test_a_partitioned_tables_topic_is_an_asset_upstream_of_the_stores_that_join
     assert topic not in deps_of(defs, store_key(other, "counts"))  # no edge that does not exist
     spec = defs.resolve_asset_graph().get(topic)
     assert "read by app `enriched` (as a partitioned table by `enriched`)" in (spec.description or "")
+
+
+def test_a_partitioned_table_joined_before_group_by_feeds_the_repartition_topic(tmp_path):
+    app = App(name="tiers", source="orders", stores=["totals"], state_dir=tmp_path)
+    app.dataframe().join(app.table("customers")).group_by("tier").aggregate(Sum("amount"))
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:9")
+    defs = build_stateful_definitions([app], PARTITIONS, kafka, StateStoreResource(state_dir=str(tmp_path)))
+    topic = AssetKey(["kafka", "customers"])
+
+    assert deps_of(defs, StatefulTranslator().get_repartition_key(app)) == {source_key(app), topic}
+    assert deps_of(defs, store_key(app, "totals")) == {changelog_key(app, "totals")}
+    assert deps_of(defs, table_store_key(app, "customers")) == {topic}
+    assert app.config.table_stream_topic("customers") == "orders"
 
 
 def test_a_partitioned_table_is_a_store_asset_its_worker_runs_materialize_and_check(

@@ -176,11 +176,10 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
 
 def _table_specs(config: AppConfig, before_rekeying: bool) -> list[TopicSpec]:
     """The partitioned tables joined before the re-keying (on the source's key), or the others."""
-    joined_before = config.repartition.joined_before if config.repartition is not None else ()
     return [
         TopicSpec(topic, TopicRole.TABLE, None)
         for name, topic in config.tables.items()
-        if (name in joined_before) == before_rekeying
+        if config.joined_before_rekeying(name) == before_rekeying
     ]
 
 

@@ -85,6 +85,9 @@ class StreamingDataFrame:
         """(kind, `_call_step`) per step, for `run` (one attribute lookup per message, not four per step)."""
         self.table_joins: dict[str, tuple[Table, int]] = {}
         """The partitioned tables the steps join with, by name, with each join's grace in ms."""
+        self.global_joins: list[str] = []
+        """The global tables the steps join with, by name (those before `group_by` are in its
+        `Repartition.joined_before`)."""
         self.source_table_joins: dict[str, tuple[Table, int]] = {}
         """The partitioned tables joined before `group_by`, on the source's message key: co-partitioned
         with the source, they are kept beside its partitions (`table_joins` holds those after it)."""
@@ -197,6 +200,7 @@ class StreamingDataFrame:
             raise ConfigurationError(f"a join with global table {table.name!r} needs on= a field or a function")
         if grace:
             raise ConfigurationError("grace= applies to a join with a versioned table (App.table(..., history=...))")
+        self.global_joins.append(table.name)
         return self._append(Step(StepKind.JOIN, join_function(table, on, how, on_merge), None))
 
     def _join_table(self, table: Table, on: object, how: JoinHow, on_merge: OnMerge, grace_ms: int):
@@ -250,7 +254,7 @@ class StreamingDataFrame:
                 "key and partition, the steps after it by the new key. Declare group_by before them."
             )
         grouping = GroupBy.define(key, name, partitions, self._chain)
-        repartition = Repartition(grouping.name, partitions, tuple(self.table_joins))
+        repartition = Repartition(grouping.name, partitions, (*self.table_joins, *self.global_joins))
         self.grouping = grouping
         self.source_table_joins, self.table_joins = self.table_joins, {}
         self._steps, self._chain = (), ()
