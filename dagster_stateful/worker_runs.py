@@ -177,6 +177,10 @@ def _log_table_partitions(context: OpExecutionContext, run: _WorkerRun, partitio
     if not config.tables:
         return
     rekeyed = sorted(p for p, count in run.report.rekeyed.items() if count)
+    repartition = config.repartition
+    if repartition is not None and repartition.partitions is not None:
+        # The table assets are partitioned as the stores: source partitions past that count have no asset partition.
+        rekeyed = [p for p in rekeyed if p < repartition.partitions]
     held = {
         table: rekeyed if config.table_stream_topic(table) != config.task_topic else partitions
         for table in config.tables
