@@ -18,6 +18,7 @@ from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.rekeying import Rekeying, RoutedBatches
+from dagster_stateful.core.processing.worker.table_partition import TablePartition
 from dagster_stateful.core.processing.worker.tables import MAX_WAITING, PartitionedTables, TaskTables
 from dagster_stateful.errors import ConfigurationError
 
@@ -237,3 +238,56 @@ def test_records_joining_a_versioned_table_wait_out_their_grace_in_offset_order(
     for offset in range(MAX_WAITING + 1):
         tables.hold(record(offset, 10_000))
     assert len(task.waiting) == MAX_WAITING and tables.released_early == 1
+
+
+def test_the_rows_a_join_reads_follow_the_tables_updates_roll_backs_and_commits(tmp_path):
+    """Rows read ahead stay in memory across batches (within a budget), and a join always reads
+    the table as the task sees it: what was applied since the commit first, the database's rows
+    after a roll-back, the new rows once a commit wrote them."""
+    app = orders_app(tmp_path)
+    customers = app.table("customers")
+    app.dataframe().join(customers, on_merge="keep-right")
+    bad_input = BadInputHandler(app.config.on_error, lambda *_: None, app.dead_letter_topic)
+    kafka = KafkaClients({"bootstrap.servers": "127.0.0.1:9"})
+    tables = PartitionedTables(
+        app._dataframe.table_joins.values(), app.config, kafka, tmp_path, bad_input, Deadline(None)
+    )
+    held = TablePartition(customers, 0, tmp_path / "tables" / "customers" / "0", tables._record)
+    held.open(0)
+    assert held.database is not None
+    held.database.write([(f"c{k}".encode(), orjson.dumps({"tier": f"t{k}"})) for k in range(1, 5)], {})
+    held.start_at(4, 0)
+    task = TaskTables(tables, 0, [held], stream_time=-1)
+    task.by_name[customers.name] = held
+    tables.tasks[0] = task
+
+    def tier(key: bytes, timestamp: int = 10) -> str | None:
+        tables.before(0, key, timestamp)
+        row = customers.row()
+        return None if row is None else row["tier"]
+
+    def order(offset: int, key: bytes) -> Message:
+        return Message(topic="orders", partition=0, offset=offset, key=key, value=b"{}", timestamp=(1, 10))
+
+    tables.prefetch([order(0, b"c1"), order(1, b"c2"), order(2, b"c9")], 0)
+    assert held.rows == {b"c1": b'{"tier":"t1"}', b"c2": b'{"tier":"t2"}', b"c9": None}
+    assert (tier(b"c1"), tier(b"c9"), tier(b"c3")) == ("t1", None, "t3"), "a row not read ahead is read alone"
+
+    held.apply(b"c1", orjson.dumps({"tier": "gold"}), 4, 5)
+    assert tier(b"c1") == "gold"
+    held.roll_back()
+    assert tier(b"c1") == "t1"
+    held.apply(b"c1", orjson.dumps({"tier": "gold"}), 4, 5)
+    held.commit()
+    assert b"c1" not in held.rows and tier(b"c1") == "gold"
+
+    held.pending.append(
+        Message(topic="customers", partition=0, offset=5, key=b"c2", value=b'{"tier":"x"}', timestamp=(1, 20))
+    )
+    assert tables.point_at(0) is None, "a table record waits: each order applies what comes before it"
+    assert tier(b"c2", 15) == "t2" and tier(b"c2", 20) == "x"
+    assert tables.point_at(0) is not None
+
+    held.prefetch([b"c4", b"c2"], 1)  # over its budget: only this batch's rows are kept
+    assert set(held.rows) == {b"c2", b"c4"} and (tier(b"c4"), tier(b"c9")) == ("t4", None)
+    held.close()

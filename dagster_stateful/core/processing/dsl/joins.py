@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dagster_stateful.core.processing.dsl.steps import DROPPED, field_reader
-from dagster_stateful.core.state.serialization import Serde
+from dagster_stateful.core.state.serialization import Serde, fast_loads
 from dagster_stateful.errors import ConfigurationError, StateStoreError
 
 JoinHow = Literal["inner", "left"]
@@ -70,6 +70,10 @@ class Table:
     value_serde: Serde
     history_ms: int | None = None
     _readers: threading.local = field(default_factory=threading.local, repr=False)
+    _loads: Callable[[bytes], Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._loads = fast_loads(self.value_serde)
 
     @property
     def versioned(self) -> bool:
@@ -86,17 +90,32 @@ class Table:
         if reader is None:
             raise StateStoreError(f"table {self.name!r} is read inside a worker only (none has opened it here)")
         raw = reader()
-        return None if raw is None else self.value_serde.loads(raw)
+        if raw is None:
+            return None
+        try:
+            return self._loads(raw)
+        except ValueError:  # the serde's own error says more (rows decoded when they were applied, though)
+            return self.value_serde.loads(raw)
 
 
 def table_join_function(table: Table, how: JoinHow, on_merge: OnMerge) -> Callable[[Any], Any]:
-    """A partitioned table's join on the message key, named `join <table>`, as `join_function`'s."""
+    """A partitioned table's join on the message key, named `join <table>`, as `join_function`'s.
+    It reads and decodes the row as `Table.row` does, inline (`Table.row` raises what it would)."""
     merge = _merge_of(how, on_merge)
+    keep_left = on_merge == "keep-left"
+    readers, loads = table._readers, table._loads
 
     def join(value: Any) -> Any:
-        row = table.row()
-        if row is None:
+        reader = getattr(readers, "reader", None)
+        raw = reader() if reader is not None else table.row()
+        if raw is None:
             return DROPPED if how == "inner" else value
+        try:
+            row = loads(raw)
+        except ValueError:
+            row = table.row()
+        if keep_left and value.__class__ is dict and row.__class__ is dict:
+            return {**row, **value}  # the merge's, without a call
         return merge(value, row)
 
     join.__name__ = f"join {table.name}"
@@ -156,19 +175,41 @@ def _merge_of(how: JoinHow, on_merge: OnMerge) -> Callable[[Any, Any], Any]:
 
 
 def _dict_merge(policy: str) -> Callable[[Any, Any], Any]:
-    def merge(value: Any, row: Any) -> Any:
-        if not isinstance(value, dict) or not isinstance(row, dict):
-            raise TypeError(
-                f"merging needs dict values on both sides, got {type(value).__name__} and {type(row).__name__}: "
-                "pass on_merge=a function (value, row) -> merged"
-            )
-        if policy == "raise":
-            both = sorted(set(value) & set(row))
-            if both:
-                raise ValueError(
-                    f"the record and the table row both have fields {both}: choose on_merge='keep-left', "
-                    "'keep-right' or a function"
-                )
-        return {**row, **value} if policy == "keep-left" else {**value, **row}
+    if policy == "keep-left":
 
-    return merge
+        def keep_left(value: Any, row: Any) -> Any:
+            if value.__class__ is not dict or row.__class__ is not dict:
+                _refuse_unmergeable(value, row)
+            return {**row, **value}
+
+        return keep_left
+    if policy == "keep-right":
+
+        def keep_right(value: Any, row: Any) -> Any:
+            if value.__class__ is not dict or row.__class__ is not dict:
+                _refuse_unmergeable(value, row)
+            return {**value, **row}
+
+        return keep_right
+
+    def refuse_both(value: Any, row: Any) -> Any:
+        if value.__class__ is not dict or row.__class__ is not dict:
+            _refuse_unmergeable(value, row)
+        both = sorted(set(value) & set(row))
+        if both:
+            raise ValueError(
+                f"the record and the table row both have fields {both}: choose on_merge='keep-left', "
+                "'keep-right' or a function"
+            )
+        return {**value, **row}
+
+    return refuse_both
+
+
+def _refuse_unmergeable(value: Any, row: Any) -> None:
+    """Raise unless both sides are dicts (of a subclass of dict too: the merge takes them as such)."""
+    if not isinstance(value, dict) or not isinstance(row, dict):
+        raise TypeError(
+            f"merging needs dict values on both sides, got {type(value).__name__} and {type(row).__name__}: "
+            "pass on_merge=a function (value, row) -> merged"
+        )

@@ -19,21 +19,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.dsl.group_by import GroupBy
 from dagster_stateful.core.processing.dsl.joins import NO_TABLE_KEY
-from dagster_stateful.core.processing.dsl.steps import DROPPED, StepFailed, run_chain
+from dagster_stateful.core.processing.dsl.steps import DROPPED, Chain, StepFailed, StepKind, Views, run_chain
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.state.commit_metadata import decode_commit_metadata, encode_commit_metadata
-from dagster_stateful.core.state.serialization import fast_loads
+from dagster_stateful.core.state.serialization import JsonSerde, StrSerde, fast_loads
 from dagster_stateful.core.state.transaction import Participant
 
 log = logging.getLogger(__name__)
+
+NO_STATES: Views = {}
+"""The states of the steps before `group_by`: none (they are stateless)."""
 
 Produce = Callable[[str, bytes | None, bytes | None, None, None, int], None]
 """The commit path's `Committer.produce`: (topic, key, value, headers, partition, timestamp)."""
@@ -65,7 +70,16 @@ class SourceTables(Protocol):
 
     def refresh(self, messages: list[Message], start: int, end: int | None = None) -> None: ...
 
+    def point_at(self, partition: int) -> JoinedRecord | None: ...
+
     def before(self, partition: int, key: bytes, timestamp: int) -> None: ...
+
+
+class JoinedRecord(Protocol):
+    """The record the tables' joins read (`SourceTables.point_at`)."""
+
+    key: bytes
+    timestamp: int
 
 
 class Rekeying:
@@ -93,6 +107,11 @@ class Rekeying:
         self._key_dumps = config.key_serde.dumps
         self._value_loads = fast_loads(config.value_serde)
         self._value_dumps = config.value_serde.dumps
+        self._dumps = orjson.dumps if type(config.value_serde) is JsonSerde else self._value_dumps
+        """The value serde's `dumps` (orjson's own for JSON, which the serde calls and nothing more)."""
+        self._str_keys = type(config.key_serde) is StrSerde
+        """Whether a new key that is a str is encoded as `StrSerde.dumps` does: `str.encode`."""
+        self._steps = _steps_of(grouping.before)
         self.counts = counts
         self.positions: dict[int, SourcePosition] = {}
         """The source partitions held, by partition."""
@@ -186,32 +205,56 @@ class Rekeying:
         index of the next message and how many were processed (or passed by the error policy).
         Messages of partitions no longer held are left alone. Without steps before `group_by`, a
         record goes on with its value's bytes as they came (decoded for its new key only)."""
-        index, done = start, 0
-        grouping, positions, counts = self._grouping, self.positions, self.counts
-        loads, new_key, key_dumps = self._value_loads, grouping.new_key, self._key_dumps
-        produce, target, tables = self._produce, self.target, self._tables
-        as_received = not grouping.before
-        if tables is not None:
+        if self._tables is not None:
             self._open_tables(messages, start, end)
-            tables.refresh(messages, start, end)
-        sent = 0
-        try:
-            while index < end and done < budget:
-                message = messages[index]
+            self._tables.refresh(messages, start, end)
+        index, done = start, 0
+        while index < end and done < budget:
+            partition: int = messages[index].partition()  # type: ignore[assignment]  # a record's: set
+            held = self.positions.get(partition)
+            if held is None:
                 index += 1
-                partition: int = message.partition()  # type: ignore[assignment]  # a record's: set
-                held = positions.get(partition)
-                if held is None:
-                    continue
+                continue
+            ran = self._process_run(messages, index, end, budget - done, partition, held)
+            index += ran
+            done += ran
+        return index, done
+
+    def _process_run(
+        self, messages: list[Message], index: int, end: int, budget: int, partition: int, held: SourcePosition
+    ) -> int:
+        """The hot loop: the messages of `partition` from `index` on, at most `budget` of them;
+        returns how many it processed. Counts them, and keeps the partition's next offset, even when
+        the error policy or the producer raises."""
+        loads, new_key, key_dumps, value_dumps = self._value_loads, self._grouping.new_key, self._key_dumps, self._dumps
+        produce, target, tables, steps, str_keys = self._produce, self.target, self._tables, self._steps, self._str_keys
+        before = None if tables is None else tables.before
+        record = None if tables is None else tables.point_at(partition)
+        done = sent = 0
+        try:
+            while done < budget and index + done < end:
+                message = messages[index + done]
+                if message.partition() != partition:
+                    break
                 raw = message.value()
+                timestamp = message.timestamp()[1]
                 try:
-                    if tables is not None:
-                        self._point_tables(tables, message, partition)
+                    if before is not None:
+                        key = message.key()
+                        if key is None:
+                            raise _NoKey
+                        if record is not None:  # no table record to apply first: the joins read the record
+                            record.key, record.timestamp = key, timestamp
+                        else:
+                            before(partition, key, timestamp)
                     value = loads(raw) if raw is not None else None
-                    if as_received:
-                        key, encoded = key_dumps(new_key(value)), raw
-                    else:
-                        key, encoded = self._encoded(value)
+                    if steps is not None:
+                        value = steps(value, NO_STATES)
+                        if value is DROPPED:
+                            raise _Dropped
+                    new = new_key(value)
+                    new = new.encode() if str_keys and new.__class__ is str else key_dumps(new)
+                    encoded = raw if steps is None else value_dumps(value)
                 except StepFailed as failure:
                     self._bad_input.handle(message, f"step {failure.step!r}", failure.error)
                 except _Dropped:
@@ -221,39 +264,26 @@ class Rekeying:
                 except Exception as error:  # noqa: BLE001 - codec failures are bad input
                     self._bad_input.handle(message, self._stage_of(raw, error), error)
                 else:
-                    produce(target, key, encoded, None, None, message.timestamp()[1])
+                    produce(target, new, encoded, None, None, timestamp)
                     sent += 1
-                held.next_offset = message.offset() + 1  # type: ignore[operator]  # a record's: set
-                counts[partition] = counts.get(partition, 0) + 1
                 done += 1
         finally:
+            if done:
+                held.next_offset = messages[index + done - 1].offset() + 1  # type: ignore[operator]  # a record's: set
+                self.counts[partition] = self.counts.get(partition, 0) + done
             self.unflushed += sent
-        return index, done
+        return done
 
     def _open_tables(self, messages: list[Message], start: int, end: int) -> None:
         """Open the tables of the held partitions of `messages[start:end]` not opened yet, read up
         to what each partition's last commit recorded."""
         assert self._tables is not None
+        if all(held.tables is not None for held in self.positions.values()):
+            return
         for partition in {message.partition() for message in messages[start:end]}:
             held = self.positions.get(partition)  # type: ignore[arg-type]  # a record's: set
             if held is not None and held.tables is None:
                 held.tables = self._tables.open(partition, held.recorded)  # type: ignore[arg-type]
-
-    @staticmethod
-    def _point_tables(tables: SourceTables, message: Message, partition: int) -> None:
-        """Apply the table records that come before `message`, and point the joins at its key."""
-        key = message.key()
-        if key is None:
-            raise _NoKey
-        tables.before(partition, key, message.timestamp()[1])
-
-    def _encoded(self, value: object) -> tuple[bytes, bytes]:
-        """The new key and the value, encoded, after the steps before `group_by` (`_Dropped`: a filter
-        dropped it)."""
-        value = run_chain(self._grouping.before, value, {})
-        if value is DROPPED:
-            raise _Dropped
-        return self._key_dumps(self._grouping.new_key(value)), self._value_dumps(value)
 
     def _stage_of(self, raw: bytes | None, error: Exception) -> str:
         """What failed for a record: decoding its value, or encoding its new key or value."""
@@ -263,6 +293,16 @@ class Rekeying:
         except Exception:  # noqa: BLE001 - the value does not decode
             return "deserializing the value"
         return f"group_by {self._grouping.name!r}: serializing the new key or value"
+
+
+def _steps_of(chain: Chain) -> Callable[[object, Views], object] | None:
+    """The steps before `group_by` as one call of (value, states): what they pass on, or DROPPED
+    (None: no step). One apply or join is called as it is: its result is what it passes on."""
+    if not chain:
+        return None
+    if len(chain) == 1 and chain[0][0] in (StepKind.APPLY, StepKind.JOIN):
+        return chain[0][1]
+    return partial(run_chain, chain)
 
 
 class _Dropped(Exception):

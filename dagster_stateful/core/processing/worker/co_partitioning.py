@@ -5,10 +5,11 @@ producers of both topics must also place keys alike. A Java producer (and librdk
 `murmur2_random`) puts a key where murmur2 says, librdkafka's default (`consistent_random`) where
 CRC-32 says; a table written with one and joined with records placed by the other misses most
 keys, silently. So the first records of each partition read in a run, of the table and of the
-task's topic, are checked against both partitioners (`kafka.partitioner`): each side keeps the
-partitioners that placed every key it sampled where it is, and when no partitioner is left that
-both sides agree on, the run stops (`TopicMismatchError`) before a record joins a table placed
-differently. Records the app re-keyed itself are placed by murmur2.
+task's topic (the keys of a consumed batch, before any of them joins), are checked against both
+partitioners (`kafka.partitioner`): each side keeps the partitioners that placed every key it
+sampled where it is, and when no partitioner is left that both sides agree on, the run stops
+(`TopicMismatchError`) before a record joins a table placed differently. Records the app re-keyed
+itself are placed by murmur2.
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ class PlacementCheck:
         self._tables: dict[str, set[Partitioner]] = {}
         self._sampled: dict[tuple[str, int], int] = {}
 
-    def stream_record(self, partition: int, key: bytes) -> None:
-        if self._partitions > 1 and self._sample(self._task_topic, partition):
+    def stream_keys(self, partition: int, keys: list[bytes]) -> None:
+        """Check the keys of records read from the task topic's `partition` (the first ones only)."""
+        if self._partitions <= 1:
+            return
+        for key in keys:
+            if not self._sample(self._task_topic, partition):
+                return
             self._stream &= _placing(key, partition, self._partitions)
             self._check()
 

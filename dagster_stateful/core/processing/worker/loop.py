@@ -47,12 +47,11 @@ from dagster_stateful.core.processing.paths.emission import commit_emitter
 from dagster_stateful.core.processing.paths.rekeying import Rekeying
 from dagster_stateful.core.processing.restores.background import background_restores
 from dagster_stateful.core.processing.standbys.replicas import standbys_for
-from dagster_stateful.core.processing.worker.batch_routing import worker_path
+from dagster_stateful.core.processing.worker.batch_routing import partitioned_tables, worker_path
 from dagster_stateful.core.processing.worker.client_settings import worker_consumer_config, worker_producer_config
 from dagster_stateful.core.processing.worker.global_tables import GlobalTables
 from dagster_stateful.core.processing.worker.progress import Progress
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
-from dagster_stateful.core.processing.worker.tables import PartitionedTables
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.cache import bound_caches
@@ -220,7 +219,7 @@ class Worker:
             kafka.ends,
         )
         self._bad_input = BadInputHandler(config.on_error, self._committer.produce, config.dead_letter_topic)
-        self._tables, self._source_tables = PartitionedTables.of_app(
+        self._tables, self._source_tables = partitioned_tables(
             self._dataframe, config, kafka, self.state.app_dir, self._bad_input, self._commit_deadline
         )
         restorer = Restorer(

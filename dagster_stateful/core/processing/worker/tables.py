@@ -16,7 +16,11 @@ timestamp order as Kafka Streams' task takes them (a table record no later than 
 goes first); a versioned table applies every record fetched, since its lookups are as of T anyway.
 At the start of each consumed batch, each partition's table is fetched up to the end the table
 consumer last heard from the brokers (asked the first time), short of an open transaction's
-records, so that what was on the broker when the batch arrived is seen.
+records, so that what was on the broker when the batch arrived is seen; the batch's keys are
+sampled for the co-partitioning check, and the rows they join are read ahead, one multi-get per
+table partition, and kept in memory for the batches after (`ROWS_KEPT_BYTES` for all the table
+partitions held). A join reads its record's row through the table's reader, bound to the task
+partition's tables once per run of its records (`point_at`, `before`).
 
 **Commit.** A table's changes since the last commit stay in memory. Each commit records, in the
 task partition's commit metadata (`commit_metadata.table_entry`; for a source partition, in the
@@ -44,7 +48,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -52,13 +57,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
-from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.dsl.joins import Table, record_fault
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.worker.co_partitioning import PlacementCheck
-from dagster_stateful.core.processing.worker.table_partition import NO_TIME, TablePartition, position_of
-from dagster_stateful.core.processing.worker.task_tables import TaskTables
+from dagster_stateful.core.processing.worker.table_partition import (
+    NO_TIME,
+    JoiningRecord,
+    TablePartition,
+    position_of,
+)
+from dagster_stateful.core.processing.worker.task_tables import MAX_WAITING, TaskTables
 from dagster_stateful.core.state.commit_metadata import JOIN_STREAM_TIME, table_entry
 from dagster_stateful.core.state.directory import TABLES_DIR
 from dagster_stateful.errors import RecoveryError
@@ -71,8 +80,9 @@ PENDING_LIMIT = 50_000
 STABLE_END_AFTER_SECONDS = 0.5
 """Fetching a table's partition up to its end for longer than this asks where a `read_committed`
 reader stops (the last stable offset, before an open transaction)."""
-MAX_WAITING = 200_000
-"""Records that may wait for a join's grace per partition (about 100 MiB of typical records)."""
+ROWS_KEPT_BYTES = 64 * 1024 * 1024
+"""About how much memory the table rows kept in memory may take (`TablePartition.rows`), shared
+evenly by the table partitions held (the worker's record cache takes 64 MiB too, by default)."""
 LOCK_SECONDS = 30.0
 """How long opening a table partition waits for its previous holder on this machine to let it go."""
 
@@ -104,50 +114,29 @@ class PartitionedTables:
         self.tasks: dict[int, TaskTables] = {}
         """Task partition -> its tables."""
         self._by_topic_partition: dict[tuple[str, int], TablePartition] = {}
-        self._current_tables: dict[str, TablePartition] = {}
-        """The table partitions of the record being processed, by table name."""
-        self._current_key = b""
-        self._current_time = 0
-        """The message key and timestamp of the record being processed."""
+        self._record = JoiningRecord()
+        """The record being processed, which the joins' readers look up."""
+        self._pointed: int | None = None
+        """The task partition the joins' readers are bound to (None: none yet, or it changed)."""
+        self._pointed_held: list[TablePartition] = []
         self.applied = 0
         """Table records applied in this run (again after a roll-back too)."""
         self._placement: PlacementCheck | None = None
         self.released_early = 0
         """Records that joined before their grace passed, to keep the records waiting within `MAX_WAITING`."""
         for table in self._tables:
-            table.bind_reader(self._reader(table.name))
-
-    @classmethod
-    def of_app(
-        cls,
-        dataframe: StreamingDataFrame,
-        config: AppConfig,
-        kafka: KafkaClients,
-        app_dir: Path,
-        bad_input: BadInputHandler,
-        deadline: Deadline,
-    ) -> tuple[PartitionedTables, PartitionedTables]:
-        """The tables joined with the task's records, and those joined before `group_by` (with the source's)."""
-        after = cls(dataframe.table_joins.values(), config, kafka, app_dir, bad_input, deadline)
-        before = cls(dataframe.source_table_joins.values(), config, kafka, app_dir, bad_input, deadline, config.source)
-        return after, before
+            table.bind_reader(_no_row)
 
     def __bool__(self) -> bool:
         return bool(self._tables)
 
     # Opening and closing with the task partitions.
 
-    def _reader(self, name: str) -> Callable[[], bytes | None]:
-        def row() -> bytes | None:
-            held = self._current_tables.get(name)
-            return None if held is None else held.lookup(self._current_key, self._current_time)
-
-        return row
-
     def open(self, partition: int, recorded: dict[str, int]) -> TaskTables:
         """Take the tables of stream partition `partition`, read up to what its last commit recorded
         (`recorded`: the commit's metadata entries); returns them, to commit with the partition."""
         self.close(partition)  # a store found damaged opens its partition again
+        self._pointed = None
         if self._placement is None:
             partitions = self._kafka.partition_count(self.stream_topic) or 0
             rekeyed = self.stream_topic == self._config.repartition_topic
@@ -157,9 +146,8 @@ class PartitionedTables:
         self.tasks[partition] = task
         try:
             for table in self._tables:
-                table_partition = TablePartition(
-                    table, partition, self._app_dir / TABLES_DIR / table.name / str(partition)
-                )
+                path = self._app_dir / TABLES_DIR / table.name / str(partition)
+                table_partition = TablePartition(table, partition, path, self._record)
                 stored, newest = table_partition.open(self._deadline.bound(LOCK_SECONDS))
                 held.append(table_partition)
                 task.by_name[table.name] = table_partition
@@ -264,32 +252,51 @@ class PartitionedTables:
     def refresh(self, messages: list[Message], start: int, end: int | None = None) -> None:
         """At the start of a batch (`messages[start:end]`, of the stream topic): fetch the tables of
         its partitions up to the ends they have now, as the table consumer last heard them from the
-        brokers (asked once, the first time)."""
-        partitions = {message.partition() for message in messages[start:end] if message.error() is None}
-        wanted = [held for p in partitions if p in self.tasks for held in self.tasks[p].held]
-        if not wanted:
+        brokers (asked once, the first time); check where the records' keys are placed
+        (`PlacementCheck`) and read the rows they will join, one multi-get per table partition."""
+        keys = self._keys_by_task(messages, start, end)
+        if not keys:
             return
         consumer = self._consumer_of()
-        for held in wanted:
-            _, high = consumer.get_watermark_offsets(held.topic_partition, cached=True) or (0, -1)
-            if high < 0:
-                _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
-            if held.fetched < high and not held.paused:
-                self._fetch_until(held, high)
-        self.prefetch(messages, start, end)
+        for partition in keys:
+            for held in self.tasks[partition].held:
+                _, high = consumer.get_watermark_offsets(held.topic_partition, cached=True) or (0, -1)
+                if high < 0:
+                    _, high = consumer.get_watermark_offsets(held.topic_partition, timeout=self._deadline.bound(10.0))
+                if held.fetched < high and not held.paused:
+                    self._fetch_until(held, high)
+        self._prefetch(keys)
 
     def prefetch(self, messages: list[Message], start: int, end: int | None = None) -> None:
         """Read the rows the records of `messages[start:end]` will join, one multi-get per table partition."""
+        self._prefetch(self._keys_by_task(messages, start, end))
+
+    def _keys_by_task(self, messages: list[Message], start: int, end: int | None) -> dict[int, list[bytes]]:
+        """The message keys of `messages[start:end]` (Kafka's errors left out), by task partition held
+        here (one with no keyed record too), sampled for the placement check on the way."""
         keys: dict[int, list[bytes]] = {}
-        for message in messages[start:end]:
-            key = message.key()
-            if key is not None and message.error() is None:
-                keys.setdefault(message.partition(), []).append(key)  # type: ignore[arg-type]  # a record's: set
+        last, wanted = None, []
+        for message in islice(messages, start, end):
+            if message.error() is None:
+                partition = message.partition()
+                if partition != last:
+                    last, wanted = partition, keys.setdefault(partition, [])  # type: ignore[arg-type]  # a record's
+                key = message.key()
+                if key is not None:
+                    wanted.append(key)
+        for partition in [partition for partition in keys if partition not in self.tasks]:
+            del keys[partition]
+        if self._placement is not None:
+            for partition, wanted in keys.items():
+                self._placement.stream_keys(partition, wanted)
+        return keys
+
+    def _prefetch(self, keys: dict[int, list[bytes]]) -> None:
+        budget = ROWS_KEPT_BYTES // max(1, len(self.tasks) * len(self._tables))
         for partition, wanted in keys.items():
-            task = self.tasks.get(partition)
-            if task is not None:
-                for held in task.held:
-                    held.prefetch(list(dict.fromkeys(wanted)))
+            if wanted:
+                for held in self.tasks[partition].held:
+                    held.prefetch(wanted, budget)
 
     def _fetch_until(self, held: TablePartition, high: int) -> None:
         """Fetch `held` up to `high`, or to where a `read_committed` reader must stop short of it (an
@@ -313,26 +320,41 @@ class PartitionedTables:
     def before(self, partition: int, key: bytes, timestamp: int) -> None:
         """A record of task `partition` with `key` and `timestamp` is about to go through the steps:
         apply the table records that come before it, and point the joins at it."""
-        self._current_key, self._current_time = key, timestamp
+        record = self._record
+        record.key, record.timestamp = key, timestamp
+        if partition != self._pointed:
+            self._bind_readers(partition)
+        for held in self._pointed_held:
+            if held.pending:
+                self._apply_due(held, timestamp)
+
+    def point_at(self, partition: int) -> JoiningRecord | None:
+        """Point the joins at task `partition` for a run of its records. Returns the record they read,
+        whose key and timestamp the caller sets for each record, when no table record waits to be
+        applied before any of them (None: call `before` for each)."""
+        if partition != self._pointed:
+            self._bind_readers(partition)
+        return None if any(held.pending for held in self._pointed_held) else self._record
+
+    def _bind_readers(self, partition: int) -> None:
+        """Bind the joins' readers to task `partition`'s tables (none held: they find no row)."""
         task = self.tasks.get(partition)
-        if task is None:
-            self._current_tables = {}
+        self._pointed, self._pointed_held = partition, [] if task is None else task.held
+        for table in self._tables:
+            held = None if task is None else task.by_name.get(table.name)
+            table.bind_reader(_no_row if held is None else held.row)
+
+    def _apply_due(self, held: TablePartition, timestamp: int) -> None:
+        """Apply `held`'s pending records up to `timestamp` (all of them, a versioned table's)."""
+        if held.table.versioned:
+            self._apply_all(held)
             return
-        self._current_tables = task.by_name
-        if self._placement is not None:
-            self._placement.stream_record(partition, key)
-        for held in task.held:
-            pending = held.pending
-            if not pending:
-                continue
-            if held.table.versioned:
-                self._apply_all(held)
-                continue
-            while pending and pending[0].timestamp()[1] <= timestamp:
-                self._apply(held, pending.popleft())
-            if held.paused and len(pending) < PENDING_LIMIT // 2:
-                self._consumer_of().resume([held.topic_partition])
-                held.paused = False
+        pending = held.pending
+        while pending and pending[0].timestamp()[1] <= timestamp:
+            self._apply(held, pending.popleft())
+        if held.paused and len(pending) < PENDING_LIMIT // 2:
+            self._consumer_of().resume([held.topic_partition])
+            held.paused = False
 
     def _apply_all(self, held: TablePartition) -> None:
         while held.pending:
@@ -361,31 +383,19 @@ class PartitionedTables:
         task = self.tasks.get(message.partition() or 0)
         if task is None:
             return False
-        timestamp = message.timestamp()[1]
-        task.stream_time = max(task.stream_time, timestamp)
-        waiting = task.waiting
-        waiting.append(message)
-        reached = task.stream_time - self.grace_ms
-        while waiting and waiting[0].timestamp()[1] <= reached:
-            task.released.append(waiting.popleft())
-        if len(waiting) > MAX_WAITING:
-            self._release_early(task)
+        if task.hold(message, self.grace_ms):
+            self.released_early += 1
+            if self.released_early == 1:
+                log.warning(
+                    "%s[%d] holds more than %d records waiting for the grace of %d ms: the oldest join before "
+                    "their grace has passed (a table update later than that is missed). Shorten the grace, or "
+                    "give the partition fewer records per grace period",
+                    self.stream_topic,
+                    task.partition,
+                    MAX_WAITING,
+                    self.grace_ms,
+                )
         return True
-
-    def _release_early(self, task: TaskTables) -> None:
-        """Memory is bounded: past `MAX_WAITING` records waiting in a partition, the oldest joins now."""
-        task.released.append(task.waiting.popleft())
-        self.released_early += 1
-        if self.released_early == 1:
-            log.warning(
-                "%s[%d] holds more than %d records waiting for the grace of %d ms: the oldest join before their "
-                "grace has passed (a table update later than that is missed). Shorten the grace, or give the "
-                "partition fewer records per grace period",
-                self.stream_topic,
-                task.partition,
-                MAX_WAITING,
-                self.grace_ms,
-            )
 
     def released(self) -> TaskTables | None:
         """A task partition with records released and not processed yet (None: none has)."""
@@ -394,15 +404,13 @@ class PartitionedTables:
     def first_waiting(self, partition: int) -> int | None:
         """The offset of the first record of task `partition` waiting for its grace (None: none waits)."""
         task = self.tasks.get(partition)
-        if task is None:
-            return None
-        first = task.released or task.waiting
-        return position_of(first[0]) if first else None
+        return None if task is None else task.first_waiting()
 
     def close(self, partition: int) -> None:
         task = self.tasks.pop(partition, None)
         if task is None:
             return
+        self._pointed = None
         for held in task.held:
             self._by_topic_partition.pop((held.table.topic, partition), None)
             held.close()
@@ -415,7 +423,13 @@ class PartitionedTables:
             self.close(partition)
         for table in self._tables:
             table.bind_reader(None)
+        self._pointed = None
         if self._consumer is not None:
             what = f"closing the tables' consumer of {self._config.name!r}"
             BoundedCalls("tables' consumer").close(what, self._consumer.close, seconds)
             self._consumer = None
+
+
+def _no_row() -> None:
+    """The reader of a table whose partition is not held for the record being processed."""
+    return None

@@ -4,7 +4,8 @@ Owns `TaskTables`, a participant of the partition's commit (`transaction.Partici
 positions of its tables (`commit_metadata.table_entry`) and, with a grace, the join's stream time
 (`JOIN_STREAM_TIME`) go into the commit's metadata; once the commit went through the tables' changes
 are written locally, and a roll-back drops them and fetches the tables again from what they applied.
-It also holds the records waiting for the grace, and those released, in offset order.
+It also holds the records waiting for the grace (`hold`: released once it passed), and those
+released, in offset order.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from typing import Protocol
 
 from confluent_kafka import Message
 
-from dagster_stateful.core.processing.worker.table_partition import TablePartition
+from dagster_stateful.core.processing.worker.table_partition import TablePartition, position_of
 from dagster_stateful.core.state.commit_metadata import JOIN_STREAM_TIME, table_entry
+
+MAX_WAITING = 200_000
+"""Records that may wait for a join's grace per partition (about 100 MiB of typical records)."""
 
 
 class TablesOwner(Protocol):
@@ -42,6 +46,26 @@ class TaskTables:
         """Records whose grace passed, not processed yet, in offset order."""
         self.by_name: dict[str, TablePartition] = {}
         """The partitions held, by table name (filled as they open)."""
+
+    def hold(self, message: Message, grace_ms: int) -> bool:
+        """Hold `message` until the partition's stream time passes its timestamp plus `grace_ms`; the
+        records whose grace has passed move to `released`. Memory is bounded: past `MAX_WAITING`
+        records waiting, the oldest is released now (returns True when it was)."""
+        self.stream_time = max(self.stream_time, message.timestamp()[1])
+        waiting = self.waiting
+        waiting.append(message)
+        reached = self.stream_time - grace_ms
+        while waiting and waiting[0].timestamp()[1] <= reached:
+            self.released.append(waiting.popleft())
+        if len(waiting) <= MAX_WAITING:
+            return False
+        self.released.append(waiting.popleft())
+        return True
+
+    def first_waiting(self) -> int | None:
+        """The offset of the first record waiting for its grace, or released and not processed (None: none)."""
+        first = self.released or self.waiting
+        return position_of(first[0]) if first else None
 
     def positions_to_commit(self) -> dict[str, int]:
         positions = {table_entry(held.table.name): held.applied for held in self.held}
