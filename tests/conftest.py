@@ -48,21 +48,28 @@ one after the other on one worker (`WAITS_GROUP`) while the other worker compute
 GROUP_SECONDS: dict[str, int] = {
     "faults/test_faults.py": 520,
     "spark": 430,
-    "waits": 430,
-    "bench/test_bench_growth.py": 115,
-    "dagster/test_pool_job.py": 175,
+    "waits": 395,
+    "dagster/test_pool_job.py": 130,
+    "bench/test_bench_compare.py": 110,
+    "bench/test_bench_growth.py": 105,
     "dagster/test_example_deployment.py": 105,
     "faults/test_standbys.py": 105,
-    "bench/test_bench_compare.py": 80,
     "dagster/test_sensors.py": 80,
-    "core/recovery/test_uncommitted_windows.py": 60,
     "core/kafka/security/test_least_privilege.py": 50,
+    "core/processing/test_background_restores.py": 50,
+    "core/recovery/test_at_least_once_promise.py": 50,
+    "core/processing/test_group_by_worker.py": 45,
     "core/processing/test_restore_in_loop.py": 45,
-    "bench/test_bench_standbys.py": 40,
+    "core/recovery/test_uncommitted_windows.py": 40,
+    "local_kafka/test_cli.py": 40,
+    "bench/test_bench_standbys.py": 30,
+    "core/processing/test_pool.py": 30,
 }
 """What each long group of the integration tier took on this 2-core machine (seconds, measured
-with `--durations=0`): the groups start longest first, so that no long group starts last and
-leaves the other worker idle. A group not listed counts `SECONDS_PER_TEST` per test."""
+with `--durations=0`; a group that starts the worker's secured broker counts that too): the groups
+start longest first, so that no long group starts last and leaves the other worker idle (one test
+of a minute, started last, leaves it idle for up to a minute). A group not listed counts
+`SECONDS_PER_TEST` per test."""
 SECONDS_PER_TEST = 5
 
 

@@ -2,9 +2,10 @@
 
 Owns the settings that make a KRaft node (broker and controller in one process) suit development
 and tests: no initial rebalance delay, short session timeouts allowed, a log cleaner that compacts
-within seconds, and no automatic topic creation; one node alone keeps one replica of everything,
-the nodes of a cluster (`cluster_properties`) three, with writes acknowledged by two
-(`min.insync.replicas=2`), as production clusters run.
+within seconds, transactions aborted within a second once they time out (Kafka checks every 10 s),
+and no automatic topic creation; one node alone keeps one replica of everything, the nodes of a
+cluster (`cluster_properties`) three, with writes acknowledged by two (`min.insync.replicas=2`), as
+production clusters run.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def server_properties(
         "group.initial.rebalance.delay.ms": "0",
         "group.min.session.timeout.ms": "1000",
         "log.cleaner.backoff.ms": "200",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         "log.cleaner.dedupe.buffer.size": "33554432",
         "log.retention.check.interval.ms": "1000",
         "log.segment.delete.delay.ms": "1000",

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_standbys_prints_a_checked_row_with_and_without_standbys(kafka_bootstrap):
     command = [sys.executable, str(ROOT / "bench" / "bench_standbys.py")]
-    command += ["--keys", "3000", "--session-timeout-ms", "3000"]
+    command += ["--keys", "3000", "--session-timeout-ms", "1500"]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
     finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 

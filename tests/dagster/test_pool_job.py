@@ -27,11 +27,15 @@ from dagster_stateful.core.kafka.descriptions import GroupDescription
 from dagster_stateful.naming import job_name, worker_pool
 
 ORDERS = make_orders(3_000, customers=60)
-POOL_WITH_STANDBYS_SECONDS = 60
-"""How long the pool with standbys runs: its members must join, process and tail the other host's changelogs."""
-FIRST_RUN_SECONDS = 45
-"""How long the first run's members hold their pools: the second run, launched once they all
-started, must be seen waiting on each pool within it (a Dagster process starts in 5-20 s here)."""
+POOL_WITH_STANDBYS_SECONDS = 30
+"""How long each member of the pool with standbys runs: with the other host's worker, the members
+must join, process the orders and tail the other host's changelogs (done about 7 s after the first
+member started, on a loaded 2-core machine)."""
+FIRST_RUN_SECONDS = 30
+"""How long each of the first run's members runs: the three must join, own partitions and process
+the orders (done about 9 s after the first member started, on a loaded 2-core machine). The second
+run is launched as soon as the first holds its members' pools, while their step processes start
+(5-40 s here), so it is seen waiting on each pool without the first run holding them for it."""
 
 
 @pytest.fixture
@@ -63,20 +67,22 @@ def test_a_pool_run_splits_the_partitions_and_a_second_run_waits_for_each_member
     environment = {**os.environ, "DAGSTER_HOME": str(home)}
     with DagsterInstance.from_config(str(home)) as instance:  # its storage exists before two processes open it
         first = launch(member_config(pool, max_seconds=FIRST_RUN_SECONDS, until_caught_up=False), environment)
-        first_run = wait_for(lambda: started_run(instance, pool_job.MEMBERS), timeout=120, what="the members start")
-        second = launch(member_config(pool, max_seconds=60, until_caught_up=True), environment)
-        wait_for(
-            lambda: every_member_owns_partitions(pool, kafka_bootstrap),
-            timeout=FIRST_RUN_SECONDS,
-            what="each of the first run's members to own partitions",
+        first_run = wait_for(
+            lambda: holding_run(instance, pool_job.MEMBERS), timeout=120, what="the first run to hold every pool"
         )
-        produce(kafka_bootstrap, pool.source, ORDERS)
+        second = launch(member_config(pool, max_seconds=60, until_caught_up=True), environment)
         second_run = wait_for(lambda: other_run(instance, first_run), timeout=120, what="the second run")
         wait_for(
             lambda: len(blocked_steps(instance, second_run)) == pool_job.MEMBERS,
-            timeout=FIRST_RUN_SECONDS,
+            timeout=120,
             what="each member of the second run to wait for its identity's pool, held by the first run's",
         )
+        wait_for(
+            lambda: every_member_owns_partitions(pool, kafka_bootstrap),
+            timeout=120,
+            what="each of the first run's members to own partitions",
+        )
+        produce(kafka_bootstrap, pool.source, ORDERS)
         outputs = [process.communicate(timeout=300)[0] for process in (first, second)]
         assert [first.returncode, second.returncode] == [0, 0], outputs
         spans = {run_id: step_spans(instance, run_id) for run_id in (first_run, second_run)}
@@ -172,13 +178,14 @@ def other_run(instance: DagsterInstance, run_id: str) -> str | None:
     return next((run.run_id for run in instance.get_runs() if run.run_id != run_id), None)
 
 
-def started_run(instance: DagsterInstance, members: int) -> str | None:
-    """The one run so far, once its `members` steps have all started."""
+def holding_run(instance: DagsterInstance, members: int) -> str | None:
+    """The one run so far, once it holds the pools of its `members` steps: Dagster claims a step's
+    pool before it launches the step's process (`STEP_WORKER_STARTING`)."""
     runs = instance.get_runs()
     if len(runs) != 1:
         return None
-    started = instance.all_logs(runs[0].run_id, of_type=DagsterEventType.STEP_START)
-    return runs[0].run_id if len(started) == members else None
+    launched = instance.all_logs(runs[0].run_id, of_type=DagsterEventType.STEP_WORKER_STARTING)
+    return runs[0].run_id if len(launched) == members else None
 
 
 def partition_owners(instance: DagsterInstance, run_id: str) -> dict[str, set[str]]:

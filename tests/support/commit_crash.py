@@ -13,6 +13,9 @@ import textwrap
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
+DYING_SESSION = {"session.timeout.ms": 1_500, "heartbeat.interval.ms": 250}
+"""The faulty worker's consumer session, as short as the fault tests' killed workers' (the apps' is
+6 s, `FAST_GROUP`): the next worker to join the group waits until the group dropped the dead one."""
 
 FAULTY_WORKER = textwrap.dedent("""
     import os, sys, time
@@ -37,7 +40,7 @@ FAULTY_WORKER = textwrap.dedent("""
 
     def consumer(self, config):
         if "partition.assignment.strategy" in config:
-            return FaultyConsumer({{**self.settings, **config}})
+            return FaultyConsumer({{**self.settings, **config, **{session!r}}})
         return make_consumer(self, config)
 
     KafkaClients.consumer = consumer
@@ -68,6 +71,7 @@ def faulty_worker(
         paused=str(tmp_path / "paused"),
         changelog_config=changelog_config,
         settings=settings or {},
+        session=DYING_SESSION,
         **values,
     )
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

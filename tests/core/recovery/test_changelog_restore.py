@@ -163,7 +163,11 @@ KILLABLE_WORKER = textwrap.dedent("""
         state.set("count", state.get("count", 0) + 1)
         return order
 
-    app = totals_app({bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, commit_every=150)
+    # A short session (the apps' is 6 s): the worker after the kill joins once the group dropped this one.
+    app = totals_app(
+        {bootstrap!r}, {source!r}, {state_dir!r}, {name!r}, commit_every=150,
+        consumer_config={{"session.timeout.ms": 1500, "heartbeat.interval.ms": 250}},
+    )
     app.dataframe().update(slow_count, stateful=True)
     app.run_worker(max_seconds=300)
 """)
