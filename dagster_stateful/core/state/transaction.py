@@ -9,14 +9,13 @@ trace. Before a commit, expiring stores delete what has expired and bounded stor
 would push out (`prepare_commit`). When the transaction starts and after each commit, its views
 take their `view.timed_variant` for a burst of messages (see `metrics.SAMPLE_EVERY`). Work kept
 outside the stores that must commit with the partition (the partition's tables, which record
-their positions in the commit's metadata) joins the transaction as a `Participant`.
+their positions in the commit's metadata) joins the transaction as a `participant.Participant`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import repeat
-from typing import Protocol
 
 from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
@@ -24,6 +23,7 @@ from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.metrics import SAMPLE_EVERY, TIMED_BURST
+from dagster_stateful.core.state.participant import Participant
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.ttl import TtlState
@@ -40,26 +40,6 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     WindowState: timed_variant(WindowState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
-
-
-class Participant(Protocol):
-    """Work on a partition, kept outside its stores, that commits and rolls back with it."""
-
-    def positions_to_commit(self) -> dict[str, int]:
-        """What the commit's metadata records of it, beside the stores' stream times."""
-        ...
-
-    def committed_positions(self) -> dict[str, int]:
-        """What the last commit recorded of it."""
-        ...
-
-    def committed(self) -> None:
-        """The commit went through (Kafka has it): make its work durable locally."""
-        ...
-
-    def roll_back(self) -> None:
-        """Drop the work since the last commit."""
-        ...
 
 
 class PartitionTransaction:

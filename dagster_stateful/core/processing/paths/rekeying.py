@@ -32,8 +32,8 @@ from dagster_stateful.core.processing.dsl.joins import NO_TABLE_KEY
 from dagster_stateful.core.processing.dsl.steps import DROPPED, Chain, StepFailed, StepKind, Views, run_chain
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.state.commit_metadata import decode_commit_metadata, encode_commit_metadata
+from dagster_stateful.core.state.participant import Participant
 from dagster_stateful.core.state.serialization import JsonSerde, StrSerde, fast_loads
-from dagster_stateful.core.state.transaction import Participant
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The partitioned tables of one partition of the stream that joins them, committed with that partition.
 
-Owns `TaskTables`, a participant of the partition's commit (`transaction.Participant`): the
+Owns `TaskTables`, a participant of the partition's commit (`participant.Participant`): the
 positions of its tables (`commit_metadata.table_entry`) and, with a grace, the join's stream time
 (`JOIN_STREAM_TIME`) go into the commit's metadata; once the commit went through the tables' changes
 are written locally, and a roll-back drops them and fetches the tables again from what they applied.
@@ -33,7 +33,7 @@ class TablesOwner(Protocol):
 
 class TaskTables:
     """The tables of one partition of the stream that joins them, as a participant of its commit
-    (`transaction.Participant`): their positions and the join's stream time commit with it."""
+    (`participant.Participant`): their positions and the join's stream time commit with it."""
 
     def __init__(self, owner: TablesOwner, partition: int, held: list[TablePartition], stream_time: int) -> None:
         self._owner = owner
