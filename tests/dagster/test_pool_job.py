@@ -35,7 +35,7 @@ FIRST_RUN_SECONDS = 30
 """How long each of the first run's members runs: the three must join, own partitions and process
 the orders (done about 9 s after the first member started, on a loaded 2-core machine). The second
 run is launched as soon as the first holds its members' pools, while their step processes start
-(5-40 s here), so it is seen waiting on each pool without the first run holding them for it."""
+(5-40 s here): it is seen waiting on each pool long before the first run's members stop."""
 
 
 @pytest.fixture
