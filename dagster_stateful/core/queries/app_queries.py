@@ -27,7 +27,9 @@ from dagster_stateful.core.recovery.verification import Digest, replay_digest
 from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.query import StoreReader
+from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.stores import Store
+from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError
 
 
@@ -83,19 +85,30 @@ class AppQueries(ABC):
 
     def store_profile(self, store: str) -> dict[str, str | int]:
         """What `store` is, for people: its kind (rocksdb, memory, lru or custom), what it holds
-        (key-value state, aggregates or windows), and its ttl, bound, or windows' size, grace and
-        retention (ms) where it has them."""
+        (key-value state, aggregates, windows or sessions), and its ttl, bound, or windows' size (or
+        sessions' gap), grace and retention (ms) where it has them."""
         spec = self._store_specs[store]
         profile: dict[str, str | int] = {"kind": "custom" if spec.backend is not None else spec.kind}
         live = self._dataframe.live_stores
         bounds = live.get(store)
-        profile["holds"] = "key-value state" if store not in live else "aggregates" if bounds is None else "windows"
+        profile["holds"] = (
+            "key-value state"
+            if store not in live
+            else "aggregates"
+            if bounds is None
+            else "sessions"
+            if isinstance(bounds, SessionBounds)
+            else "windows"
+        )
         if spec.ttl_ms is not None:
             profile["ttl_ms"] = spec.ttl_ms
         if spec.max_entries is not None:
             profile["max_entries"] = spec.max_entries
-        if bounds is not None:
+        if isinstance(bounds, SessionBounds):
+            profile["session_gap_ms"] = bounds.gap
+        elif bounds is not None:
             profile["window_size_ms"] = bounds.size
+        if bounds is not None:
             profile["window_grace_ms"] = bounds.grace
             profile["window_retention_ms"] = bounds.retention
         return profile
@@ -137,11 +150,13 @@ class AppQueries(ABC):
         if store not in self.config.stores:
             raise ConfigurationError(f"unknown store {store!r}; app {self.name!r} declares {self.stores}")
         bounds = self._dataframe.live_stores.get(store)
+        sessions = isinstance(bounds, SessionBounds)
         return StoreShape(
             store,
             self.config.store_ttls.get(store),
-            None if bounds is None else bounds.size,
+            bounds.size if isinstance(bounds, WindowBounds) else None,
             None if bounds is None else bounds.retention,
+            sessions=sessions,
         )
 
     def row_decoder(self, store: str) -> RowDecoder:

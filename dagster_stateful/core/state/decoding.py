@@ -54,14 +54,18 @@ class StoreShape:
     window_size: int | None = None
     """A window store's window size (ms); None for a key-value or aggregation store."""
     window_retention: int | None = None
-    """How long (ms of stream time) a window store keeps a window after its start."""
+    """How long (ms of stream time) a window store keeps a window after its start (a session store:
+    a session after its end)."""
     table: bool = False
     """A partitioned table's store (`App.table`): each stored key is the message key itself, with no
     state key, and each value the table's value (decoded with the table's serializers)."""
+    sessions: bool = False
+    """A session store's: each value is [end, aggregate]."""
 
     @property
     def is_window_store(self) -> bool:
-        return self.window_size is not None
+        """Whether the store holds windows (or sessions), keyed by start and message key."""
+        return self.window_size is not None or self.sessions
 
 
 class RowDecoder:
@@ -78,10 +82,16 @@ class RowDecoder:
             return -1
         return self.value(data) if self.shape.is_window_store else decode_stream_time(data)
 
-    def expired_windows_before(self, stream_time: int) -> int:
-        """Windows starting at or before this are past their retention (left out by readers)."""
+    def live_window(self, partition: int, store_key: bytes, data: bytes, stream_time: int) -> WindowEntry | None:
+        """A window (or session) store's row; None when it is past its retention at `stream_time`
+        (the next commit deletes it)."""
         retention = self.shape.window_retention
-        return -1 if retention is None else stream_time - retention
+        if self.shape.sessions:
+            entry = self.window(partition, store_key, data)
+            return None if retention is not None and entry.end + retention < stream_time else entry
+        if retention is not None and split_window_key(store_key)[0] <= stream_time - retention:
+            return None
+        return self.window(partition, store_key, data)
 
     def entry(self, partition: int, store_key: bytes, data: bytes, stream_time: int) -> StateEntry | None:
         """A key-value store's row (a table's: with an empty state key); None when it has expired by `stream_time`."""
@@ -94,10 +104,13 @@ class RowDecoder:
         return StateEntry(partition, self.message_key(key), _text(state_key), self.value(payload), expiry)
 
     def window(self, partition: int, store_key: bytes, data: bytes) -> WindowEntry:
-        """A window store's row."""
+        """A window (or session) store's row."""
+        start, key = split_window_key(store_key)
+        if self.shape.sessions:
+            end, value = self.value(data)
+            return WindowEntry(partition, self.message_key(key), start, end, value)
         size = self.shape.window_size
         assert size is not None, "only a window store has windows"
-        start, key = split_window_key(store_key)
         return WindowEntry(partition, self.message_key(key), start, start + size, self.value(data))
 
     def value(self, data: bytes) -> Any:

@@ -152,15 +152,17 @@ class StoreReader:
         wanted = None if message_key is None else self._decoder.key_bytes(message_key)
         first = None if start_from is None else max(start_from, 0).to_bytes(_START_BYTES, "big")
         for partition in self._chosen(partitions):
-            expired_before = self._decoder.expired_windows_before(self.stream_time(partition))
+            stream_time = self.stream_time(partition)
             for store_key, data in self._database(partition).items(first):
                 if store_key == STREAM_TIME_KEY:
                     continue
                 start = int.from_bytes(store_key[:_START_BYTES], "big")
                 if start_to is not None and start > start_to:
                     break
-                if start > expired_before and (wanted is None or store_key[_START_BYTES + 4 :] == wanted):
-                    yield self._decoder.window(partition, store_key, data)
+                if wanted is None or store_key[_START_BYTES + 4 :] == wanted:
+                    entry = self._decoder.live_window(partition, store_key, data, stream_time)
+                    if entry is not None:
+                        yield entry
 
     def _chosen(self, partitions: Iterable[int] | None) -> list[int]:
         return self.partitions if partitions is None else sorted(set(partitions))

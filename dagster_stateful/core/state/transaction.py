@@ -26,6 +26,7 @@ from dagster_stateful.core.state.metrics import SAMPLE_EVERY, TIMED_BURST
 from dagster_stateful.core.state.participant import Participant
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import LiveSerializer, Serde
+from dagster_stateful.core.state.session_state import SessionBounds, SessionState
 from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.view import KeyView, timed_variant
 from dagster_stateful.core.state.window_state import WindowBounds, WindowState
@@ -38,6 +39,7 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     LiveState: timed_variant(LiveState, live.TIMED_OPERATIONS),
     TtlState: timed_variant(TtlState, kv.TIMED_OPERATIONS),
     WindowState: timed_variant(WindowState, live.TIMED_OPERATIONS),
+    SessionState: timed_variant(SessionState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
 
@@ -54,12 +56,13 @@ class PartitionTransaction:
         stores: dict[str, StorePartition],
         serde: Serde,
         committed_offset: int | None,
-        live_stores: Mapping[str, WindowBounds | None] | None = None,
+        live_stores: Mapping[str, WindowBounds | SessionBounds | None] | None = None,
         ttls: Mapping[str, int] | None = None,
         stream_times: Mapping[str, int] | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a
-        `State`, or, with the bounds of their windows, a `window_state.WindowState`; ttls: the TTL (ms)
+        `State`, or, with the bounds of their windows or sessions, a `window_state.WindowState` or a
+        `session_state.SessionState`; ttls: the TTL (ms)
         of the key-value stores whose entries expire, whose steps get a `ttl.TtlState`;
         stream_times: the stream time of each window or TTL store that the last commit recorded."""
         live_stores, ttls = live_stores or {}, ttls or {}
@@ -85,12 +88,14 @@ class PartitionTransaction:
             if name in stores and bounds is None
         }
         """The keyed aggregations' stores."""
-        self.windows = {
-            name: WindowState(stores[name], self.caches[name], serde, bounds)
+        self.windows: dict[str, WindowState] = {
+            name: SessionState(stores[name], self.caches[name], serde, bounds)
+            if isinstance(bounds, SessionBounds)
+            else WindowState(stores[name], self.caches[name], serde, bounds)
             for name, bounds in live_stores.items()
             if name in stores and bounds is not None
         }
-        """The windowed aggregations' stores."""
+        """The windowed (and session) aggregations' stores."""
         self.views: dict[str, State | LiveState | WindowState] = {**self.states, **self.live, **self.windows}
         """Every store, by name: what the steps get."""
         self.clocked: dict[str, TtlState | WindowState] = {
@@ -248,13 +253,13 @@ class PartitionTransaction:
 
     def committed(self) -> None:
         """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
+        for state in self.clocked.values():
+            state.mark_committed()  # before the caches are clean: a window store reads its dirty stream time
         for cache in self.caches.values():
             cache.mark_clean()
         for store in self.stores.values():
             store.keys_to_rewrite.clear()
         self.emitted.clear()
-        for state in self.clocked.values():
-            state.mark_committed()
         if self.participant is not None:
             self.participant.committed()
         processed = (self.next_offset or 0) - (self.committed_offset or 0)

@@ -98,10 +98,19 @@ class WindowState(LiveState, CommittedStreamTime):
         """The stream time a commit now records (None: the partition has none yet)."""
         if self._stream_time is not None:
             return self._stream_time
+        if STREAM_TIME_KEY in self._cache.dirty:  # moved since the last commit, then forgotten (`forget`)
+            return int(self._values[STREAM_TIME_KEY])
         if self._committed_stream_time is not None:
             return self._committed_stream_time
         data = self._partition.get(STREAM_TIME_KEY)
         return None if data is None else self._decode(data)
+
+    def mark_committed(self) -> None:
+        """The commit succeeded: the stream time it recorded is the committed one (also when the
+        index was forgotten after a failed message, with stream time moved by those before it)."""
+        recorded = self.stream_time_to_commit
+        if recorded is not None:
+            self._committed_stream_time = recorded
 
     @property
     def expiries_due(self) -> bool:

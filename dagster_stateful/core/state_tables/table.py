@@ -129,12 +129,12 @@ def _entries(
     decoder: RowDecoder, partition: int, keys: list[bytes], values: list[bytes], stream_time: int
 ) -> list[StateEntry] | list[WindowEntry]:
     if decoder.shape.is_window_store:
-        expired_before = decoder.expired_windows_before(stream_time)
-        return [
-            decoder.window(partition, key, data)
+        windows = (
+            decoder.live_window(partition, key, data, stream_time)
             for key, data in zip(keys, values, strict=True)
-            if key != STREAM_TIME_KEY and int.from_bytes(key[:_START_BYTES], "big") > expired_before
-        ]
+            if key != STREAM_TIME_KEY
+        )
+        return [window for window in windows if window is not None]
     entries = (
         decoder.entry(partition, key, data, stream_time)
         for key, data in zip(keys, values, strict=True)

@@ -271,3 +271,21 @@ def test_a_window_store_is_its_own_and_only_stateless_steps_may_follow_windows()
         frame.tumbling_window(1000, store="other")
     frame.apply(lambda result: result["value"])  # stateless: fine
     assert frame.changelog_configs()["windows"]["cleanup.policy"] == "compact,delete"
+
+
+def test_a_commit_right_after_a_failed_message_records_the_stream_time_of_the_messages_before_it(store):
+    """A failed message makes the store forget its windows; the commit that follows must still record
+    (and go on from) the stream time its partition reached, or windows already emitted would open again."""
+    frame = frame_of("final")
+    txn = transaction(store, frame)
+    feed(frame, txn, [("a", 100, 1), ("a", 1500, 2)])  # window 0 closed and emitted at stream time 1500
+    txn.begin_message(b"a", 2)
+    txn.discard_message()
+    txn.window_list[0].forget()  # as after a failed message's writes
+
+    assert txn.stream_times_to_commit() == {"windows": 1500}
+    commit(txn, store)
+
+    late = feed(frame, txn, [("a", 500, 4)], start=3)
+    assert late == [Emitted(late=True)] and late[0].late, "window 0 stays closed after the commit"
+    assert txn.window_list[0].stream_time == 1500

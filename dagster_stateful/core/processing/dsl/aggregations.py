@@ -5,7 +5,8 @@ one more value into it, `result` turns it into what flows downstream) and the bu
 the manner of Kafka Streams' `groupByKey().count()` / `reduce` / `aggregate` and Quix Streams'
 window aggregations: `Count`, `Sum`, `Min`, `Max`, `Mean`, `Reduce`, `Collect` (every value, in
 order) and `Aggregate` (an initializer and a function, like Kafka Streams' `aggregate(initializer,
-aggregator)`).
+aggregator)`). Session windows also `combine` two aggregates of one key (the sessions a record
+bridges): the columnar ones and `Collect` and `Reduce` can, `Aggregate` with a `merger`.
 
 `Count()` and `Sum`, `Min`, `Max` and `Mean` of a named field (`Sum("amount")`) are columnar: a
 worker folds a whole consumed batch of them at once (`vectorized`), merging each key's partial into
@@ -69,6 +70,16 @@ class Aggregator:
     def merge(self, aggregate: Any, partial: Any) -> Any:
         """A columnar aggregator's aggregate with a batch's partial of the same key folded in."""
         raise NotImplementedError(f"{type(self).__name__} has no columnar merge")
+
+    @property
+    def combinable(self) -> bool:
+        """Whether two aggregates of one key can become one (`combine`), as session windows need
+        when a record bridges two sessions."""
+        return self.columnar is not None
+
+    def combine(self, earlier: Any, later: Any) -> Any:
+        """One aggregate of the values of two (`earlier`'s first): a columnar aggregator's `merge`."""
+        return self.merge(earlier, later)
 
 
 class Count(Aggregator):
@@ -194,6 +205,13 @@ class Collect(_OfValue):
     def add(self, aggregate: list[Any], value: Any) -> list[Any]:
         return [*aggregate, self._of(value)]
 
+    @property
+    def combinable(self) -> bool:
+        return True
+
+    def combine(self, earlier: list[Any], later: list[Any]) -> list[Any]:
+        return [*earlier, *later]
+
 
 class Reduce(Aggregator):
     """`reducer(aggregate, value)` over the key's messages, starting from its first value (Kafka
@@ -210,14 +228,38 @@ class Reduce(Aggregator):
     def add(self, aggregate: Any, value: Any) -> Any:
         return self._reducer(aggregate, value)
 
+    @property
+    def combinable(self) -> bool:
+        return True
+
+    def combine(self, earlier: Any, later: Any) -> Any:
+        """The reducer of two aggregates (values and aggregates are alike to a reducer)."""
+        return self._reducer(earlier, later)
+
 
 class Aggregate(Aggregator):
     """`aggregator(aggregate, value)` over the key's messages, starting from `initializer()`
-    (Kafka Streams' `aggregate(initializer, aggregator)`)."""
+    (Kafka Streams' `aggregate(initializer, aggregator)`); in session windows, `merger(earlier,
+    later)` makes one aggregate of two sessions a record bridges (Kafka Streams' session `Merger`)."""
 
-    def __init__(self, initializer: Callable[[], Any], aggregator: Callable[[Any, Any], Any]) -> None:
+    def __init__(
+        self,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any], Any],
+        merger: Callable[[Any, Any], Any] | None = None,
+    ) -> None:
         self._initializer = initializer
         self._aggregator = aggregator
+        self._merger = merger
+
+    @property
+    def combinable(self) -> bool:
+        return self._merger is not None
+
+    def combine(self, earlier: Any, later: Any) -> Any:
+        if self._merger is None:
+            raise NotImplementedError("Aggregate needs a merger= to combine two aggregates")
+        return self._merger(earlier, later)
 
     def first(self, value: Any) -> Any:
         return self._aggregator(self._initializer(), value)

@@ -8,8 +8,8 @@ folds each value into a per-key aggregate (`aggregations.Aggregator`) kept in a 
 and passes on the updated result. `run` pushes one value through every step; what a step raises
 is a `StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable
 store), which is the store's failure, not the message's, and passes through as it is.
-`tumbling_window` and `hopping_window` declare windowed aggregations
-(`windows.WindowedAggregation`): their step passes on an `Emitted` list of window results, which
+`tumbling_window`, `hopping_window` and `session_window` declare windowed aggregations
+(`windows.WindowedAggregation`, `sessions.Sessions`): their step passes on an `Emitted` list of window results, which
 the stateless steps after it map one by one. `compiled` gives the worker's hot path a function
 that does what `run` does, specialised for the common one-step frame. An aggregation that emits
 per commit (the default of the columnar ones, `Count()` and `Sum("field")` say) passes nothing on
@@ -28,7 +28,7 @@ from typing import Any
 
 from dagster_stateful.core.config import Repartition
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
-from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf
+from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf, refuse_group_by
 from dagster_stateful.core.processing.dsl.joins import (
     GlobalTable,
     JoinHow,
@@ -38,6 +38,7 @@ from dagster_stateful.core.processing.dsl.joins import (
     join_function,
     table_join_function,
 )
+from dagster_stateful.core.processing.dsl.sessions import Sessions
 from dagster_stateful.core.processing.dsl.steps import (
     DROPPED,
     REPLACING,
@@ -54,6 +55,7 @@ from dagster_stateful.core.processing.dsl.steps import (
     step_call,
 )
 from dagster_stateful.core.processing.dsl.windows import Duration, Emit, WindowedAggregation, Windows
+from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.stores import as_ms
 from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError
@@ -112,8 +114,9 @@ class StreamingDataFrame:
         return [name for name, bounds in self.live_stores.items() if bounds is not None]
 
     @property
-    def live_stores(self) -> dict[str, WindowBounds | None]:
-        """The aggregations' stores: None for a keyed aggregation's, the bounds of a window store's."""
+    def live_stores(self) -> dict[str, WindowBounds | SessionBounds | None]:
+        """The aggregations' stores: None for a keyed aggregation's, the bounds of a window or
+        session store's."""
         return {
             step.store: None if step.windows is None else step.windows.bounds
             for step in self.steps
@@ -141,6 +144,8 @@ class StreamingDataFrame:
         if not (isinstance(aggregator, Aggregator) and aggregator.vectorizable):
             return None
         windows = first.windows
+        if isinstance(windows, Sessions):
+            return None
         if not (first.per_commit or (windows is not None and first.emit == "final" and windows.timestamp is None)):
             return None
         if any(step.store is not None for step in self.steps[1:]):
@@ -232,27 +237,12 @@ class StreamingDataFrame:
         new key is written with the app's key serde, the value with its value serde. A record
         whose key cannot be had (a missing field, a function that raises or returns None) goes to
         the error policy."""
-        if self.grouping is not None:
-            raise ConfigurationError(
-                f"this app already re-keys its records with group_by {self.grouping.name!r}; one group_by per app"
-            )
-        if self.is_windowed:
-            raise ConfigurationError(
-                "group_by cannot follow a windowed aggregation: its results belong to windows. Re-key the records "
-                "before the window (group_by first, then the window)."
-            )
-        graced = sorted(name for name, (_, grace_ms) in self.table_joins.items() if grace_ms)
-        if graced:
-            raise ConfigurationError(
-                f"a join with a grace (tables {graced}) cannot come before group_by: records wait for the grace in "
-                "the partitions of the state they update. Declare the join after group_by, or without grace=."
-            )
-        stateful = [step.name for step in self.steps if step.store is not None]
-        if stateful:
-            raise ConfigurationError(
-                f"group_by cannot follow stateful steps ({', '.join(stateful)}): their state is kept by the source's "
-                "key and partition, the steps after it by the new key. Declare group_by before them."
-            )
+        refuse_group_by(
+            self.grouping,
+            self.is_windowed,
+            sorted(name for name, (_, grace_ms) in self.table_joins.items() if grace_ms),
+            [step.name for step in self.steps if step.store is not None],
+        )
         grouping = GroupBy.define(key, name, partitions, self._chain)
         repartition = Repartition(grouping.name, partitions, (*self.table_joins, *self.global_joins))
         self.grouping = grouping
@@ -332,14 +322,31 @@ class StreamingDataFrame:
         rest as `tumbling_window`."""
         return self._windows(Windows.define(size, step, grace, retention, timestamp), store)
 
-    def _windows(self, windows: Windows, store: str | None) -> WindowedAggregation[StreamingDataFrame]:
+    def session_window(
+        self,
+        gap: Duration,
+        *,
+        grace: Duration = 0,
+        retention: Duration | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        store: str | None = None,
+    ) -> WindowedAggregation[StreamingDataFrame]:
+        """Sessions of activity per key (Kafka Streams' `SessionWindows`, see `sessions.Sessions`): a
+        message more than `grace` behind stream time is late; a session closes once stream time
+        passes its end plus `gap` plus grace, and is kept `retention` after its end (default and
+        least: gap + grace). Continue with `.aggregate(Count()).final()` (say)."""
+        return self._windows(Sessions.define(gap, grace, retention, timestamp), store)
+
+    def _windows(self, windows: Windows | Sessions, store: str | None) -> WindowedAggregation[StreamingDataFrame]:
         self._refuse_after_windows("a windowed aggregation")
         self._refuse_after_per_commit("a windowed aggregation")
         return WindowedAggregation(self._add_windowed, windows, store)
 
     def _add_windowed(
-        self, windows: Windows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+        self, windows: Windows | Sessions, aggregator: Aggregator, name: str, store: str | None, emit: Emit
     ) -> StreamingDataFrame:
+        if isinstance(windows, Sessions):
+            windows.check(aggregator)
         resolved = self._resolve_store(store)
         self._refuse_expiring(resolved, "a windowed aggregation")
         if resolved in self._evicting:

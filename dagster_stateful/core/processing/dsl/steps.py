@@ -18,9 +18,11 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
+from dagster_stateful.core.processing.dsl.sessions import Sessions, session_result
 from dagster_stateful.core.processing.dsl.windows import LATE, Emit, Emitted, Windows, window_result
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
+from dagster_stateful.core.state.session_state import SessionState
 from dagster_stateful.core.state.window_state import WindowState
 from dagster_stateful.errors import StateStoreError
 
@@ -75,8 +77,8 @@ class Step:
     """The store a stateful step reads and writes; None for a stateless step."""
     aggregation: str | None = None
     """An aggregate step's name: the state key of its aggregates (of a window step: its name only)."""
-    windows: Windows | None = None
-    """A window step's windows."""
+    windows: Windows | Sessions | None = None
+    """A window step's windows (or sessions)."""
     emit: Emit = "current"
     """A window step's results: each update ("current") or each window once it closes ("final")."""
     per_commit: bool = False
@@ -150,6 +152,39 @@ def _call_windowed(step: Step, aggregator: Aggregator, windows: Windows) -> Step
     return windowed
 
 
+def _call_sessions(step: Step, aggregator: Aggregator, sessions: Sessions) -> StepCall:
+    """A session window step as a function of (value, states): the `Emitted` session results of the
+    value, or `LATE`. Raises like `_call_step`'s functions."""
+    store, name, final = step.store, step.name, step.emit == "final"
+    first, add, combine, event_time = aggregator.first, aggregator.add, aggregator.combine, sessions.timestamp
+    result = aggregator.result if aggregator.has_result else _same
+
+    def sessioned(value: Any, states: Views) -> Emitted:
+        try:
+            state: SessionState = states[store]  # type: ignore[index, assignment]
+            if event_time is not None:
+                state.timestamp = _event_time(event_time(value))
+            elif state.timestamp < 0:
+                raise ValueError("the message has no timestamp; give the sessions a timestamp= function of the value")
+            updated, merged, closed = state.update_session(value, first, add, combine)
+            if updated is None:
+                return LATE
+            if final:
+                return Emitted([session_result(key, start, end, result(agg)) for key, start, end, agg in closed])
+            start, end, aggregate = updated
+            return Emitted([session_result(state.message_key, start, end, result(aggregate), merged)])
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return sessioned
+
+
+def _same(aggregate: Any) -> Any:
+    return aggregate
+
+
 def window_results(windows: list[tuple[bytes, int, Any]], size: int, result: Callable[[Any], Any] | None) -> Emitted:
     """What windows (message key, start, aggregate) pass on: each one's `window_result`, of its
     aggregate's `result` (None: the aggregate itself)."""
@@ -172,6 +207,8 @@ def step_call(step: Step) -> StepCall:
     except `StateStoreError`, which passes through."""
     function, store, name = step.function, step.store, step.name
     if isinstance(function, Aggregator):
+        if isinstance(step.windows, Sessions):
+            return _call_sessions(step, function, step.windows)
         if step.windows is not None:
             return _call_windowed(step, function, step.windows)
         return _call_fold(step, function)

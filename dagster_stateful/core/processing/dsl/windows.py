@@ -114,18 +114,22 @@ class Windows:
         return list(range(first, last + 1, step))
 
     def changelog_config(self) -> dict[str, str]:
-        """Topic settings of the window store's changelog: compacted, and deleted once expired."""
-        return {"cleanup.policy": "compact,delete", "retention.ms": str(self.retention + CHANGELOG_EXTRA_RETENTION_MS)}
+        return window_changelog_config(self.retention)
 
 
-AddStep = Callable[[Windows, Aggregator, str, str | None, Emit], Frame]
-"""(windows, aggregator, name, store, emit) -> the frame with the window step added."""
+def window_changelog_config(retention: int) -> dict[str, str]:
+    """Topic settings of a window or session store's changelog: compacted, and deleted once expired."""
+    return {"cleanup.policy": "compact,delete", "retention.ms": str(retention + CHANGELOG_EXTRA_RETENTION_MS)}
+
+
+AddStep = Callable[[Any, Aggregator, str, str | None, Emit], Frame]
+"""(windows or sessions, aggregator, name, store, emit) -> the frame with the window step added."""
 
 
 class WindowedAggregation(Generic[Frame]):
-    """A window definition waiting for its aggregation and how results are emitted."""
+    """A window (or session) definition waiting for its aggregation and how results are emitted."""
 
-    def __init__(self, add_step: AddStep[Frame], windows: Windows, store: str | None) -> None:
+    def __init__(self, add_step: AddStep[Frame], windows: Any, store: str | None) -> None:
         self._add_step = add_step
         self._windows = windows
         self._store = store

@@ -36,6 +36,7 @@ from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError, StateLockedError, StateStoreError, StoreCorruptedError
@@ -57,7 +58,7 @@ class PartitionAssignments:
         cooperative: bool = True,
         snapshots: Callable[[str], SnapshotStore] | None = None,
         drop_in_flight: Callable[[], None] | None = None,
-        live_stores: Mapping[str, WindowBounds | None] | None = None,
+        live_stores: Mapping[str, WindowBounds | SessionBounds | None] | None = None,
         background: BackgroundRestores | None = None,
         standbys: StandbyReplicas | None = None,
         rekeying: Rekeying | None = None,
