@@ -45,6 +45,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from support.kafka_helpers import read_committed, read_messages, wait_for
+from support.session_model import replay_sessions
 
 from dagster_stateful.core.state.window_state import STREAM_TIME_KEY, split_window_key
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
@@ -498,6 +499,8 @@ class ReplayedWindows:
     """Orders that came after every window they belong to had closed."""
     stream_times: dict[int, int] = field(default_factory=dict)
     """Per partition, the largest event time seen."""
+    ends: dict[Window, int] = field(default_factory=dict)
+    """Sessions' ends (tumbling windows end at start + size)."""
 
     def totals_only(self) -> ReplayedWindows:
         """The same windows with their totals alone, as a columnar `Sum("amount")` keeps them."""
@@ -544,6 +547,26 @@ def replay_windows(messages: Iterable[Message], size: int, grace: int, retention
     return replayed
 
 
+def replay_session_windows(messages: Iterable[Message], gap: int, grace: int) -> ReplayedWindows:
+    """`replay_windows` for sessions of `gap` ms with `grace` (retention gap + grace), recomputed by
+    `support.session_model.replay_sessions`, partition by partition in offset order."""
+    by_partition: dict[int, list[Message]] = {}
+    for message in messages:
+        by_partition.setdefault(message.partition() or 0, []).append(message)
+    replayed = ReplayedWindows()
+    for partition, in_partition in by_partition.items():
+        orders = [orjson.loads(m.value() or b"null") for m in sorted(in_partition, key=lambda m: m.offset() or 0)]
+        times = [m.timestamp()[1] for m in sorted(in_partition, key=lambda m: m.offset() or 0)]
+        sessions = replay_sessions(((o["customer"], t, o) for o, t in zip(orders, times, strict=True)), gap, grace)
+        for held, session_ids in ((replayed.final, sessions.closed), (replayed.kept, sessions.kept)):
+            for window, session in session_ids.items():
+                held[window] = {"count": len(session.values), "total": sum(o["amount"] for o in session.values)}
+                replayed.ends[window] = session.end
+        replayed.late_ids.update(orders[index]["id"] for index in sessions.late)
+        replayed.stream_times[partition] = sessions.stream_time
+    return replayed
+
+
 def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
     """A windowed app's store (no worker may run): the tally of every window it holds, and each
     partition's stream time (-1: none stored). A window whose retention (size + grace) the stream
@@ -568,7 +591,11 @@ def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
                     held[(customer.decode(), start)] = orjson.loads(value)
         finally:
             part.close()
-        windows.update({w: t for w, t in held.items() if w[1] + retention > stream_times[partition]})
+        if spec.session_gap_ms:  # a session's [end, tally], kept until stream time passes end + gap + grace
+            retention = spec.session_gap_ms + spec.window_grace_ms
+            windows.update({w: tally for w, (end, tally) in held.items() if end + retention >= stream_times[partition]})
+        else:
+            windows.update({w: t for w, t in held.items() if w[1] + retention > stream_times[partition]})
     return windows, stream_times
 
 
@@ -664,7 +691,8 @@ def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
         result = orjson.loads(message.value() or b"null")
         window = ((message.key() or b"").decode(), result["start"])
         appearances[window] += 1
-        if window not in replayed.final or result["end"] != result["start"] + size:
+        end = replayed.ends.get(window, result["start"] + size) if spec.session_gap_ms else result["start"] + size
+        if window not in replayed.final or result["end"] != end:
             unexpected.append(window)
             continue
         tally, expected = as_tally(result["value"], spec), as_tally(replayed.final[window], spec)

@@ -73,6 +73,7 @@ from faults.harness import (
     progress_of,
     read_counts,
     read_store,
+    replay_session_windows,
     replay_windows,
     run_worker,
     source_messages,
@@ -301,6 +302,7 @@ def windowed_sigkill_storm(
     wipe_share: float = 0.25,
     guarantee: str = EXACTLY_ONCE,
     columnar: bool = False,
+    session_gap_ms: int = 0,
 ) -> FaultResult:
     """`sigkill_storm` for a windowed aggregation: the worker folds each order into its customer's
     tumbling window of event time (the message timestamp; windows of `WINDOW_SIZE_MS` with
@@ -315,9 +317,12 @@ def windowed_sigkill_storm(
     tally falls short (redone work may count orders twice). Either way the store holds exactly the
     unexpired windows, and each partition's stream time. `lost` and `doubled` count windows here:
     closed windows missing from the output, and extra appearances. `columnar`: each window keeps the
-    columnar `Sum("amount")` (folded a consumed batch at a time in columns), judged by its total."""
+    columnar `Sum("amount")` (folded a consumed batch at a time in columns), judged by its total.
+    `session_gap_ms`: sessions of that inactivity gap (with the same grace) instead of tumbling
+    windows, judged against `replay_session_windows`."""
     exactly_once = guarantee == EXACTLY_ONCE
-    name = "1w SIGKILL at random points, windowed" + (" in columns" if columnar else "")
+    name = "1w SIGKILL at random points, " + ("sessions" if session_gap_ms else "windowed")
+    name += " in columns" if columnar else ""
     result = FaultResult(name + (" (exactly-once)" if exactly_once else ""))
     timed = TimedOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3), max_lag_ms=3 * WINDOW_GRACE_MS)
     source = lab.unique("orders")
@@ -339,6 +344,7 @@ def windowed_sigkill_storm(
         aggregate=columnar,
         window_size_ms=WINDOW_SIZE_MS,
         window_grace_ms=WINDOW_GRACE_MS,
+        session_gap_ms=session_gap_ms,
     )
 
     def more_orders(count: int) -> None:
@@ -352,7 +358,11 @@ def windowed_sigkill_storm(
     count_uncommitted_applied(result, lab)
     messages = source_messages(lab.bootstrap, source)
     result.messages = len(messages)
-    check = check_windows(spec, replay_windows(messages, WINDOW_SIZE_MS, WINDOW_GRACE_MS))
+    if session_gap_ms:
+        replayed = replay_session_windows(messages, session_gap_ms, WINDOW_GRACE_MS)
+    else:
+        replayed = replay_windows(messages, WINDOW_SIZE_MS, WINDOW_GRACE_MS)
+    check = check_windows(spec, replayed)
     result.counters.update(check.counters())
     result.counters["worker runs folding in columns"] = sum(
         COLUMNAR_WORKER_LOG in log.read_text(errors="replace") for log in lab.work_dir.glob("*.log")

@@ -66,6 +66,9 @@ WINDOW_MISMATCHES = (
 )
 """What `windowed_sigkill_storm` finds against the windows recomputed from the source: all 0 under
 exactly-once."""
+SESSION_GAP_MS = 1_500
+"""The sessions storm's inactivity gap: orders of one customer come about 0.8 s apart, so sessions
+hold a handful of orders, and orders lagging behind bridge some of them."""
 AT_LEAST_ONCE_DOUBLES = (
     "windows emitted more than once",
     "windows emitted with a wrong tally",
@@ -233,7 +236,13 @@ def test_sigkill_at_random_points_loses_nothing_across_a_partitioned_table_join(
 
 @pytest.mark.parametrize(
     ("guarantee", "path"),
-    [(EXACTLY_ONCE, "per-message"), (AT_LEAST_ONCE, "per-message"), (AT_LEAST_ONCE, "columns")],
+    [
+        (EXACTLY_ONCE, "per-message"),
+        (AT_LEAST_ONCE, "per-message"),
+        (AT_LEAST_ONCE, "columns"),
+        (EXACTLY_ONCE, "sessions"),
+        (AT_LEAST_ONCE, "sessions"),
+    ],
 )
 def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_window_and_keeps_the_live_ones(
     kafka_bootstrap, tmp_path, guarantee, path
@@ -244,11 +253,21 @@ def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_wi
     once and no tally (emitted or stored) is short: orders may count twice, never zero times. The
     "columns" workers keep each window's `Sum("amount")`, folded a consumed batch at a time; they run
     under at-least-once, where crashes leave windows to be redone, and commit through the same
-    transactions as the per-message path (the columnar storms above cover both guarantees)."""
+    transactions as the per-message path (the columnar storms above cover both guarantees). The
+    "sessions" workers keep sessions of 1.5 s of inactivity instead, judged alike against the
+    sessions recomputed from the source (a session split or merged wrongly is missing, unexpected
+    or wrong)."""
     lab = Lab(kafka_bootstrap, tmp_path, SEED)
     kills = WINDOWED_KILLS[guarantee]
     result = windowed_sigkill_storm(
-        lab, orders=4_000, customers=24, partitions=3, kills=kills, guarantee=guarantee, columnar=path == "columns"
+        lab,
+        orders=4_000,
+        customers=24,
+        partitions=3,
+        kills=kills,
+        guarantee=guarantee,
+        columnar=path == "columns",
+        session_gap_ms=SESSION_GAP_MS if path == "sessions" else 0,
     )
     counters = result.counters
 
