@@ -77,6 +77,11 @@ def tally_order(tally: dict, order: dict) -> dict:
     return {"count": tally["count"] + 1, "total": tally["total"] + order["amount"]}
 
 
+def merge_tallies(earlier: dict, later: dict) -> dict:
+    """Two sessions' tallies as one (a record bridged them)."""
+    return {"count": earlier["count"] + later["count"], "total": earlier["total"] + later["total"]}
+
+
 def empty_tally() -> dict:
     return {"count": 0, "total": 0}
 
@@ -152,6 +157,9 @@ class WorkerSpec:
     closes, as `{"start", "end", "value"}` keyed by the customer."""
     window_size_ms: int = 5_000
     window_grace_ms: int = 1_000
+    session_gap_ms: int = 0
+    """Windowed: sessions of `session_gap_ms` of inactivity (with `window_grace_ms` of grace) instead
+    of tumbling windows, each closed session sent as `{"start", "end", "value"}` (0: tumbling)."""
     lookup_topic: str = ""
     """Join every order first (inner, on its "customer" field) with the global table of this compacted
     topic, which holds every customer: a copy of the table missing one would drop its orders, which
@@ -222,8 +230,13 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
             raise ValueError("a windowed worker sends its closed windows to an output topic")
         if observe is not None and not spec.aggregate:
             frame.update(observe)
-        windows = frame.tumbling_window(spec.window_size_ms, grace=spec.window_grace_ms)
-        windows.aggregate(Sum("amount") if spec.aggregate else Aggregate(empty_tally, tally_order), name=TALLY).final()
+        if spec.session_gap_ms:
+            sessions = frame.session_window(spec.session_gap_ms, grace=spec.window_grace_ms)
+            sessions.aggregate(Aggregate(empty_tally, tally_order, merger=merge_tallies), name=TALLY).final()
+        else:
+            windows = frame.tumbling_window(spec.window_size_ms, grace=spec.window_grace_ms)
+            aggregator = Sum("amount") if spec.aggregate else Aggregate(empty_tally, tally_order)
+            windows.aggregate(aggregator, name=TALLY).final()
     elif spec.aggregate:
         if spec.output:
             raise ValueError("an aggregating worker passes on tallies, not orders: it cannot fill an output topic")

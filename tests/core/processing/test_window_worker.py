@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
 from support.kafka_helpers import create_topic, read_committed, read_messages
+from support.session_model import replay_sessions
 
 from dagster_stateful.core import Aggregate, App, Count
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -253,3 +254,55 @@ def test_hopping_windows_pass_on_every_update_and_keep_windows_for_their_retenti
     kept = {window: tallied["count"] for window, tallied in replayed.kept.items()}
     assert stored(app) == kept, "windows are kept for their retention, then deleted"
     assert any(window in replayed.final for window in kept), "some closed windows are still kept"
+
+
+def test_session_updates_with_their_merges_rebuild_the_recomputed_sessions_and_the_store_reads_them_back(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    """`.current()` under a real worker: a consumer keeping the latest row per (key, start) and
+    dropping the `merged` ones ends with exactly the recomputed sessions, as `read_state` does."""
+    gap = 4_000
+    rng = random.Random(13)
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    produce_timed(kafka_bootstrap, source, timed_orders(1_200, 0, rng))
+    name = unique_name("sessions")
+    create_topic(kafka_bootstrap, f"{name}-sessions", PARTITIONS)
+    app = App(
+        name=name,
+        source=source,
+        output=f"{name}-sessions",
+        stores=["visits"],
+        state_dir=tmp_path,
+        kafka=kafka_bootstrap,
+        consumer_config=FAST_GROUP,
+        changelog_config=AGGRESSIVE_COMPACTION,
+        **FAST_COMMITS,
+    )
+    retention = 100 * gap  # every session stays readable
+    app.to_topic(app.dataframe().session_window(gap, grace=GRACE, retention=retention).aggregate(Count()).current())
+
+    report = app.run_worker(max_seconds=120)
+
+    expected: dict[Window, tuple[int, int]] = {}
+    by_partition: dict[int, list[tuple[str, int, object]]] = {}
+    for message in read_messages(kafka_bootstrap, source):
+        order = orjson.loads(message.value())
+        by_partition.setdefault(message.partition(), []).append((order["customer"], message.timestamp()[1], order))
+    late = 0
+    for records in by_partition.values():
+        replayed = replay_sessions(records, gap, GRACE, retention)
+        late += len(replayed.late)
+        expected.update({sid: (s.end, len(s.values)) for sid, s in replayed.kept.items()})
+    assert report.stop_reason == "caught_up" and report.late == late > 0
+    rows: dict[Window, tuple[int, int]] = {}
+    for message in read_messages(kafka_bootstrap, f"{name}-sessions"):
+        customer, result = message.key().decode(), orjson.loads(message.value())
+        for start in result["merged"]:
+            del rows[(customer, start)]
+        rows[(customer, result["start"])] = (result["end"], result["value"])
+    assert rows == expected
+    with app.read_state("visits") as reader:
+        held = {(w.message_key, w.start): (w.end, w.value) for w in reader.windows()}
+    assert held == expected
+    assert app.store_profile("visits")["holds"] == "sessions"
