@@ -144,6 +144,24 @@ MOVED_IMPORTS = {
 }
 """Imports of the metered files at the baseline whose names moved or changed since: rewritten to the
 current ones (`encode_stream_times` is `encode_commit_metadata` without changelog ends)."""
+BASELINE_APPENDS = {
+    f"{PACKAGE}/core/state/transaction.py": """
+
+_baseline_init = PartitionTransaction.__init__
+
+
+def _init_with_what_came_since(self, *args, timer_store=None, exactly_once=False, **kwargs):
+    _baseline_init(self, *args, **kwargs)
+    self.timers = None
+    self.observing = list(self.expiring)
+
+
+PartitionTransaction.__init__ = _init_with_what_came_since
+""",
+}
+"""Code appended to metered files of the "off" copy: what the current modules read of them that came
+after the baseline, with the baseline's behaviour (a transaction has no timers: its observers of
+message timestamps are its expiring stores)."""
 WORKLOADS = {
     "update, 10k keys": (10_000, False),
     "update, new keys": (None, False),
@@ -182,7 +200,7 @@ def make_variants(directory: Path, baseline: str) -> dict[str, Path]:
     for path, current in {**METERED_FILES, **BASELINE_HELPERS}.items():
         target = variants["off"] / current
         try:
-            target.write_text(with_moved_imports(git("show", f"{baseline}:{path}")))
+            target.write_text(with_moved_imports(git("show", f"{baseline}:{path}")) + BASELINE_APPENDS.get(path, ""))
         except subprocess.CalledProcessError:
             target.unlink()
     return variants

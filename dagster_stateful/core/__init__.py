@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from dagster_stateful.core.state.kv import State
     from dagster_stateful.core.state.serialization import BytesSerde, IntSerde, JsonSerde, Serde, StrSerde
     from dagster_stateful.core.state.stores import Store
+    from dagster_stateful.core.state.timers import Timer
 
 _EXPORTS = {
     "App": "dagster_stateful.core.app",
@@ -92,6 +93,7 @@ _EXPORTS = {
     "Serde": "dagster_stateful.core.state.serialization",
     "StrSerde": "dagster_stateful.core.state.serialization",
     "Store": "dagster_stateful.core.state.stores",
+    "Timer": "dagster_stateful.core.state.timers",
 }
 
 __all__ = [
@@ -140,6 +142,7 @@ __all__ = [
     "StrSerde",
     "StreamingDataFrame",
     "Sum",
+    "Timer",
     "TopicMismatchError",
     "TopicMissingError",
     "WorkerReport",

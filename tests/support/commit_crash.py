@@ -2,7 +2,9 @@
 offsets: the one point where an at-least-once commit leaves records of uncommitted messages behind.
 
 The worker runs in a child process with a consumer whose `commit` exits (status 9) or waits for a
-release file, every changelog and output record of the commit already delivered.
+release file, every changelog and output record of the commit already delivered. Under
+exactly-once, "crash" exits in the producer's `commit_transaction` instead: the transaction,
+holding the commit's records and offsets, never commits.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ FAULTY_WORKER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, Producer
     from support import core_helpers
     from dagster_stateful.core.kafka.clients import KafkaClients
 
@@ -36,7 +38,22 @@ FAULTY_WORKER = textwrap.dedent("""
                 time.sleep(0.05)
             return super().commit(*args, **kwargs)
 
+    class FaultyProducer(Producer):
+        # Exactly-once: the transaction holds every record of the commit; fail before it commits.
+        def commit_transaction(self, *args, **kwargs):
+            if {fault!r} == "crash":
+                os._exit(9)
+            return super().commit_transaction(*args, **kwargs)
+
     make_consumer = KafkaClients.consumer
+    make_producer = KafkaClients.producer
+
+    def producer(self, config=None):
+        if config and "transactional.id" in config:
+            return FaultyProducer(self._client_config(config))
+        return make_producer(self, config)
+
+    KafkaClients.producer = producer
 
     def consumer(self, config):
         if "partition.assignment.strategy" in config:

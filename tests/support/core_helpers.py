@@ -9,7 +9,7 @@ from typing import Any, TypedDict
 
 import orjson
 
-from dagster_stateful.core import Aggregate, App, State, Sum
+from dagster_stateful.core import Aggregate, App, State, Sum, Timer
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.state.checkpoint import Checkpoint, read_checkpoint
 from dagster_stateful.core.state.directory import StateDirectory
@@ -91,6 +91,44 @@ def _windowed_app(
     )
     windows = app.dataframe().tumbling_window(WINDOW_MS, grace=WINDOW_GRACE_MS, store="windows")
     app.to_topic(windows.aggregate(aggregator, name=aggregation).final())
+    return app
+
+
+PAYMENT_DUE_MS = 60_000
+"""How long after an order (in event time) its payment may come before the order is unpaid."""
+
+
+def await_payment(event: dict, state: State) -> None:
+    """An order waits for its payment (a stream-time timer); the payment cancels the wait."""
+    if event["type"] == "order":
+        state.set("order", event)
+        state.schedule("unpaid", event["time"] + PAYMENT_DUE_MS, wall_clock=event.get("wall_clock", False))
+    elif state.cancel("unpaid"):
+        state.delete("order")
+
+
+def unpaid(timer: Timer, state: State) -> dict:
+    order = state.get("order")
+    state.delete("order")
+    return {"unpaid": order["id"], "due": timer.due, "wall_clock": timer.wall_clock}
+
+
+def unpaid_orders_app(bootstrap: str, source: str, state_dir: Path, name: str, **settings) -> App:
+    """Orders and payments keyed by order id in `source`; an order whose payment did not come within
+    `PAYMENT_DUE_MS` of event time is sent to `<name>-unpaid` when its timer fires."""
+    app = App(
+        name=name,
+        source=source,
+        stores=["pending"],
+        output=f"{name}-unpaid",
+        state_dir=state_dir,
+        kafka=bootstrap,
+        consumer_config={**FAST_GROUP, **settings.pop("consumer_config", {})},
+        **{**FAST_COMMITS, **settings},
+    )
+    frame = app.dataframe().update(await_payment, stateful=True).filter(lambda event: False)
+    frame.on_timer(unpaid)
+    app.to_topic(frame)
     return app
 
 

@@ -84,6 +84,8 @@ class WorkerReport:
     dead_lettered: int = 0
     late: int = 0
     """Messages that arrived after every window they belong to had closed (dead-lettered ones included)."""
+    timers_fired: int = 0
+    """Timers whose `on_timer` function ran (again after a roll-back, where a firing is redone)."""
     messages_in_columns: int = 0
     """Messages a columnar aggregation folded a batch at a time (the others went message by message)."""
     transactions_aborted: int = 0
@@ -123,3 +125,11 @@ class WorkerReport:
     @property
     def total_lag(self) -> int:
         return sum(self.lag.values()) + sum(self.upstream_lag.values())
+
+    @property
+    def outcome(self) -> str:
+        """How the run ended, in one line for the log."""
+        return (
+            f"{self.stop_reason}, {self.processing_guarantee}: {self.total_processed} messages, lag left "
+            f"{self.total_lag}, {self.rebalances} rebalances, {self.timers_fired} timers fired, {self.seconds:.1f} s"
+        )

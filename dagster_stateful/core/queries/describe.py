@@ -17,7 +17,7 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.lag import partition_lag
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.keys import STREAM_TIME_KEY
+from dagster_stateful.core.state.keys import is_reserved
 from dagster_stateful.errors import StateLockedError
 
 EXACT_KEYS_UP_TO = 200_000
@@ -103,6 +103,6 @@ def _keys(state: StateDirectory, store: str, partition: int) -> dict[str, Any]:
         estimate = part.db.estimated_keys()
         if estimate > EXACT_KEYS_UP_TO:
             return {"keys": estimate, "keys_exact": False}
-        return {"keys": sum(1 for key, _ in part.items() if key != STREAM_TIME_KEY), "keys_exact": True}
+        return {"keys": sum(1 for key, _ in part.items() if not is_reserved(key)), "keys_exact": True}
     finally:
         part.close()

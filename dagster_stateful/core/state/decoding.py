@@ -14,7 +14,8 @@ from typing import Any
 
 from dagster_stateful.core.state.keys import split_store_key
 from dagster_stateful.core.state.serialization import Serde
-from dagster_stateful.core.state.ttl import decode_stream_time, split_expiry
+from dagster_stateful.core.state.stream_time import decode_stream_time
+from dagster_stateful.core.state.ttl import split_expiry
 from dagster_stateful.core.state.window_state import split_window_key
 
 __all__ = ["RowDecoder", "StateEntry", "StoreShape", "WindowEntry"]

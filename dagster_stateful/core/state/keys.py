@@ -13,9 +13,18 @@ import struct
 _LENGTH_BYTES = 4
 _LENGTH = struct.Struct(">I")
 
+RESERVED_PREFIX = b"\xff" * 4
+"""Where a store's records outside every message key's scope begin (its stream time, its timers): no
+scoped key does, since no message key is 4 GiB long."""
+
 STREAM_TIME_KEY = b"\xff" * 8 + b"stream-time"
 """Where a store that keeps time (a window or TTL store) keeps its partition's stream time: it sorts
 after every window key and cannot be a scoped key (no message key is 4 GiB long)."""
+
+
+def is_reserved(store_key: bytes) -> bool:
+    """Whether a stored key is one of the store's own records (`RESERVED_PREFIX`), not a message key's state."""
+    return store_key[:4] == RESERVED_PREFIX
 
 
 def message_prefix(message_key: bytes) -> bytes:

@@ -16,8 +16,9 @@ from dagster_stateful.core.state.cache import StoreCache
 from dagster_stateful.core.state.keys import encode_state_key
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde, fast_dumps
+from dagster_stateful.core.state.timers import TimerQueue
 from dagster_stateful.core.state.view import KeyView
-from dagster_stateful.errors import StateSerializationError
+from dagster_stateful.errors import ConfigurationError, StateSerializationError
 
 __all__ = ["TIMED_OPERATIONS", "State"]
 
@@ -30,11 +31,38 @@ TIMED_OPERATIONS = {"get": "get", "set": "put", "delete": "delete"}
 class State(KeyView):
     """Key-value state of one store for the current message key only."""
 
-    __slots__ = ("_dumps",)
+    __slots__ = ("_dumps", "timers")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde) -> None:
         super().__init__(partition, cache, serde)
         self._dumps = fast_dumps(serde)
+        self.timers: TimerQueue | None = None
+        """The partition's timers, when the app handles them (`StreamingDataFrame.on_timer`) in this store."""
+
+    def schedule(self, name: str, at: int, *, wall_clock: bool = False) -> None:
+        """Call the app's `on_timer` function for this message key once the partition's stream time
+        (or, with `wall_clock`, the machine's clock) reaches `at` (ms since the epoch). Scheduling
+        `name` again moves the timer; the timer is kept in this store, with the key's state."""
+        if not isinstance(name, str) or at.__class__ is not int:
+            raise TypeError(f"schedule takes a name (str) and a time (int ms), got {name!r} and {at!r}")
+        self._queue().schedule(self._prefix, name, at, wall_clock, self._offset)
+
+    def cancel(self, name: str) -> bool:
+        """Cancel this message key's timer `name`; whether one was scheduled."""
+        return self._queue().cancel(self._prefix, name, self._offset)
+
+    def timer(self, name: str) -> int | None:
+        """When this message key's timer `name` is due (ms), or None when none is scheduled."""
+        scheduled = self._queue().due_of(self._prefix, name)
+        return None if scheduled is None else scheduled[0]
+
+    def _queue(self) -> TimerQueue:
+        if self.timers is None:
+            raise ConfigurationError(
+                f"store {self._partition.store!r} keeps no timers: declare sdf.on_timer(function, "
+                f"store={self._partition.store!r}) to schedule them"
+            )
+        return self.timers
 
     def get(self, key: str | bytes, default: Any = None) -> Any:
         """A new object on every call: change it, then `set` it, for the change to count."""

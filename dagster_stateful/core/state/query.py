@@ -21,7 +21,7 @@ from typing import Any
 
 from dagster_stateful.core.state.decoding import RowDecoder, StateEntry, StoreShape, WindowEntry
 from dagster_stateful.core.state.directory import StateDirectory
-from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key, message_prefix
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key, is_reserved, message_prefix
 from dagster_stateful.core.state.rocksdb import SecondaryDatabase
 from dagster_stateful.core.state.rocksdb_files import holds_database
 from dagster_stateful.core.state.serialization import Serde
@@ -132,7 +132,7 @@ class StoreReader:
             for store_key, data in self._database(partition).items(first):
                 if last is not None and store_key[: len(last)] > last:
                     break
-                if store_key != STREAM_TIME_KEY:
+                if not is_reserved(store_key):
                     entry = self._decoder.entry(partition, store_key, data, self.stream_time(partition))
                     if entry is not None:
                         yield entry
@@ -154,7 +154,7 @@ class StoreReader:
         for partition in self._chosen(partitions):
             stream_time = self.stream_time(partition)
             for store_key, data in self._database(partition).items(first):
-                if store_key == STREAM_TIME_KEY:
+                if is_reserved(store_key):
                     continue
                 start = int.from_bytes(store_key[:_START_BYTES], "big")
                 if start_to is not None and start > start_to:

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["CommittedStreamTime"]
+__all__ = ["CommittedStreamTime", "decode_stream_time", "encode_stream_time"]
+
+
+def encode_stream_time(stream_time: int) -> bytes:
+    """A key-value store's stored stream time (`keys.STREAM_TIME_KEY`'s value; a window store's is its serde's)."""
+    return stream_time.to_bytes(8, "big", signed=True)
+
+
+def decode_stream_time(data: bytes | None) -> int:
+    return -1 if data is None else int.from_bytes(data, "big", signed=True)
 
 
 class _Clocked(Protocol):

@@ -27,6 +27,7 @@ from dagster_stateful.core.state.participant import Participant
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.session_state import SessionBounds, SessionState
+from dagster_stateful.core.state.timers import TimerQueue
 from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.view import KeyView, timed_variant
 from dagster_stateful.core.state.window_state import WindowBounds, WindowState
@@ -59,12 +60,16 @@ class PartitionTransaction:
         live_stores: Mapping[str, WindowBounds | SessionBounds | None] | None = None,
         ttls: Mapping[str, int] | None = None,
         stream_times: Mapping[str, int] | None = None,
+        timer_store: str | None = None,
+        exactly_once: bool = False,
     ) -> None:
         """live_stores: the stores of aggregations, whose steps get a `live.LiveState` instead of a
         `State`, or, with the bounds of their windows or sessions, a `window_state.WindowState` or a
         `session_state.SessionState`; ttls: the TTL (ms)
         of the key-value stores whose entries expire, whose steps get a `ttl.TtlState`;
-        stream_times: the stream time of each window or TTL store that the last commit recorded."""
+        stream_times: the stream time of each window, TTL or timer store that the last commit recorded;
+        timer_store: the key-value store that keeps the app's timers (`timers.TimerQueue`), deleted
+        as they fire under `exactly_once`, else by the commit after their firing's."""
         live_stores, ttls = live_stores or {}, ttls or {}
         self.partition = partition
         self.stores = stores
@@ -98,10 +103,19 @@ class PartitionTransaction:
         """The windowed (and session) aggregations' stores."""
         self.views: dict[str, State | LiveState | WindowState] = {**self.states, **self.live, **self.windows}
         """Every store, by name: what the steps get."""
-        self.clocked: dict[str, TtlState | WindowState] = {
+        self.timers: TimerQueue | None = None
+        """The app's timers in this partition, when it has any."""
+        if timer_store is not None and timer_store in self.states:
+            self.timers = TimerQueue(stores[timer_store], self.caches[timer_store], delete_on_fire=exactly_once)
+            self.states[timer_store].timers = self.timers
+        self.clocked: dict[str, TtlState | WindowState | TimerQueue] = {
             name: state for name, state in self.views.items() if isinstance(state, TtlState | WindowState)
         }
         """The stores that keep stream time, by name."""
+        if self.timers is not None and timer_store is not None:
+            self.clocked[timer_store] = self.timers
+        self.observing: list[TtlState | TimerQueue] = [*self.expiring, *([self.timers] if self.timers else [])]
+        """What each message's timestamp goes to (`observe`): the expiring stores and the timers."""
         for name, state in self.clocked.items():
             state.start_from((stream_times or {}).get(name))
         self.window_list = list(self.windows.values())
@@ -192,6 +206,8 @@ class PartitionTransaction:
             state.expire(offset)
         for window in self.window_list:
             window.expire_committed(offset)
+        if self.timers is not None:
+            self.timers.prepare(offset)
         for name in self._evicting:
             self._evict(name, offset)
 
@@ -244,7 +260,7 @@ class PartitionTransaction:
         self.discard_message()
         for window in self.window_list:
             window.forget()
-        for store in self.expiring:
+        for store in self.observing:
             store.forget()
         self.emitted.clear()
         self.next_offset = self.committed_offset
@@ -255,6 +271,8 @@ class PartitionTransaction:
         """Everything up to `next_offset` is durable: start a new transaction (the cache stays, clean)."""
         for state in self.clocked.values():
             state.mark_committed()  # before the caches are clean: a window store reads its dirty stream time
+        if self.timers is not None:
+            self.timers.committed()
         for cache in self.caches.values():
             cache.mark_clean()
         for store in self.stores.values():

@@ -30,7 +30,7 @@ from dagster_stateful.core.state.keys import STREAM_TIME_KEY, encode_state_key
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import Serde
-from dagster_stateful.core.state.stream_time import CommittedStreamTime
+from dagster_stateful.core.state.stream_time import CommittedStreamTime, decode_stream_time, encode_stream_time
 
 __all__ = ["EXPIRY_MAGIC", "TtlState", "split_expiry", "with_expiry"]
 
@@ -53,14 +53,6 @@ def split_expiry(data: bytes) -> tuple[int | None, bytes]:
     if data[:4] == EXPIRY_MAGIC and len(data) >= _HEADER_BYTES:
         return int.from_bytes(data[4:_HEADER_BYTES], "big", signed=True), data[_HEADER_BYTES:]
     return None, data
-
-
-def encode_stream_time(stream_time: int) -> bytes:
-    return stream_time.to_bytes(8, "big", signed=True)
-
-
-def decode_stream_time(data: bytes | None) -> int:
-    return -1 if data is None else int.from_bytes(data, "big", signed=True)
 
 
 class TtlState(State, CommittedStreamTime):

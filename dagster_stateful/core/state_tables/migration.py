@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, SnapshotStore
-from dagster_stateful.core.state.keys import STREAM_TIME_KEY
+from dagster_stateful.core.state.keys import is_reserved
 from dagster_stateful.core.state_tables.bootstrap import StoreTarget
 from dagster_stateful.core.state_tables.encoding import encode_state_table
 from dagster_stateful.core.state_tables.table import write_snapshot_table
@@ -68,8 +68,7 @@ def migrate_snapshot(
     for partition in partitions:
         old = _stored(snapshots, manifest.snapshot_id, partition)
         new = dict(encoded.rows.get(partition, ()))
-        if STREAM_TIME_KEY in old:
-            new[STREAM_TIME_KEY] = old[STREAM_TIME_KEY]
+        new.update((key, value) for key, value in old.items() if is_reserved(key))  # stream time, timers
         changed[partition] = [(key, value) for key, value in sorted(new.items()) if old.get(key) != value]
         tombstones[partition] = set(old) - set(new)
         rows[partition] = sorted(new.items())

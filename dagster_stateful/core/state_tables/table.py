@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from dagster_stateful.core.recovery.snapshot_format import TABLE_DIR, SnapshotManifest, SnapshotStore
 from dagster_stateful.core.state.decoding import RowDecoder, StateEntry, WindowEntry
-from dagster_stateful.core.state.keys import STREAM_TIME_KEY
+from dagster_stateful.core.state.keys import STREAM_TIME_KEY, is_reserved
 
 __all__ = ["read_snapshot_table", "snapshot_table", "table_layout", "table_written", "write_snapshot_table"]
 
@@ -132,13 +132,13 @@ def _entries(
         windows = (
             decoder.live_window(partition, key, data, stream_time)
             for key, data in zip(keys, values, strict=True)
-            if key != STREAM_TIME_KEY
+            if not is_reserved(key)
         )
         return [window for window in windows if window is not None]
     entries = (
         decoder.entry(partition, key, data, stream_time)
         for key, data in zip(keys, values, strict=True)
-        if key != STREAM_TIME_KEY
+        if not is_reserved(key)
     )
     return [entry for entry in entries if entry is not None]
 

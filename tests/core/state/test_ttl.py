@@ -19,8 +19,9 @@ from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
 from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.stream_time import decode_stream_time
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.core.state.ttl import TtlState, decode_stream_time, split_expiry
+from dagster_stateful.core.state.ttl import TtlState, split_expiry
 
 TTL = 1000
 

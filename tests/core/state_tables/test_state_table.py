@@ -15,7 +15,8 @@ from dagster_stateful.core.recovery.snapshot_format import SnapshotManifest, Sna
 from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.keys import STREAM_TIME_KEY, message_prefix
 from dagster_stateful.core.state.serialization import resolve_serde
-from dagster_stateful.core.state.ttl import encode_stream_time, with_expiry
+from dagster_stateful.core.state.stream_time import encode_stream_time
+from dagster_stateful.core.state.ttl import with_expiry
 from dagster_stateful.core.state.window_state import window_key
 from dagster_stateful.core.state_tables.encoding import encode_state_table
 from dagster_stateful.core.state_tables.table import (

@@ -54,7 +54,10 @@ from dagster_stateful.core.processing.dsl.steps import (
     run_chain,
     step_call,
 )
-from dagster_stateful.core.processing.dsl.windows import Duration, Emit, WindowedAggregation, Windows
+from dagster_stateful.core.processing.dsl.timers import OnTimer, Timer
+from dagster_stateful.core.processing.dsl.window_declarations import WindowDeclarations
+from dagster_stateful.core.processing.dsl.windows import Duration, Emit, Windows
+from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.stores import as_ms
 from dagster_stateful.core.state.window_state import WindowBounds
@@ -63,7 +66,7 @@ from dagster_stateful.errors import ConfigurationError
 __all__ = ["DROPPED", "CommitEmission", "Step", "StepFailed", "StreamingDataFrame", "Views"]
 
 
-class StreamingDataFrame:
+class StreamingDataFrame(WindowDeclarations):
     """The app's steps, in order. Methods add a step and return the same frame."""
 
     def __init__(
@@ -90,6 +93,8 @@ class StreamingDataFrame:
         self.global_joins: list[str] = []
         """The global tables the steps join with, by name (those before `group_by` are in its
         `Repartition.joined_before`)."""
+        self.timers: OnTimer | None = None
+        """What the app calls when a timer fires (`on_timer`), and the store the timers are kept in."""
         self.source_table_joins: dict[str, tuple[Table, int]] = {}
         """The partitioned tables joined before `group_by`, on the source's message key: co-partitioned
         with the source, they are kept beside its partitions (`table_joins` holds those after it)."""
@@ -290,58 +295,6 @@ class StreamingDataFrame:
         self._refuse_after_windows("aggregate")
         return self._append(Step(StepKind.AGGREGATE, aggregator, resolved, name, per_commit=per_commit))
 
-    def tumbling_window(
-        self,
-        size: Duration,
-        *,
-        grace: Duration = 0,
-        retention: Duration | None = None,
-        timestamp: Callable[[Any], int] | None = None,
-        store: str | None = None,
-    ) -> WindowedAggregation[StreamingDataFrame]:
-        """Windows of `size` one after the other (timedelta, or int ms), over event time: the message's
-        timestamp, or `timestamp(value)` in ms. A message up to `grace` behind stream time (the
-        latest event time its partition has seen) still counts in its window; later, it is late
-        (counted, logged, or dead-lettered under on_error="dead-letter"). Windows are kept in
-        `store` (the app's only store unless named; no other step may use it) for `retention`
-        (default and least: size + grace), then deleted and tombstoned in the changelog. Continue
-        with `.aggregate(Count()).final()` (say)."""
-        return self._windows(Windows.define(size, None, grace, retention, timestamp), store)
-
-    def hopping_window(
-        self,
-        size: Duration,
-        step: Duration,
-        *,
-        grace: Duration = 0,
-        retention: Duration | None = None,
-        timestamp: Callable[[Any], int] | None = None,
-        store: str | None = None,
-    ) -> WindowedAggregation[StreamingDataFrame]:
-        """Windows of `size` starting every `step` (so a message counts in size / step of them); the
-        rest as `tumbling_window`."""
-        return self._windows(Windows.define(size, step, grace, retention, timestamp), store)
-
-    def session_window(
-        self,
-        gap: Duration,
-        *,
-        grace: Duration = 0,
-        retention: Duration | None = None,
-        timestamp: Callable[[Any], int] | None = None,
-        store: str | None = None,
-    ) -> WindowedAggregation[StreamingDataFrame]:
-        """Sessions of activity per key (Kafka Streams' `SessionWindows`, see `sessions.Sessions`): a
-        message more than `grace` behind stream time is late; a session closes once stream time
-        passes its end plus `gap` plus grace, and is kept `retention` after its end (default and
-        least: gap + grace). Continue with `.aggregate(Count()).final()` (say)."""
-        return self._windows(Sessions.define(gap, grace, retention, timestamp), store)
-
-    def _windows(self, windows: Windows | Sessions, store: str | None) -> WindowedAggregation[StreamingDataFrame]:
-        self._refuse_after_windows("a windowed aggregation")
-        self._refuse_after_per_commit("a windowed aggregation")
-        return WindowedAggregation(self._add_windowed, windows, store)
-
     def _add_windowed(
         self, windows: Windows | Sessions, aggregator: Aggregator, name: str, store: str | None, emit: Emit
     ) -> StreamingDataFrame:
@@ -363,12 +316,15 @@ class StreamingDataFrame:
         return self._append(Step(StepKind.WINDOW, aggregator, resolved, name, windows, emit))
 
     def _refuse_expiring(self, store: str, what: str) -> None:
+        """Refuse a store with a ttl (or, for an aggregation, the store of the app's timers) for `what`."""
         if store in self._expiring:
             raise ConfigurationError(
-                f"store {store!r} has a ttl, which {what} cannot use: a window store's windows expire by its "
-                "retention, and an aggregate by key lives until deleted. Keep the aggregation in a store without a "
-                "ttl (declare another store and name it with store=...)."
+                f"store {store!r} has a ttl, which {what} cannot use: windows expire by their retention, an "
+                "aggregate by key and a timer live until deleted. Declare another store without a ttl and name it "
+                "with store=..."
             )
+        if self.timers is not None and self.timers.store == store:
+            raise ConfigurationError(f"store {store!r} keeps the app's timers: {what} needs a store of its own")
 
     def _refuse_after_windows(self, what: str) -> None:
         if self.is_windowed:
@@ -407,6 +363,26 @@ class StreamingDataFrame:
 
         self._steps += (step,)
         self._chain += ((StepKind.FOLD if step.per_commit else step.kind, step_call(step)),)
+        return self
+
+    def on_timer(self, function: Callable[[Timer, State], Any], *, store: str | None = None) -> StreamingDataFrame:
+        """Call `function(timer, state)` when a timer fires: one a stateful step scheduled with
+        `state.schedule(name, at)` (due when the partition's stream time reaches `at`) or
+        `state.schedule(name, at, wall_clock=True)` (due when the clock does), in `store` (the app's
+        only store unless named). `state` is the timer's key's state; what the function returns,
+        unless None, goes to the output topic under the timer's key (see `timers.OnTimer`)."""
+        if self.timers is not None:
+            raise ConfigurationError(f"this app already handles timers with {self.timers.name!r}; one on_timer per app")
+        if not callable(function):
+            raise TypeError(f"on_timer needs a function (timer, state) -> result or None, got {function!r}")
+        resolved = self._resolve_store(store)
+        self._refuse_expiring(resolved, "timers")
+        if resolved in self._evicting or resolved in self.aggregated_stores:
+            raise ConfigurationError(
+                f"store {resolved!r} cannot keep timers: an LRU store would evict them and an aggregation's store "
+                "holds its aggregates alone. Keep them in the store of the steps that schedule them."
+            )
+        self.timers = OnTimer(resolved, function)
         return self
 
     @staticmethod

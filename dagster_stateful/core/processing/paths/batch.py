@@ -26,6 +26,7 @@ from dagster_stateful.core.processing.dsl.dataframe import DROPPED, StepFailed, 
 from dagster_stateful.core.processing.dsl.joins import NO_TABLE_KEY
 from dagster_stateful.core.processing.dsl.windows import Emitted
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.processing.paths.timer_firing import TimerFiring
 from dagster_stateful.core.processing.restores.state_updater import Restorations
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.serialization import BytesSerde, fast_loads
@@ -66,12 +67,15 @@ class BatchProcessor:
         counts: dict[int, int],
         on_damage: Callable[[int, StoreCorruptedError], None],
         tables: RecordTables | None = None,
+        firing: TimerFiring | None = None,
     ) -> None:
         """transactions: the worker's, by source partition (kept up to date by its rebalance callbacks);
         produce: (topic, key, value), the commit path's; counts: messages processed per partition,
         updated in place; on_damage(partition, error): recover a store found damaged; tables: the
-        partitioned tables the steps join with (None: none)."""
+        partitioned tables the steps join with (None: none); firing: what fires the app's stream-time
+        timers between two messages (None: it has none)."""
         self._tables = tables
+        self._firing = firing
         self._config = config
         self.transactions = self._transactions = transactions
         self.restorations = self._restorations = restorations
@@ -135,11 +139,13 @@ class BatchProcessor:
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
         stateful, output, prefixes, tables = self._stateful, self._output, self._prefixes, self._tables
         states, begin, journals, windows = txn.views, txn.begin_scoped, txn.journals, txn.window_list
-        expiring = txn.expiring
-        timed = bool(windows or expiring)
+        observing, firing = txn.observing, self._firing if txn.timers is not None else None
+        timed = bool(windows or observing)
         done = 0
         try:
             while done < budget and index + done < end:
+                if firing is not None:
+                    firing.fire_stream(txn)
                 message = messages[index + done]
                 if message.partition() != partition or message.error() is not None:
                     break
@@ -166,7 +172,7 @@ class BatchProcessor:
                         timestamp = message.timestamp()[1]
                         for window in windows:
                             window.timestamp = timestamp
-                        for store in expiring:
+                        for store in observing:
                             store.observe(timestamp)
                 if tables is not None:
                     if raw_key is None:
@@ -193,6 +199,8 @@ class BatchProcessor:
                 elif output is not None and result is not DROPPED:
                     self._produce(output, raw_key, self._output_dumps(result))
                 done += 1
+            if firing is not None:
+                firing.fire_stream(txn)
             return done, False
         finally:
             self._counts[partition] = self._counts.get(partition, 0) + done

@@ -45,6 +45,7 @@ from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.batch import BatchProcessor
 from dagster_stateful.core.processing.paths.emission import commit_emitter
 from dagster_stateful.core.processing.paths.rekeying import Rekeying
+from dagster_stateful.core.processing.paths.timer_firing import timer_firing
 from dagster_stateful.core.processing.restores.background import background_restores
 from dagster_stateful.core.processing.standbys.replicas import standbys_for
 from dagster_stateful.core.processing.worker.batch_routing import partitioned_tables, worker_path
@@ -167,16 +168,7 @@ class Worker:
             self._finish_report(started)
             if not failed:
                 self.listeners.transition(AppState.NOT_RUNNING)
-        log.info(
-            "Worker of %r stopped (%s, %s): %d messages, lag left %d, %d rebalances, %.1f s",
-            config.name,
-            self.report.stop_reason,
-            config.processing_guarantee.value,
-            self.report.total_processed,
-            self.report.total_lag,
-            self.report.rebalances,
-            self.report.seconds,
-        )
+        log.info("Worker of %r stopped (%s)", config.name, self.report.outcome)
         return self.report
 
     def _finish_report(self, started: float) -> None:
@@ -189,6 +181,7 @@ class Worker:
             report.standby_records, report.standby_holders = self._standbys.summary() if self._standbys else ({}, {})
             report.messages_in_columns = self._batches.messages_in_columns
             report.table_records_applied = self._tables.applied + self._source_tables.applied
+            report.timers_fired = self._firing.fired if self._firing else 0
             try:
                 report.lag, *upstream = self._progress.lags()
                 report.upstream_lag = upstream[0] if upstream else {}
@@ -245,6 +238,7 @@ class Worker:
             snapshots=partial(SnapshotStore, self.snapshot_root, config.name) if self.snapshot_root else None,
             drop_in_flight=self._abort_in_flight if config.exactly_once else None,
             live_stores=self._dataframe.live_stores,
+            timer_store=self._dataframe.timers.store if self._dataframe.timers else None,
             standbys=self._standbys,
             background=background_restores(config, kafka, self.listeners, self.state),
             rekeying=self._rekeying,
@@ -255,6 +249,7 @@ class Worker:
             kafka, self._consumer, config, self._assignments, self.partitions is not None, waiting
         )
         self._transactions = self._assignments.transactions
+        self._firing = timer_firing(config, self._dataframe, self._committer.produce, self._bad_input)
         per_message = partial(
             BatchProcessor,
             config,
@@ -265,6 +260,7 @@ class Worker:
             self._committer.produce,
             self.report.messages_processed,
             self._recover_damaged,
+            firing=self._firing,
         )
         self._batches, self._consume_batch = worker_path(
             config, self._dataframe, per_message, CONSUME_BATCH, self._tables, self._rekeying
@@ -321,6 +317,8 @@ class Worker:
                     self._pass_markers()
                     self._commit()
                     since_commit, last_commit = 0, time.monotonic()
+                if self._firing is not None:
+                    self._firing.fire_wall_clock(self._transactions.values())
             if self._standbys is not None:
                 self._standbys.advance(self._assignments.held)
             if limits.until_caught_up and not messages and not restoring and time.monotonic() >= next_check:

@@ -59,15 +59,16 @@ class PartitionAssignments:
         snapshots: Callable[[str], SnapshotStore] | None = None,
         drop_in_flight: Callable[[], None] | None = None,
         live_stores: Mapping[str, WindowBounds | SessionBounds | None] | None = None,
+        timer_store: str | None = None,
         background: BackgroundRestores | None = None,
         standbys: StandbyReplicas | None = None,
         rekeying: Rekeying | None = None,
         tables: PartitionedTables | None = None,
     ) -> None:
-        """live_stores: the stores of aggregations, with their windows' bounds (see
-        `PartitionTransaction`). snapshots: the snapshots of a store, when there are any: a
-        restore loads the latest one when the planner says that is faster than replaying the
-        changelog. drop_in_flight: called when partitions are lost, once they are closed
+        """live_stores: the stores of aggregations, with their windows' bounds, and timer_store the
+        store of the app's timers (see `PartitionTransaction`). snapshots: the snapshots of a store,
+        when there are any: a restore loads the latest one when the planner says that is faster
+        than replaying the changelog. drop_in_flight: called when partitions are lost, once they are closed
         (exactly-once: abort the open transaction, which holds their records, and rewind the
         partitions kept). background: runs full restores on the machine's other cores. standbys:
         the standby replicas this worker keeps; a partition assigned here takes over its store.
@@ -79,6 +80,7 @@ class PartitionAssignments:
         self._standbys = standbys
         self._background = background
         self._live_stores = live_stores
+        self._timer_store = timer_store
         self.config = config
         self._kafka = kafka
         self._state = state
@@ -255,6 +257,8 @@ class PartitionAssignments:
             self._live_stores,
             self.config.store_ttls,
             restored.stream_times,
+            timer_store=self._timer_store,
+            exactly_once=self.config.exactly_once,
         )
         if self._tables is not None:
             txn = self.transactions[restored.partition]
