@@ -94,8 +94,14 @@ def faulty_worker(
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def crash_mid_commit(tmp_path: Path, **values: str) -> None:
+def crash_mid_commit(
+    tmp_path: Path,
+    factory: str = "totals_app",
+    changelog_config: dict[str, str] | None = None,
+    settings: dict[str, object] | None = None,
+    **values: str,
+) -> None:
     """Run a `faulty_worker` that crashes at its first commit, and wait for it to die."""
-    worker = faulty_worker("crash", tmp_path, **values)  # type: ignore[arg-type]
+    worker = faulty_worker("crash", tmp_path, factory, changelog_config, settings, **values)
     status = worker.wait(timeout=120)
     assert status == 9, worker.stderr.read().decode()[-2000:] if worker.stderr else ""
