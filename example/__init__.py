@@ -1,9 +1,9 @@
-"""The example deployment, a dg project: three stateful apps on one topic of orders, in RocksDB state stores.
+"""The example deployment, a dg project: four stateful apps on one topic of orders, in RocksDB state stores.
 
 `./scripts/run-example` serves it in the Dagster UI (`dg dev`; the location is
 `dagster-stateful-example`, as in `workspace.yaml`). `apps` holds the apps, `definitions` loads the
 `defs` folder (dg's layout, configured under `[tool.dg]` in pyproject.toml), and the folder holds:
-- `order_apps/defs.yaml`, a `StatefulAppComponent` naming the three apps: everything
+- `order_apps/defs.yaml`, a `StatefulAppComponent` naming the four apps: everything
   `build_stateful_definitions` makes for them (topic and state assets with checks, the provision /
   worker / restore / clear-state jobs, worker schedules and the lag and rebalance sensors), all
   switched on so a newcomer sees data move;

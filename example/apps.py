@@ -1,4 +1,4 @@
-"""The example's three stateful apps, all reading the topic `orders`.
+"""The example's four stateful apps, all reading the topic `orders`.
 
 - `order_totals`: a running total per customer in the store `totals`, with big totals sent to
   `order-totals-big`;
@@ -9,8 +9,12 @@
   (the compacted topic of customer profiles), re-keys the orders by tier (`group_by`) and totals
   them per tier in the store `per_tier`, sending each changed total to `order-totals-per-tier`.
 
+- `order_sessions`: keeps each customer's shopping sessions (orders no two of which are more than
+  20 s apart in event time) in the session store `sessions`, merging two sessions when an order
+  bridges them, and sends each session's total, once it is final, to `order-sessions`.
+
 `defs/order_apps/defs.yaml` names them (`example.apps:order_totals`, `example.apps:order_counts`,
-`example.apps:order_tiers`).
+`example.apps:order_tiers`, `example.apps:order_sessions`).
 """
 
 from datetime import timedelta
@@ -83,4 +87,22 @@ order_tiers.to_topic(
     .join(customers, on="customer", on_merge="keep-left")
     .group_by("tier")
     .aggregate(Sum("amount"), name="total")
+)
+
+
+SESSION_GAP = timedelta(seconds=20)
+
+order_sessions = App(
+    name="order-sessions",
+    source=ORDERS_TOPIC,
+    stores=["sessions"],
+    output="order-sessions",
+    on_error="dead-letter",
+    commit_interval=2.0,
+)
+order_sessions.to_topic(
+    order_sessions.dataframe()
+    .session_window(SESSION_GAP, grace=timedelta(seconds=10), store="sessions")
+    .aggregate(Sum("amount"), name="total")
+    .final()
 )

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from dagster import AssetKey, DagsterInstance, load_from_defs_folder
 from support.kafka_helpers import answers_http, free_port, read_messages, wait_for
+from support.session_model import replay_sessions
 
 from dagster_stateful import KafkaResource, StateStoreResource
 from dagster_stateful.core import App
@@ -43,6 +44,7 @@ def example(kafka_bootstrap, monkeypatch, tmp_path):
         order_counts=apps.order_counts,
         order_tiers=apps.order_tiers,
         ORDERS_PARTITIONS=apps.ORDERS_PARTITIONS,
+        SESSION_GAP=apps.SESSION_GAP,
     )
 
 
@@ -139,6 +141,39 @@ def test_example_totals_orders_per_customer_tier_from_the_customers_table(exampl
     with app.read_state("per_tier") as reader:
         totals = {entry.message_key: entry.value for entry in reader.items()}
     assert totals == pytest.approx(expected)
+
+
+def test_example_sends_each_customers_shopping_sessions_once_final(example, kafka_bootstrap, tmp_path):
+    defs = example.defs
+    instance = DagsterInstance.ephemeral()
+    orders_config = {"count": 300, "customers": 10, "spread_seconds": 240, "duplicates": 0.0}
+    generated = defs.resolve_job_def("generate_orders").execute_in_process(
+        instance=instance, run_config={"ops": {"write_orders": {"config": orders_config}}}
+    )
+    assert generated.success
+    assert defs.resolve_job_def("order_sessions__provision").execute_in_process(instance=instance).success
+
+    worker = defs.resolve_job_def("order_sessions__worker").execute_in_process(
+        instance=instance, run_config={"ops": {"order_sessions__run_worker_op": {"config": {"max_seconds": 120}}}}
+    )
+
+    assert worker.success
+    gap, grace = int(example.SESSION_GAP.total_seconds() * 1000), 10_000
+    by_partition: dict[int, list] = {}
+    for message in read_messages(kafka_bootstrap, "orders"):
+        order = orjson.loads(message.value())
+        by_partition.setdefault(message.partition(), []).append((order["customer"], message.timestamp()[1], order))
+    closed = {}
+    for records in by_partition.values():
+        replayed = replay_sessions(records, gap, grace)
+        closed.update({sid: sum(o["amount"] for o in s.values) for sid, s in replayed.closed.items()})
+    sent = [
+        ((message.key().decode(), orjson.loads(message.value())["start"]), orjson.loads(message.value())["value"])
+        for message in read_messages(kafka_bootstrap, "order-sessions")
+    ]
+    assert closed, "the orders span four minutes: some sessions are final"
+    assert len(dict(sent)) == len(sent), "each session once"
+    assert dict(sent) == pytest.approx(closed)
 
 
 def test_example_generates_orders_and_keeps_totals(example):

@@ -55,13 +55,21 @@ CHANGELOG = "/assets/order_totals/totals_changelog"
 TIERS_AUTOMATION = ["order_tiers__lag_sensor", "order_tiers__rebalance_sensor", "order_tiers__checks_sensor"]
 """The app `order-tiers` is not under test here: without the generator, its `customers` topic does not
 exist, and its worker runs would fail every minute while taking the cores the tests' runs need."""
+SESSIONS_AUTOMATION = [
+    "order_sessions__lag_sensor",
+    "order_sessions__rebalance_sensor",
+    "order_sessions__checks_sensor",
+    "order_sessions__snapshot_sensor",
+]
+"""Nor is the app `order-sessions`: its workers would take the cores the tests' runs need."""
 SWITCHED_OFF = {
-    "schedule": ["generate_orders_every_minute", "order_tiers__worker_schedule"],
+    "schedule": ["generate_orders_every_minute", "order_tiers__worker_schedule", "order_sessions__worker_schedule"],
     "sensor": [
         "order_totals__snapshot_sensor",
         "order_counts__snapshot_sensor",
         "order_tiers__snapshot_sensor",
         *TIERS_AUTOMATION,
+        *SESSIONS_AUTOMATION,
     ],
 }
 
@@ -247,7 +255,7 @@ def test_the_catalog_shows_every_name_whole(ui: UI):
 
 def test_the_shared_topic_sits_in_its_own_group_and_draws_no_edge_between_apps(ui: UI):
     page = ui.open("/assets/kafka/orders")
-    expect(page.get_by_text("read by apps order-totals, order-counts, order-tiers").first).to_be_visible()
+    expect(page.get_by_text("read by apps order-totals, order-counts, order-tiers, order-sessions").first).to_be_visible()
     expect(page.locator("""a[href*='group%3A"kafka"']""").first).to_be_visible()
 
     page = ui.open(f"/locations/{LOCATION}/asset-groups/order_totals/lineage")

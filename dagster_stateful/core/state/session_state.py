@@ -45,15 +45,12 @@ _Due = tuple[int, int, bytes]
 
 @dataclass(frozen=True)
 class SessionBounds:
-    """How a session store's sessions grow, close and expire, in ms of event time."""
+    """How a session store's sessions grow, close and expire, in ms of event time (a record more than
+    `grace` behind stream time is late)."""
 
     gap: int
     grace: int
     retention: int
-
-    def is_late(self, timestamp: int, stream_time: int) -> bool:
-        """Whether a record at `timestamp` comes too late to count, at `stream_time`."""
-        return timestamp < stream_time - self.grace
 
     def is_closed(self, end: int, stream_time: int) -> bool:
         """Whether the session ending at `end` is closed (final) at `stream_time`."""
@@ -62,25 +59,41 @@ class SessionBounds:
 
 class SessionState(WindowState):
     """The sessions of one session store partition, for the current message key and event time
-    (bound by the partition transaction)."""
+    (bound by the partition transaction).
 
-    __slots__ = ("_ending", "_gap", "_late", "_open", "_session_closed", "_session_retention", "_sessions")
+    In memory, only the sessions still open are indexed by key (`_sessions`): a closed one can
+    never be joined again. A heap of open sessions by end (`_open`) finds those that close; an
+    entry is pushed when a session starts (or its start moves), not each time its end grows: a
+    popped entry whose session has grown since is pushed again at its current end. Closed sessions
+    wait in a heap by end (`_ending`) for the commit that expires them."""
+
+    __slots__ = (
+        "_closes_after",
+        "_ending",
+        "_gap",
+        "_grace",
+        "_open",
+        "_session_closed",
+        "_session_retention",
+        "_sessions",
+    )
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: SessionBounds) -> None:
-        self._gap = bounds.gap
-        self._late = bounds.is_late
+        self._gap, self._grace = bounds.gap, bounds.grace
+        self._closes_after = bounds.gap + bounds.grace
+        """A session is closed once stream time passes its end plus this."""
         self._session_closed = bounds.is_closed
         self._session_retention = bounds.retention
         super().__init__(partition, cache, serde, WindowBounds(0, bounds.grace, bounds.retention))
 
     def forget(self) -> None:
         super().forget()
-        self._sessions: dict[bytes, list[tuple[int, int]]] | None = None
-        """Each message prefix's live sessions as (start, end), by start."""
-        self._ending: list[_Due] = []
-        """Every live session (a heap; entries of sessions since merged or grown are skipped)."""
+        self._sessions: dict[bytes, list[list[int]]] | None = None
+        """Each message prefix's open sessions as [start, end], by start."""
         self._open: list[_Due] = []
-        """Every session not closed yet (a heap, skipped alike)."""
+        """Open sessions by their end when pushed (a heap; see the class)."""
+        self._ending: list[_Due] = []
+        """Closed sessions by end (a heap), until a commit expires them."""
 
     @property
     def stream_time(self) -> int:
@@ -90,24 +103,25 @@ class SessionState(WindowState):
 
     @property
     def expiries_due(self) -> bool:
-        committed = self._committed_stream_time
-        if self._sessions is None or committed is None:
-            return False
-        ending = self._ending
-        self._drop_stale(ending)
-        return bool(ending) and ending[0][0] + self._session_retention < committed
+        committed, ending = self._committed_stream_time, self._ending
+        return (
+            self._sessions is not None
+            and committed is not None
+            and bool(ending)
+            and ending[0][0] + self._session_retention < committed
+        )
 
     def expire_committed(self, offset: int) -> None:
-        committed, sessions = self._committed_stream_time, self._sessions
-        if sessions is None or committed is None:
+        committed = self._committed_stream_time
+        if self._sessions is None or committed is None:
             return
         ending, retention = self._ending, self._session_retention
         while ending and ending[0][0] + retention < committed:
             end, start, prefix = heapq.heappop(ending)
-            live = sessions.get(prefix)
-            if live and (start, end) in live:
-                live.remove((start, end))
-                self._cache.delete_live(window_key(start, prefix), offset)
+            key = window_key(start, prefix)
+            stored = self._read(key)
+            if stored is not None and stored[0] == end:
+                self._cache.delete_live(key, offset)
         self._cache.accept()
 
     def update_session(
@@ -125,92 +139,92 @@ class SessionState(WindowState):
         stream_time = self._stream_time
         assert stream_time is not None
         timestamp, prefix = self.timestamp, self._prefix
-        if self._late(timestamp, stream_time):
+        if timestamp < stream_time - self._grace:  # late: more than the grace behind stream time
             return None, [], []
         self._metrics.folds += 1
-        mine = sessions.get(prefix, [])
+        mine = sessions.get(prefix)
+        if mine is None:
+            mine = sessions[prefix] = []
         low, high = timestamp - self._gap, timestamp + self._gap
         joined = [session for session in mine if session[1] >= low and session[0] <= high]
-        if joined:
-            start, end = min(timestamp, joined[0][0]), max(timestamp, max(e for _, e in joined))
-            aggregate = add(self._combined(joined, combine), value)
-            merged = [s for s, _ in joined if s != start]
+        merged: list[int] = []
+        if len(joined) == 1 and joined[0][0] <= timestamp:  # the usual case: one session grows, or not
+            session = joined[0]
+            start = session[0]
+            stored = self._stored(start)
+            aggregate = add(stored[1], value)
+            if timestamp > session[1]:
+                session[1] = timestamp
+            end = session[1]
+        elif joined:
+            start, end = min(timestamp, joined[0][0]), max(timestamp, max(s[1] for s in joined))
+            aggregate = self._stored(joined[0][0])[1]
+            for other in joined[1:]:
+                aggregate = combine(aggregate, self._stored(other[0])[1])
+            aggregate = add(aggregate, value)
+            merged = [s[0] for s in joined if s[0] != start]
             for merged_start in merged:
                 self._cache.delete_live(window_key(merged_start, prefix), self._offset)
-            mine = [session for session in mine if session not in joined]
+            mine[:] = [s for s in mine if s not in joined]
+            insort(mine, [start, end])
+            heapq.heappush(self._open, (end, start, prefix))
         else:
             start = end = timestamp
             aggregate = first(value)
-            merged = []
-        self._keep(prefix, mine, start, end, aggregate, joined != [(start, end)])
+            insort(mine, [start, end])
+            heapq.heappush(self._open, (end, start, prefix))
+        self._keep(window_key(start, prefix), end, aggregate)
         if timestamp <= stream_time:
             return (start, end, aggregate), merged, []
         self._stream_time = timestamp
         self._cache.put_live(STREAM_TIME_KEY, timestamp, self._offset)
         return (start, end, aggregate), merged, self._close_sessions(timestamp)
 
-    def _combined(self, joined: list[tuple[int, int]], combine: Callable[[Any, Any], Any]) -> Any:
-        """The aggregates of the current key's sessions `joined`, combined in start order."""
-        prefix = self._prefix
-        aggregate: Any = None
-        for start, _ in joined:
-            stored = self._read(window_key(start, prefix))
-            if stored is None:
-                self._missing(start)
-            aggregate = stored[1] if aggregate is None else combine(aggregate, stored[1])
-        return aggregate
+    def _stored(self, start: int) -> Any:
+        """The current key's stored [end, aggregate] of its session starting at `start`."""
+        stored = self._read(window_key(start, self._prefix))
+        if stored is None:
+            raise StateStoreError(
+                f"store {self._partition.store!r} partition {self._partition.partition}: the session starting at "
+                f"{start} is indexed but not stored; the store is damaged: clear the partition's state to restore it"
+            )
+        return stored
 
-    def _missing(self, start: int) -> None:
-        raise StateStoreError(
-            f"store {self._partition.store!r} partition {self._partition.partition}: the session starting at "
-            f"{start} is indexed but not stored; the store is damaged: clear the partition's state to restore it"
-        )
-
-    def _keep(
-        self, prefix: bytes, others: list[tuple[int, int]], start: int, end: int, aggregate: Any, moved: bool
-    ) -> None:
-        """Keep the current key's session [start, end] beside its `others`; `moved`: its span is new
-        (it is then due to close and expire at its end)."""
+    def _keep(self, key: bytes, end: int, aggregate: Any) -> None:
         if aggregate is None:
             raise ValueError("the aggregator returned None; an aggregate must be a value the state serializer encodes")
-        key, stored = window_key(start, prefix), [end, aggregate]
+        stored = [end, aggregate]
         if not self._checked:
             self._serialize(key, stored)  # a partition's first session: refused here, not at every commit
             self._checked = True
         self._cache.put_live(key, stored, self._offset)
-        insort(others, (start, end))
-        assert self._sessions is not None
-        self._sessions[prefix] = others
-        if moved:
-            heapq.heappush(self._open, (end, start, prefix))
-            heapq.heappush(self._ending, (end, start, prefix))
 
     def _close_sessions(self, stream_time: int) -> list[Session]:
-        closing, closed = self._open, []
-        sessions = self._sessions
+        """The open sessions that stream time has closed, by end, taken out of the index."""
+        opened, sessions, closed = self._open, self._sessions, []
         assert sessions is not None
-        while closing and self._session_closed(closing[0][0], stream_time):
-            end, start, prefix = heapq.heappop(closing)
-            if (start, end) not in sessions.get(prefix, ()):
-                continue  # merged or grown since
+        closing_before = stream_time - self._closes_after  # `SessionBounds.is_closed`
+        while opened and opened[0][0] < closing_before:
+            _, start, prefix = heapq.heappop(opened)
+            mine = sessions.get(prefix, ())
+            session = next((s for s in mine if s[0] == start), None)
+            if session is None:
+                continue  # merged away, or its start moved: another entry stands for it
+            end = session[1]
+            if end >= closing_before:
+                heapq.heappush(opened, (end, start, prefix))  # grown since it was pushed
+                continue
+            mine.remove(session)  # type: ignore[union-attr]
             stored = self._read(window_key(start, prefix))
             if stored is not None:
                 closed.append((prefix[4:], start, end, stored[1]))
+            heapq.heappush(self._ending, (end, start, prefix))
+        closed.sort(key=lambda found: (found[2], found[1], found[0]))
         return closed
 
-    def _drop_stale(self, heap: list[_Due]) -> None:
-        """Pop the entries at the head of `heap` whose session was merged or grown since."""
-        sessions = self._sessions
-        assert sessions is not None
-        while heap:
-            end, start, prefix = heap[0]
-            if (start, end) in sessions.get(prefix, ()):
-                return
-            heapq.heappop(heap)
-
-    def _ensure_sessions(self) -> dict[bytes, list[tuple[int, int]]]:
-        """The live sessions by message prefix, when not known: those in RocksDB, as the record cache
-        has changed them since the last commit."""
+    def _ensure_sessions(self) -> dict[bytes, list[list[int]]]:
+        """The open sessions by message prefix, when not known: those in RocksDB, as the record cache
+        has changed them since the last commit (the closed ones wait for their expiry)."""
         if self._sessions is not None:
             return self._sessions
         found: dict[bytes, int | None] = {}
@@ -225,15 +239,20 @@ class SessionState(WindowState):
                 stream_time = value
             elif key in found or value is not None:
                 found[key] = None if value is None else value[0]
-        sessions: dict[bytes, list[tuple[int, int]]] = {}
-        for key, end in sorted(found.items()):
-            if end is not None:
-                sessions.setdefault(key[_START_BYTES:], []).append((int.from_bytes(key[:_START_BYTES], "big"), end))
-        self._sessions = sessions
         reached = self._stream_time = self._reconcile_stream_time(stream_time)
-        due = [(end, start, prefix) for prefix, spans in sessions.items() for start, end in spans]
-        heapq.heapify(due)
-        self._ending = due
-        self._open = [entry for entry in due if not self._session_closed(entry[0], reached)]
-        heapq.heapify(self._open)
+        sessions: dict[bytes, list[list[int]]] = {}
+        opened: list[_Due] = []
+        ending: list[_Due] = []
+        for key, end in sorted(found.items()):
+            if end is None:
+                continue
+            start, prefix = int.from_bytes(key[:_START_BYTES], "big"), key[_START_BYTES:]
+            if self._session_closed(end, reached):
+                ending.append((end, start, prefix))
+            else:
+                sessions.setdefault(prefix, []).append([start, end])
+                opened.append((end, start, prefix))
+        heapq.heapify(opened)
+        heapq.heapify(ending)
+        self._sessions, self._open, self._ending = sessions, opened, ending
         return sessions
