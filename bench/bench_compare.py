@@ -37,6 +37,14 @@ in a process of its own, one after another:
   the start (the table's read included, for both) until every order was in its tier's total; the
   totals per tier are checked against the ones recomputed from the orders and the table. Quix
   Streams is left out, as on "group_by".
+- "sessions": a session-window sum. --messages orders over --keys keys, in bursts of
+  `SESSION_BURST` orders of one key 1 ms apart (event times from an hour ago on), summed per key and
+  session of --keys x `SESSION_BURST` / 2 ms of inactivity, so that every burst is one session and
+  closes before its key's next one: this engine's `session_window(gap).aggregate(Sum("amount")).final()` (the
+  `engine` system) and Kafka Streams' `windowedBy(SessionWindows.ofInactivityGapAndGrace(gap, 0))
+  .aggregate(...)` with a merger, each keeping its sessions 2 hours, neither with an output topic.
+  Messages/s from the start until every order was in its session; every session's total and end
+  are checked against the ones recomputed from the orders. Quix Streams has no session windows.
 
 Systems: `engine` (bench/engine_totals.py: a stateful `update` reading and writing the total, the
 same computation as Quix's), `engine-aggregate` (the same script keeping the total with the
@@ -53,10 +61,10 @@ Ceilings: plain confluent-kafka loops on the same topics (bench/ceilings.py); on
 "join" only consuming the orders (the first of their two hops).
 
 Targets (bench/targets.py): the columnar aggregation at least 1.5x Kafka Streams' single thread
-with 10k keys, 2x with 1M keys and 1.5x on "group_by" and on "join", the restore at least 1x, and peak RSS no
-higher than Kafka Streams', each printed as met or missed. For a missed rate the engine runs once
-more under cProfile on that workload (its totals checked too; --no-profile skips it) and the
-profile is printed.
+with 10k keys, 2x with 1M keys and 1.5x on "group_by" and on "join", the session windows 1.5x on
+"sessions", the restore at least 1x, and peak RSS no higher than Kafka Streams', each printed as
+met or missed. For a missed rate the engine runs once more under cProfile on that workload (its
+totals checked too; --no-profile skips it) and the profile is printed.
 
 Output: a table on stdout (the machine and settings first), then the targets, and `results.json` and
 `results.png` (a bar chart) in --out. Run from the repository root:
@@ -65,6 +73,7 @@ Output: a table on stdout (the machine and settings first), then the targets, an
     .venv/bin/python bench/bench_compare.py --messages 200000 --distinct-keys 200000 --runs 1
     .venv/bin/python bench/bench_compare.py --workloads group_by --messages 500000
     .venv/bin/python bench/bench_compare.py --workloads join --messages 500000
+    .venv/bin/python bench/bench_compare.py --workloads sessions --messages 500000
 
 Only the topics of the workloads chosen are produced (and only their ceilings measured).
 """
@@ -98,7 +107,7 @@ from targets import Verdict, print_verdicts, verdicts
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("engine", "engine-aggregate", "quix", "kafka-streams", "kafka-streams-N")
 ENGINES = ("engine", "engine-aggregate")
-WORKLOADS = ("10k keys", "1M keys", "restore", "group_by", "join")
+WORKLOADS = ("10k keys", "1M keys", "restore", "group_by", "join", "sessions")
 RESTORING_SYSTEMS = ("engine", "quix", "kafka-streams")
 REKEYING_SYSTEMS = ("engine", "engine-aggregate", "kafka-streams", "kafka-streams-N")
 """The systems of the "group_by" and "join" workloads: Quix's runner has no group_by."""
@@ -108,6 +117,13 @@ COMPACTED = {"cleanup.policy": "compact"}
 JOIN_FIELD = "tier"
 """The field of the "join" workload's table rows that the orders are re-keyed and summed by."""
 ENGINE_JOINS = ("global", "table")
+SESSION_SYSTEMS = ("engine", "kafka-streams")
+"""The systems of "sessions": this engine's session windows are one path (engine_totals.py
+--session-gap), and Quix Streams has none."""
+SESSION_BURST = 5
+"""On "sessions", each key gets this many orders in a row (1 ms apart), then none while the other
+keys get theirs (keys x burst ms); the inactivity gap is half that, so each burst is one session,
+closed before the key's next one."""
 """This engine's table on "join" (engine_totals.py --join-kind): a global table or a partitioned one."""
 
 
@@ -155,6 +171,10 @@ class Workload:
     orders are joined with it and the totals are per tier."""
     table: str = ""
     """The compacted table topic of "join": customer key -> {"tier": ...}, one row per customer."""
+    session_gap: int = 0
+    """Sessions ("sessions") when positive: the orders come in bursts of `SESSION_BURST` per key, 1 ms
+    apart from `start_ms` on, and the totals are per key and session of this inactivity gap."""
+    start_ms: int = 0
 
     @property
     def rekeyed(self) -> bool:
@@ -170,7 +190,13 @@ class Workload:
         return JOIN_FIELD if self.joined else REKEY_FIELD if self.regions > 0 else None
 
     def key(self, i: int) -> str:
+        if self.session_gap:
+            return f"c{i // SESSION_BURST % self.keys}"
         return f"c{i % self.keys}"
+
+    def timestamp(self, i: int) -> int:
+        """Order i's event time on "sessions" (ms)."""
+        return self.start_ms + i
 
     def region(self, i: int) -> str:
         """The region of order i's customer (customer c<k> lives in region r<k mod regions>)."""
@@ -187,6 +213,8 @@ class Workload:
     def expected(self, appended: list[list[tuple[str, int]]]) -> dict[str, int]:
         """Each key's total (each region's or tier's, re-keyed); `appended`: the restores' (key, amount)
         rounds."""
+        if self.session_gap:
+            return self.expected_sessions()
         totals: dict[str, int] = {}
         group = self.order_tier if self.joined else self.region if self.regions > 0 else self.key
         for i in range(self.messages):
@@ -195,6 +223,24 @@ class Workload:
         for round_ in appended:
             for key, value in round_:
                 totals[key] = totals.get(key, 0) + value
+        return totals
+
+    def expected_sessions(self) -> dict[str, int]:
+        """Each session's total, as "<key>@<start>-<end>": a key's orders no two of which are more than
+        the gap apart (recomputed plainly, in event-time order)."""
+        open_sessions: dict[str, list[int]] = {}
+        totals: dict[str, int] = {}
+        for i in range(self.messages):
+            key, timestamp = self.key(i), self.timestamp(i)
+            session = open_sessions.get(key)
+            if session is not None and timestamp - session[1] > self.session_gap:
+                totals[f"{key}@{session[0]}-{session[1]}"] = session[2]
+                session = None
+            if session is None:
+                open_sessions[key] = [timestamp, timestamp, amount(i)]
+            else:
+                session[1], session[2] = timestamp, session[2] + amount(i)
+        totals.update({f"{key}@{start}-{end}": total for key, (start, end, total) in open_sessions.items()})
         return totals
 
 
@@ -283,6 +329,7 @@ class Systems:
                 *(["--aggregate"] if system == "engine-aggregate" else []),
                 *(["--join-table", workload.table, "--join-kind", self.args.engine_join] if workload.joined else []),
                 *(["--group-by", workload.rekey_field] if workload.rekey_field is not None else []),
+                *(["--session-gap", str(workload.session_gap)] if workload.session_gap else []),
                 *engine_options,
             ]
         elif system == "quix":
@@ -321,6 +368,7 @@ class Systems:
                 group_by=workload.rekey_field,
                 join_table=workload.table if workload.joined else None,
                 join_field=JOIN_FIELD if workload.joined else None,
+                session_gap_ms=workload.session_gap,
             )
         result |= {"messages": run.messages, "seconds": run.seconds, "totals": read_store_dump(dump)}
         return result, run.peak_rss_mib or 0.0
@@ -579,6 +627,14 @@ def print_settings(args: argparse.Namespace) -> None:
             f"group_by:         {args.customers:,} customers (message keys) re-keyed by {REKEY_FIELD!r} "
             f"({args.regions:,} regions) through a repartition topic of {args.partitions} partitions{left_out}"
         )
+    if "sessions" in args.workloads:
+        print(
+            f"sessions:         {args.keys:,} keys, orders in bursts of {SESSION_BURST} per key 1 ms apart, "
+            f"summed per session of {args.keys * SESSION_BURST // 2:,} ms of inactivity (no grace; sessions kept "
+            "2 hours); this "
+            "engine: session_window(...).aggregate(Sum).final(), no output topic; Kafka Streams: "
+            "windowedBy(SessionWindows).aggregate with a merger, no output topic (Quix Streams has no sessions)"
+        )
     if "join" in args.workloads:
         left_out = " (Quix Streams left out)" if "quix" in args.systems else ""
         engine = {"global": "a global table (App.global_table)", "table": "a partitioned table (App.table)"}
@@ -617,6 +673,9 @@ def main() -> None:
         for label in REKEYING_WORKLOADS:
             if label in topics:
                 figures += processing(systems, rekeying, topics[label], label, args.runs)
+        if "sessions" in topics:
+            sessioning = [name for name in args.systems if name in SESSION_SYSTEMS]
+            figures += processing(systems, sessioning, topics["sessions"], "sessions", args.runs)
         found = verdicts(figures)
         if not args.no_profile:
             profile_missed(systems, found, topics, groups.get("engine"), appended)
@@ -675,6 +734,11 @@ def prepare_topics(bootstrap: str, args: argparse.Namespace) -> dict[str, Worklo
             tiers=args.tiers,
             table=f"bench-join-customers-{run_id}",
         )
+    if "sessions" in args.workloads:
+        start_ms = int(time.time() * 1000) - 3_600_000  # an hour ago: past, and within the broker's retention
+        topic = f"bench-sessions-{uuid.uuid4().hex[:6]}"
+        gap = args.keys * SESSION_BURST // 2
+        chosen["sessions"] = Workload(topic, args.messages, args.keys, session_gap=gap, start_ms=start_ms)
     for workload in chosen.values():
         if workload.joined:
             prepare_table(bootstrap, workload, args)
@@ -733,6 +797,9 @@ def prepare_topic(bootstrap: str, workload: Workload, args: argparse.Namespace) 
             fields_of=lambda i: {REKEY_FIELD: workload.region(i)},
         )
         over = f"{workload.keys:,} customers in {workload.regions:,} regions"
+    elif workload.session_gap:
+        seconds = produce_orders(bootstrap, workload.topic, workload.messages, workload.key, workload.timestamp)
+        over = f"{workload.keys:,} keys in bursts of {SESSION_BURST}, 1 ms apart"
     else:
         seconds = produce_orders(bootstrap, workload.topic, workload.messages, lambda i: keys[i % workload.keys])
         over = f"{workload.keys:,} keys"

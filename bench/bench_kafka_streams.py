@@ -358,11 +358,13 @@ def app_command(
     group_by: str | None = None,
     join_table: str | None = None,
     join_field: str | None = None,
+    session_gap_ms: int = 0,
 ) -> list[str]:
     """The java command line running RunningTotals (see its header for the arguments and output lines);
     `group_by`: re-key by that string field of the JSON value first (its --group-by); `join_table` and
     `join_field`: join with the KTable of that topic first, adding the string field of its value to each
-    record (its --join-table and --join-field)."""
+    record (its --join-table and --join-field); `session_gap_ms`: total per key and session of
+    activity with that inactivity gap (its --session-gap)."""
     command = [
         find_java(),
         f"-Xmx{java_heap}",
@@ -389,6 +391,8 @@ def app_command(
         command.append("--leave-group")
     if group_by is not None:
         command += ["--group-by", group_by]
+    if session_gap_ms:
+        command += ["--session-gap", str(session_gap_ms)]
     if join_table is not None:
         if join_field is None:
             raise ValueError("a join needs join_field, the table value's field added to each record")
@@ -462,6 +466,7 @@ def run_totals(
     group_by: str | None = None,
     join_table: str | None = None,
     join_field: str | None = None,
+    session_gap_ms: int = 0,
 ) -> RunResult:
     """Run the Kafka Streams app once with no output topic: running totals of `source` into the store "totals"
     (and its changelog) under `application_id`, until `messages` records were aggregated; then the whole store
@@ -472,7 +477,9 @@ def run_totals(
     `join_table` (a compacted topic co-partitioned with `source`) each record is first joined (inner) with the
     KTable of that topic (store "customers"; topology.optimization=all, so the topic is its changelog too),
     which adds the string `join_field` of the table's JSON value to the record: group_by=join_field then sums
-    per value of the table's field.
+    per value of the table's field. With `session_gap_ms` the amounts are totalled per key and session of
+    activity (SessionWindows with that gap, no grace; the session store "totals" kept 2 hours), and the
+    dump holds every session.
 
     `state_dir` is state.dir (the app deletes its own state in it after close); commit_interval_s is
     commit.interval.ms in seconds, threads num.stream.threads, cache_bytes statestore.cache.max.bytes (None:
@@ -500,6 +507,7 @@ def run_totals(
         group_by=group_by,
         join_table=join_table,
         join_field=join_field,
+        session_gap_ms=session_gap_ms,
     )
     return finish_run(run_java(command, timeout_s), f"{guarantee}, {application_id}", dump_path)
 
@@ -569,12 +577,17 @@ def run_restore(
 
 
 def read_store_dump(path: Path) -> dict[str, int]:
-    """The totals in a store dump written by the app (--dump): key -> total."""
+    """The totals in a store dump written by the app (--dump): key -> total (a session store's:
+    "<key>@<start>-<end>" -> total)."""
     totals: dict[str, int] = {}
     with path.open(encoding="utf-8") as lines:
         for line in lines:
-            key, _, total = line.rstrip("\n").partition("\t")
-            totals[key] = int(total)
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) == 4:
+                key, start, end, total = fields
+                totals[f"{key}@{start}-{end}"] = int(total)
+            else:
+                totals[fields[0]] = int(fields[1])
     return totals
 
 

@@ -14,7 +14,10 @@ e.g. "tier", added to the order), before --group-by: with --join-kind table (the
 partitioned table on the message key, `app.table(TOPIC, name="customers")` (Kafka Streams' KTable;
 the topic co-partitioned with the source), with --join-kind global a global table looked up by the
 order's "customer" field, `app.global_table(TOPIC, name="customers")` (Kafka Streams' GlobalKTable).
-It runs one
+With --session-gap MS the amounts are totalled per key and session of activity instead
+(`session_window(MS, grace=--session-grace, retention=--session-retention)` with `Sum("amount")`,
+emitting `final()` with no output topic: Kafka Streams' `windowedBy(SessionWindows)`), and each
+session is read back as `"<key>@<start>-<end>": total`. It runs one
 bounded worker until caught up: from the start of the source the first time; run again after the
 caller deleted the local state and appended messages, the worker first restores the store from its
 changelog (the report's restores say how many records; the restores' span, first start to last
@@ -93,6 +96,10 @@ def make_app(args: argparse.Namespace) -> App:
         consumer_config=dict(args.consumer_setting) or None,
     )
     orders = app.dataframe()
+    if args.session_gap:
+        sessions = orders.session_window(args.session_gap, grace=args.session_grace, retention=args.session_retention)
+        sessions.aggregate(Sum("amount"), name=TOTAL).final()
+        return app
     if args.join_table is not None:
         if args.join_kind == "global":
             customers = app.global_table(args.join_table, name=JOIN_TABLE)
@@ -109,9 +116,12 @@ def make_app(args: argparse.Namespace) -> App:
     return app
 
 
-def read_totals(app: App, partitions: int) -> dict[str, int]:
+def read_totals(app: App, partitions: int, sessions: bool = False) -> dict[str, int]:
     """Every message key's total in the store (re-keyed: every new key's; the repartition topic has the
-    source's partition count)."""
+    source's partition count); with `sessions`, every session's, as `"<key>@<start>-<end>"`."""
+    if sessions:
+        with app.read_state(STORE) as reader:
+            return {f"{s.message_key}@{s.start}-{s.end}": s.value for s in reader.windows()}
     totals: dict[str, int] = {}
     for partition in range(partitions):
         part = app.state.partition(STORE, partition)
@@ -164,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
         "restored_records": sum(restore.records_applied for restore in report.restores),
         "restore_seconds": restores.seconds,
         "rekeyed": rekeyed,
-        "totals": read_totals(app, args.partitions),
+        "totals": read_totals(app, args.partitions, sessions=bool(args.session_gap)),
         **({"profile": profile_of(profiler, args.group)} if profiler is not None else {}),
     }
 
@@ -215,6 +225,9 @@ def parse_args() -> argparse.Namespace:
         help="a librdkafka setting of the worker's consumer over the app's (repeatable), e.g. "
         "max.partition.fetch.bytes=2097152",
     )
+    parser.add_argument("--session-gap", type=int, default=0, metavar="MS", help="total per session of activity")
+    parser.add_argument("--session-grace", type=int, default=0, metavar="MS")
+    parser.add_argument("--session-retention", type=int, default=2 * 3600 * 1000, metavar="MS")
     parser.add_argument("--profile", action="store_true", help="run the worker under cProfile (slower)")
     return parser.parse_args()
 

@@ -44,6 +44,7 @@ TARGETS = (
     Target("restore", "engine", 1.0),
     Target("group_by", "engine-aggregate", 1.5),
     Target("join", "engine-aggregate", 1.5),
+    Target("sessions", "engine", 1.5),
 )
 
 

@@ -28,6 +28,8 @@ REKEYING = ["engine", "engine-aggregate", "kafka-streams"]
 """The systems of the "group_by" and "join" workloads: Quix's runner has no group_by."""
 WORKLOADS = ["10k keys", "1M keys", "restore", "group_by"]
 """Every workload but "join" (test_join_workload_runs_and_is_checked)."""
+SESSIONING = ["engine", "kafka-streams"]
+"""The systems of the "sessions" workload: this engine's session windows and Kafka Streams'."""
 JOINING = ["engine-aggregate", "kafka-streams"]
 """The systems test_join_workload_runs_and_is_checked runs: the ones its targets compare."""
 
@@ -108,4 +110,31 @@ def test_join_workload_runs_and_is_checked(kafka_bootstrap, tmp_path):
     assert [verdict["target"] for verdict in targets] == [
         "join: engine-aggregate at least 1.5x Kafka Streams' rate",
         "join: engine-aggregate's peak RSS no higher than Kafka Streams'",
+    ]
+
+
+def test_sessions_workload_runs_and_is_checked(kafka_bootstrap, tmp_path):
+    """The "sessions" workload once, small: 2,000 orders over 40 keys in bursts, summed per session
+    by this engine's session windows and Kafka Streams' SessionWindows; the harness checks every
+    session's end and total against the ones recomputed from the orders."""
+    out = tmp_path / "results"
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "bench_compare.py"),
+        *("--workloads", "sessions", "--messages", "2000", "--keys", "40"),
+        *("--commit-interval", "1", "--runs", "1", "--out", str(out), "--systems", *SESSIONING),
+        *("--no-profile", "--no-ceilings"),
+    ]
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
+    document = orjson.loads((out / "results.json").read_bytes())
+    figures = {(figure["system"], figure["workload"]): figure for figure in document["figures"]}
+    assert set(figures) == {(system, "sessions") for system in SESSIONING}
+    assert finished.stdout.count("(checked;") == len(SESSIONING)
+    assert "keys in bursts of 5" in finished.stdout
+    assert [verdict["target"] for verdict in document["targets"]] == [
+        "sessions: engine at least 1.5x Kafka Streams' rate",
+        "sessions: engine's peak RSS no higher than Kafka Streams'",
     ]

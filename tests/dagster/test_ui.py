@@ -255,7 +255,8 @@ def test_the_catalog_shows_every_name_whole(ui: UI):
 
 def test_the_shared_topic_sits_in_its_own_group_and_draws_no_edge_between_apps(ui: UI):
     page = ui.open("/assets/kafka/orders")
-    expect(page.get_by_text("read by apps order-totals, order-counts, order-tiers, order-sessions").first).to_be_visible()
+    readers = "read by apps order-totals, order-counts, order-tiers, order-sessions"
+    expect(page.get_by_text(readers).first).to_be_visible()
     expect(page.locator("""a[href*='group%3A"kafka"']""").first).to_be_visible()
 
     page = ui.open(f"/locations/{LOCATION}/asset-groups/order_totals/lineage")

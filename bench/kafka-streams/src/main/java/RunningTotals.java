@@ -39,6 +39,10 @@
 //                  the aggregation, through the repartition topic (see Topology); the totals are per <field>.
 //   --join-table <topic>  join the stream with the table of <topic> first (see Topology); needs --join-field.
 //   --join-field <field>  the string field of the table's JSON value the join adds to each order.
+//   --session-gap <ms>  total the amounts per key and session of activity instead (windowedBy(SessionWindows
+//                  .ofInactivityGapAndGrace(<ms>, --session-grace)), aggregate with a merger, the session store
+//                  "totals" kept --session-retention ms): --dump then writes "<key>\t<start>\t<end>\t<total>" lines.
+//   --session-grace <ms>, --session-retention <ms>  (defaults: 0, and 2 hours).
 //
 // Measurement: the clock starts just before KafkaStreams.start() (so it includes the group join and
 // partition assignment, like the Python engine's run_worker) and stops when the aggregator has been
@@ -104,12 +108,16 @@ import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.Windowed;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.TimestampExtractor;
 import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.QueryableStoreTypes;
 import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
+import org.apache.kafka.streams.state.ReadOnlySessionStore;
+import org.apache.kafka.streams.state.SessionStore;
 
 public final class RunningTotals {
     private static final String AMOUNT_FIELD = "\"amount\":";
@@ -120,7 +128,8 @@ public final class RunningTotals {
         "usage: RunningTotals <bootstrap> <source> <output or -> <application id> <processing guarantee> "
             + "<commit interval ms> <expected messages> [<state dir> [<threads> [<cache bytes>]]] "
             + "[--dump <file>] [--restore] [--leave-group] [--group-by <field>] "
-            + "[--join-table <topic> --join-field <field>]";
+            + "[--join-table <topic> --join-field <field>] "
+            + "[--session-gap <ms> [--session-grace <ms>] [--session-retention <ms>]]";
     /** How long the dump may wait for the store to be up to date and queryable (e.g. during a rebalance). */
     private static final Duration DUMP_DEADLINE = Duration.ofMinutes(2);
 
@@ -224,7 +233,8 @@ public final class RunningTotals {
      * store to `path` through interactive queries, retrying while the store is not queryable (the instance not
      * RUNNING, or its tasks migrating). Returns the keys written.
      */
-    static long dumpStore(KafkaStreams streams, AtomicLong aggregated, int hops, AtomicLong others, Path path)
+    static long dumpStore(
+        KafkaStreams streams, AtomicLong aggregated, int hops, AtomicLong others, Path path, boolean sessions)
         throws IOException, InterruptedException {
         long deadline = System.nanoTime() + DUMP_DEADLINE.toNanos();
         while (processedPerMetrics(streams) < aggregated.get() * hops + others.get()) {
@@ -239,6 +249,9 @@ public final class RunningTotals {
         Path partial = path.resolveSibling(path.getFileName() + ".partial");
         while (true) {
             try {
+                if (sessions) {
+                    return dumpSessions(streams, partial, path);
+                }
                 ReadOnlyKeyValueStore<String, Long> store =
                     streams.store(StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.keyValueStore()));
                 long keys = 0;
@@ -265,6 +278,24 @@ public final class RunningTotals {
         }
     }
 
+    /** Every session of the session store, as "<key>\t<start>\t<end>\t<total>" lines; returns how many. */
+    static long dumpSessions(KafkaStreams streams, Path partial, Path path) throws IOException {
+        ReadOnlySessionStore<String, Long> store =
+            streams.store(StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.sessionStore()));
+        long sessions = 0;
+        try (KeyValueIterator<Windowed<String>, Long> all = store.fetch(null, null);
+             BufferedWriter out = Files.newBufferedWriter(partial)) {
+            while (all.hasNext()) {
+                KeyValue<Windowed<String>, Long> entry = all.next();
+                out.write(entry.key.key() + '\t' + entry.key.window().start() + '\t' + entry.key.window().end()
+                    + '\t' + entry.value + '\n');
+                sessions++;
+            }
+        }
+        Files.move(partial, path, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+        return sessions;
+    }
+
     public static void main(String[] args) throws InterruptedException {
         List<String> positional = new ArrayList<>();
         String dump = null;
@@ -273,6 +304,9 @@ public final class RunningTotals {
         String groupByField = null;
         String joinTable = null;
         String joinField = null;
+        long sessionGapMs = 0;
+        long sessionGraceMs = 0;
+        long sessionRetentionMs = Duration.ofHours(2).toMillis();
         for (int i = 0; i < args.length; i++) {
             if (args[i].equals("--dump")) {
                 if (i + 1 == args.length) {
@@ -299,6 +333,21 @@ public final class RunningTotals {
                     joinTable = args[++i];
                 } else {
                     joinField = args[++i];
+                }
+            } else if (args[i].startsWith("--session-")) {
+                if (i + 1 == args.length) {
+                    System.err.println(args[i] + " needs a number of ms\n" + USAGE);
+                    System.exit(2);
+                }
+                long ms = Long.parseLong(args[i + 1]);
+                switch (args[i++]) {
+                    case "--session-gap" -> sessionGapMs = ms;
+                    case "--session-grace" -> sessionGraceMs = ms;
+                    case "--session-retention" -> sessionRetentionMs = ms;
+                    default -> {
+                        System.err.println("unknown option " + args[i - 1] + "\n" + USAGE);
+                        System.exit(2);
+                    }
                 }
             } else if (args[i].startsWith("--")) {
                 System.err.println("unknown option " + args[i] + "\n" + USAGE);
@@ -386,7 +435,32 @@ public final class RunningTotals {
             : orders.groupBy(
                 (key, value) -> stringField(value, quotedField), Grouped.with(Serdes.String(), Serdes.String()));
         int hops = quotedField == null ? 1 : 2;
-        KTable<String, Long> totals = grouped
+        boolean sessions = sessionGapMs > 0;
+        if (sessions) {
+            grouped
+                .windowedBy(SessionWindows.ofInactivityGapAndGrace(
+                    Duration.ofMillis(sessionGapMs), Duration.ofMillis(sessionGraceMs)))
+                .aggregate(
+                    () -> 0L,
+                    (key, value, total) -> {
+                        long updated = total + amount(value);
+                        long count = processed.incrementAndGet();
+                        if (count == 1) {
+                            firstAt.set(System.nanoTime());
+                        }
+                        if (count == expected) {
+                            countedAt.set(System.nanoTime());
+                            allProcessed.countDown();
+                        }
+                        return updated;
+                    },
+                    (key, earlier, later) -> earlier + later,
+                    Materialized.<String, Long, SessionStore<Bytes, byte[]>>as(STORE)
+                        .withKeySerde(Serdes.String())
+                        .withValueSerde(Serdes.Long())
+                        .withRetention(Duration.ofMillis(sessionRetentionMs)));
+        }
+        KTable<String, Long> totals = sessions ? null : grouped
             .aggregate(
                 () -> 0L,
                 (key, value, total) -> {
@@ -404,7 +478,7 @@ public final class RunningTotals {
                 Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>as(STORE)
                     .withKeySerde(Serdes.String())
                     .withValueSerde(Serdes.Long()));
-        if (!output.equals(NO_OUTPUT)) {
+        if (!output.equals(NO_OUTPUT) && totals != null) {
             totals.toStream()
                 .mapValues((key, total) -> "{\"customer\":\"" + key + "\",\"total\":" + total + "}")
                 .to(output, Produced.with(Serdes.String(), Serdes.String()));
@@ -439,7 +513,7 @@ public final class RunningTotals {
         if (dumpPath != null && done && counted != 0 && failure.get() == null) {
             long dumpBegan = System.nanoTime();
             try {
-                dumpedKeys = dumpStore(streams, processed, hops, tableRecords, dumpPath);
+                dumpedKeys = dumpStore(streams, processed, hops, tableRecords, dumpPath, sessions);
             } catch (IOException | RuntimeException exception) {
                 dumpFailure = exception;
             }
