@@ -262,9 +262,11 @@ def check_totals(result: dict, expected: dict[str, int], what: str, complete: bo
     keys = expected if complete else totals
     wrong = [(key, expected.get(key), totals.get(key)) for key in keys if totals.get(key) != expected.get(key)]
     if wrong or (complete and len(totals) != len(expected)):
+        extra = sorted(set(totals) - set(expected))
         raise SystemExit(
             f"FAILED: {what}: the totals of {len(wrong)} of {len(keys):,} keys are wrong ({len(totals):,} keys "
-            f"held, {len(expected):,} expected); first (key, expected, got): {wrong[:5]}"
+            f"held, {len(expected):,} expected); first (key, expected, got): {wrong[:5]}; first keys held, not "
+            f"expected: {[(key, totals[key]) for key in extra[:5]]}"
         )
 
 

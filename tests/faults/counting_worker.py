@@ -160,6 +160,9 @@ class WorkerSpec:
     session_gap_ms: int = 0
     """Windowed: sessions of `session_gap_ms` of inactivity (with `window_grace_ms` of grace) instead
     of tumbling windows, each closed session sent as `{"start", "end", "value"}` (0: tumbling)."""
+    sliding_ms: int = 0
+    """Windowed: sliding windows of this time difference (with `window_grace_ms` of grace) instead of
+    tumbling windows, each closed window sent as `{"start", "end", "value"}` (0: tumbling)."""
     lookup_topic: str = ""
     """Join every order first (inner, on its "customer" field) with the global table of this compacted
     topic, which holds every customer: a copy of the table missing one would drop its orders, which
@@ -233,6 +236,9 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         if spec.session_gap_ms:
             sessions = frame.session_window(spec.session_gap_ms, grace=spec.window_grace_ms)
             sessions.aggregate(Aggregate(empty_tally, tally_order, merger=merge_tallies), name=TALLY).final()
+        elif spec.sliding_ms:
+            sliding = frame.sliding_window(spec.sliding_ms, grace=spec.window_grace_ms)
+            sliding.aggregate(Aggregate(empty_tally, tally_order), name=TALLY).final()
         else:
             windows = frame.tumbling_window(spec.window_size_ms, grace=spec.window_grace_ms)
             aggregator = Sum("amount") if spec.aggregate else Aggregate(empty_tally, tally_order)

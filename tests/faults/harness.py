@@ -46,7 +46,9 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 from support.kafka_helpers import read_committed, read_messages, wait_for
 from support.session_model import replay_sessions
+from support.sliding_model import replay_sliding
 
+from dagster_stateful.core.state.keys import is_reserved
 from dagster_stateful.core.state.window_state import STREAM_TIME_KEY, split_window_key
 from dagster_stateful.local_kafka.broker import BrokerSettings, LocalKafkaBroker
 from faults import counting_worker
@@ -567,6 +569,28 @@ def replay_session_windows(messages: Iterable[Message], gap: int, grace: int) ->
     return replayed
 
 
+def replay_sliding_windows(messages: Iterable[Message], difference: int, grace: int) -> ReplayedWindows:
+    """`replay_windows` for sliding windows of `difference` ms with `grace` (retention difference +
+    grace + 1), recomputed by `support.sliding_model.replay_sliding`, partition by partition in
+    offset order."""
+    by_partition: dict[int, list[Message]] = {}
+    for message in messages:
+        by_partition.setdefault(message.partition() or 0, []).append(message)
+    replayed = ReplayedWindows()
+    for partition, in_partition in by_partition.items():
+        ordered = sorted(in_partition, key=lambda m: m.offset() or 0)
+        orders = [orjson.loads(m.value() or b"null") for m in ordered]
+        times = [m.timestamp()[1] for m in ordered]
+        windows = replay_sliding(((o["customer"], t, o) for o, t in zip(orders, times, strict=True)), difference, grace)
+        for held, found in ((replayed.final, windows.closed), (replayed.kept, windows.kept)):
+            for window, values in found.items():
+                held[window] = {"count": len(values), "total": sum(o["amount"] for o in values)}
+                replayed.ends[window] = window[1] + difference
+        replayed.late_ids.update(orders[index]["id"] for index in windows.late)
+        replayed.stream_times[partition] = windows.stream_time
+    return replayed
+
+
 def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
     """A windowed app's store (no worker may run): the tally of every window it holds, and each
     partition's stream time (-1: none stored). A window whose retention (size + grace) the stream
@@ -577,6 +601,8 @@ def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
     windows: dict[Window, dict] = {}
     stream_times: dict[int, int] = {}
     retention = spec.window_size_ms + spec.window_grace_ms
+    if spec.sliding_ms:
+        retention = spec.sliding_ms + spec.window_grace_ms + 1
     for partition in range(spec.partitions):
         part = app.state.partition(STORE, partition)
         part.open()
@@ -586,7 +612,7 @@ def read_windows(spec: WorkerSpec) -> tuple[dict[Window, dict], dict[int, int]]:
             for key, value in part.items():
                 if key == STREAM_TIME_KEY:
                     stream_times[partition] = orjson.loads(value)
-                else:
+                elif not is_reserved(key):  # a sliding store's records are reserved
                     start, customer = split_window_key(key)
                     held[(customer.decode(), start)] = orjson.loads(value)
         finally:
@@ -692,6 +718,8 @@ def check_windows(spec: WorkerSpec, replayed: ReplayedWindows) -> WindowCheck:
         window = ((message.key() or b"").decode(), result["start"])
         appearances[window] += 1
         end = replayed.ends.get(window, result["start"] + size) if spec.session_gap_ms else result["start"] + size
+        if spec.sliding_ms:
+            end = result["start"] + spec.sliding_ms
         if window not in replayed.final or result["end"] != end:
             unexpected.append(window)
             continue

@@ -74,6 +74,7 @@ from faults.harness import (
     read_counts,
     read_store,
     replay_session_windows,
+    replay_sliding_windows,
     replay_windows,
     run_worker,
     source_messages,
@@ -303,6 +304,7 @@ def windowed_sigkill_storm(
     guarantee: str = EXACTLY_ONCE,
     columnar: bool = False,
     session_gap_ms: int = 0,
+    sliding_ms: int = 0,
 ) -> FaultResult:
     """`sigkill_storm` for a windowed aggregation: the worker folds each order into its customer's
     tumbling window of event time (the message timestamp; windows of `WINDOW_SIZE_MS` with
@@ -319,9 +321,10 @@ def windowed_sigkill_storm(
     closed windows missing from the output, and extra appearances. `columnar`: each window keeps the
     columnar `Sum("amount")` (folded a consumed batch at a time in columns), judged by its total.
     `session_gap_ms`: sessions of that inactivity gap (with the same grace) instead of tumbling
-    windows, judged against `replay_session_windows`."""
+    windows, judged against `replay_session_windows`; `sliding_ms`: sliding windows of that time
+    difference (with the same grace), judged against `replay_sliding_windows`."""
     exactly_once = guarantee == EXACTLY_ONCE
-    name = "1w SIGKILL at random points, " + ("sessions" if session_gap_ms else "windowed")
+    name = "1w SIGKILL at random points, " + ("sessions" if session_gap_ms else "sliding" if sliding_ms else "windowed")
     name += " in columns" if columnar else ""
     result = FaultResult(name + (" (exactly-once)" if exactly_once else ""))
     timed = TimedOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3), max_lag_ms=3 * WINDOW_GRACE_MS)
@@ -345,6 +348,7 @@ def windowed_sigkill_storm(
         window_size_ms=WINDOW_SIZE_MS,
         window_grace_ms=WINDOW_GRACE_MS,
         session_gap_ms=session_gap_ms,
+        sliding_ms=sliding_ms,
     )
 
     def more_orders(count: int) -> None:
@@ -360,6 +364,8 @@ def windowed_sigkill_storm(
     result.messages = len(messages)
     if session_gap_ms:
         replayed = replay_session_windows(messages, session_gap_ms, WINDOW_GRACE_MS)
+    elif sliding_ms:
+        replayed = replay_sliding_windows(messages, sliding_ms, WINDOW_GRACE_MS)
     else:
         replayed = replay_windows(messages, WINDOW_SIZE_MS, WINDOW_GRACE_MS)
     check = check_windows(spec, replayed)

@@ -69,6 +69,10 @@ exactly-once."""
 SESSION_GAP_MS = 1_500
 """The sessions storm's inactivity gap: orders of one customer come about 0.8 s apart, so sessions
 hold a handful of orders, and orders lagging behind bridge some of them."""
+SLIDING_MS = 1_000
+"""The sliding storm's time difference: orders of one customer come about 0.8 s apart, so windows
+hold one to three, orders lagging behind land in windows made before them, and those lagging more
+than the difference plus the grace (up to three graces) are late."""
 AT_LEAST_ONCE_DOUBLES = (
     "windows emitted more than once",
     "windows emitted with a wrong tally",
@@ -242,6 +246,8 @@ def test_sigkill_at_random_points_loses_nothing_across_a_partitioned_table_join(
         (AT_LEAST_ONCE, "columns"),
         (EXACTLY_ONCE, "sessions"),
         (AT_LEAST_ONCE, "sessions"),
+        (EXACTLY_ONCE, "sliding"),
+        (AT_LEAST_ONCE, "sliding"),
     ],
 )
 def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_window_and_keeps_the_live_ones(
@@ -256,7 +262,8 @@ def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_wi
     transactions as the per-message path (the columnar storms above cover both guarantees). The
     "sessions" workers keep sessions of 1.5 s of inactivity instead, judged alike against the
     sessions recomputed from the source (a session split or merged wrongly is missing, unexpected
-    or wrong)."""
+    or wrong), and the "sliding" workers sliding windows of 1 s, judged against the windows
+    recomputed from the source."""
     lab = Lab(kafka_bootstrap, tmp_path, SEED)
     kills = WINDOWED_KILLS[guarantee]
     result = windowed_sigkill_storm(
@@ -268,6 +275,7 @@ def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_wi
         guarantee=guarantee,
         columnar=path == "columns",
         session_gap_ms=SESSION_GAP_MS if path == "sessions" else 0,
+        sliding_ms=SLIDING_MS if path == "sliding" else 0,
     )
     counters = result.counters
 

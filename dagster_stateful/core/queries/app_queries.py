@@ -28,6 +28,7 @@ from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.session_state import SessionBounds
+from dagster_stateful.core.state.sliding_state import SlidingBounds
 from dagster_stateful.core.state.stores import Store
 from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError
@@ -98,6 +99,8 @@ class AppQueries(ABC):
             if bounds is None
             else "sessions"
             if isinstance(bounds, SessionBounds)
+            else "sliding windows"
+            if isinstance(bounds, SlidingBounds)
             else "windows"
         )
         if spec.ttl_ms is not None:

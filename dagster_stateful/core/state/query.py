@@ -81,7 +81,8 @@ class StoreReader:
 
     @property
     def is_window_store(self) -> bool:
-        return self._shape.window_size is not None
+        """Whether the store holds windows or sessions (read them with `windows`)."""
+        return self._shape.is_window_store
 
     def refresh(self) -> None:
         """See what the owner has committed since the reader was opened or last refreshed."""
@@ -176,7 +177,7 @@ class StoreReader:
         return database
 
     def _refuse_windows(self, what: str) -> None:
-        if self._shape.window_size is not None:
+        if self._shape.is_window_store:
             raise ConfigurationError(f"store {self.store!r} is a window store: read it with windows(), not {what}()")
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from dagster_stateful.core.state.participant import Participant
 from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.session_state import SessionBounds, SessionState
+from dagster_stateful.core.state.sliding_state import SlidingBounds, SlidingState
 from dagster_stateful.core.state.timers import TimerQueue
 from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.view import KeyView, timed_variant
@@ -41,8 +42,20 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     TtlState: timed_variant(TtlState, kv.TIMED_OPERATIONS),
     WindowState: timed_variant(WindowState, live.TIMED_OPERATIONS),
     SessionState: timed_variant(SessionState, live.TIMED_OPERATIONS),
+    SlidingState: timed_variant(SlidingState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
+
+
+def _window_view(
+    partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds | SessionBounds
+) -> WindowState:
+    """The view of a store of time windows, sliding windows or sessions."""
+    if isinstance(bounds, SessionBounds):
+        return SessionState(partition, cache, serde, bounds)
+    if isinstance(bounds, SlidingBounds):
+        return SlidingState(partition, cache, serde, bounds)
+    return WindowState(partition, cache, serde, bounds)
 
 
 class PartitionTransaction:
@@ -94,9 +107,7 @@ class PartitionTransaction:
         }
         """The keyed aggregations' stores."""
         self.windows: dict[str, WindowState] = {
-            name: SessionState(stores[name], self.caches[name], serde, bounds)
-            if isinstance(bounds, SessionBounds)
-            else WindowState(stores[name], self.caches[name], serde, bounds)
+            name: _window_view(stores[name], self.caches[name], serde, bounds)
             for name, bounds in live_stores.items()
             if name in stores and bounds is not None
         }

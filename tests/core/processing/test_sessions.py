@@ -15,11 +15,12 @@ import pytest
 from support.core_helpers import opened_partition
 from support.session_model import replay_sessions
 
-from dagster_stateful.core import Aggregate, AppConfig, Collect, ConfigurationError, Count, JsonSerde, Sum
+from dagster_stateful.core import Aggregate, AppConfig, BytesSerde, Collect, ConfigurationError, Count, JsonSerde, Sum
 from dagster_stateful.core.processing.dsl.dataframe import StepFailed, StreamingDataFrame
 from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
 from dagster_stateful.core.state.partition import StorePartition
+from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.window_state import STREAM_TIME_KEY, split_window_key
 
@@ -244,6 +245,20 @@ def test_a_session_store_reads_as_rows_with_start_end_and_value(store):
     assert [(row.message_key, row.start, row.end, row.value) for row in rows if row] == [(b"a", 1000, 1040, 3)]
     expired = decoder.live_window(0, *next((k, v) for k, v in store.items() if k != STREAM_TIME_KEY), 1040 + 151)
     assert expired is None
+
+
+def test_a_reader_of_a_session_store_reads_its_sessions_as_windows_and_refuses_key_value_reads(directory, store):
+    frame = frame_of("current")
+    txn = transaction(store, frame)
+    feed(frame, txn, [("a", 1000, 1), ("a", 1040, 2)])
+    commit(txn, store)
+    shape = StoreShape("sessions", window_retention=GAP + GRACE, sessions=True)
+
+    with StoreReader(directory, shape, BytesSerde(), JsonSerde(), [0]) as reader:
+        assert reader.is_window_store, "what a worker's state sample asks before reading rows"
+        assert [(w.message_key, w.start, w.end, w.value) for w in reader.windows()] == [(b"a", 1000, 1040, 3)]
+        with pytest.raises(ConfigurationError, match="read it with windows"):
+            list(reader.items())
 
 
 SESSION_SEED = int(os.environ.get("SESSION_SEED", random.SystemRandom().randrange(2**32)))

@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
 from support.kafka_helpers import create_topic, read_committed, read_messages
 from support.session_model import replay_sessions
+from support.sliding_model import replay_sliding
 
 from dagster_stateful.core import Aggregate, App, Count
 from dagster_stateful.core.kafka.clients import KafkaClients
@@ -306,3 +307,60 @@ def test_session_updates_with_their_merges_rebuild_the_recomputed_sessions_and_t
         held = {(w.message_key, w.start): (w.end, w.value) for w in reader.windows()}
     assert held == expected
     assert app.store_profile("visits")["holds"] == "sessions"
+
+
+def test_sliding_window_updates_end_with_the_recomputed_windows_and_the_store_reads_them_back(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    """`.current()` sliding windows under a real worker, run twice (the state deleted between the
+    two, so the second restores windows and kept records from the compacted changelog): the latest
+    update of each (key, start) is the recomputed window's count, and `read_state` reads the same."""
+    difference = 2_000
+    rng = random.Random(17)
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    produce_timed(kafka_bootstrap, source, timed_orders(800, 0, rng))
+    name = unique_name("sliding")
+    create_topic(kafka_bootstrap, f"{name}-recent", PARTITIONS)
+    app = App(
+        name=name,
+        source=source,
+        output=f"{name}-recent",
+        stores=["recent"],
+        state_dir=tmp_path,
+        kafka=kafka_bootstrap,
+        consumer_config=FAST_GROUP,
+        changelog_config=AGGRESSIVE_COMPACTION,
+        **FAST_COMMITS,
+    )
+    retention = 1_000 * difference  # every window stays readable
+    frame = app.dataframe().sliding_window(difference, grace=GRACE, retention=retention)
+    app.to_topic(frame.aggregate(Count()).current())
+
+    first = app.run_worker(max_seconds=120)
+    shutil.rmtree(tmp_path / name)
+    produce_timed(kafka_bootstrap, source, timed_orders(400, 800, rng))
+    second = app.run_worker(max_seconds=120)
+
+    expected: dict[Window, int] = {}
+    by_partition: dict[int, list[tuple[str, int, object]]] = {}
+    for message in read_messages(kafka_bootstrap, source):
+        order = orjson.loads(message.value())
+        by_partition.setdefault(message.partition(), []).append((order["customer"], message.timestamp()[1], order))
+    late = 0
+    for records in by_partition.values():
+        replayed = replay_sliding(records, difference, GRACE, retention)
+        late += len(replayed.late)
+        expected.update({window: len(values) for window, values in replayed.kept.items()})
+    assert first.stop_reason == second.stop_reason == "caught_up" and first.late + second.late == late > 0
+    assert second.restores, "the second run restored the deleted state from the changelog"
+    rows: dict[Window, int] = {}
+    for message in read_messages(kafka_bootstrap, f"{name}-recent"):
+        result = orjson.loads(message.value())
+        assert result["end"] == result["start"] + difference
+        rows[(message.key().decode(), result["start"])] = result["value"]
+    assert rows == expected
+    with app.read_state("recent") as reader:
+        held = {(w.message_key, w.start): w.value for w in reader.windows()}
+    assert held == expected
+    assert app.store_profile("recent")["holds"] == "sliding windows"

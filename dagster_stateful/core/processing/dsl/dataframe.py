@@ -8,9 +8,10 @@ folds each value into a per-key aggregate (`aggregations.Aggregator`) kept in a 
 and passes on the updated result. `run` pushes one value through every step; what a step raises
 is a `StepFailed` for the error policy, except a `StateStoreError` (a damaged or unwritable
 store), which is the store's failure, not the message's, and passes through as it is.
-`tumbling_window`, `hopping_window` and `session_window` declare windowed aggregations
-(`windows.WindowedAggregation`, `sessions.Sessions`): their step passes on an `Emitted` list of window results, which
-the stateless steps after it map one by one. `compiled` gives the worker's hot path a function
+`tumbling_window`, `hopping_window`, `sliding_window` and `session_window` declare windowed
+aggregations (`windows.WindowedAggregation`, `sliding.SlidingWindows`, `sessions.Sessions`): their
+step passes on an `Emitted` list of window results, which the stateless steps after it map one by
+one. `compiled` gives the worker's hot path a function
 that does what `run` does, specialised for the common one-step frame. An aggregation that emits
 per commit (the default of the columnar ones, `Count()` and `Sum("field")` say) passes nothing on
 while processing: `commit_emission` describes what the worker sends at each commit instead (each
@@ -55,7 +56,7 @@ from dagster_stateful.core.processing.dsl.steps import (
     step_call,
 )
 from dagster_stateful.core.processing.dsl.timers import OnTimer, Timer
-from dagster_stateful.core.processing.dsl.window_declarations import WindowDeclarations
+from dagster_stateful.core.processing.dsl.window_declarations import AnyWindows, WindowDeclarations
 from dagster_stateful.core.processing.dsl.windows import Duration, Emit, Windows
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.session_state import SessionBounds
@@ -149,8 +150,8 @@ class StreamingDataFrame(WindowDeclarations):
         if not (isinstance(aggregator, Aggregator) and aggregator.vectorizable):
             return None
         windows = first.windows
-        if isinstance(windows, Sessions):
-            return None
+        if windows is not None and not isinstance(windows, Windows):
+            return None  # sessions and sliding windows keep the per-message path
         if not (first.per_commit or (windows is not None and first.emit == "final" and windows.timestamp is None)):
             return None
         if any(step.store is not None for step in self.steps[1:]):
@@ -296,7 +297,7 @@ class StreamingDataFrame(WindowDeclarations):
         return self._append(Step(StepKind.AGGREGATE, aggregator, resolved, name, per_commit=per_commit))
 
     def _add_windowed(
-        self, windows: Windows | Sessions, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+        self, windows: AnyWindows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
     ) -> StreamingDataFrame:
         if isinstance(windows, Sessions):
             windows.check(aggregator)

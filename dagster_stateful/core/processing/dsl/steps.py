@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.sessions import Sessions, session_result
+from dagster_stateful.core.processing.dsl.sliding import SlidingWindows
 from dagster_stateful.core.processing.dsl.windows import LATE, Emit, Emitted, Windows, window_result
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.session_state import SessionState
+from dagster_stateful.core.state.sliding_state import SlidingState
 from dagster_stateful.core.state.window_state import WindowState
 from dagster_stateful.errors import StateStoreError
 
@@ -77,8 +79,8 @@ class Step:
     """The store a stateful step reads and writes; None for a stateless step."""
     aggregation: str | None = None
     """An aggregate step's name: the state key of its aggregates (of a window step: its name only)."""
-    windows: Windows | Sessions | None = None
-    """A window step's windows (or sessions)."""
+    windows: Windows | SlidingWindows | Sessions | None = None
+    """A window step's windows (or sliding windows, or sessions)."""
     emit: Emit = "current"
     """A window step's results: each update ("current") or each window once it closes ("final")."""
     per_commit: bool = False
@@ -181,6 +183,36 @@ def _call_sessions(step: Step, aggregator: Aggregator, sessions: Sessions) -> St
     return sessioned
 
 
+def _call_sliding(step: Step, aggregator: Aggregator, sliding: SlidingWindows) -> StepCall:
+    """A sliding window step as a function of (value, states): the `Emitted` results of the windows
+    the value changed or made (`current()`) or of those that closed (`final()`), or `LATE`. Raises
+    like `_call_step`'s functions."""
+    store, name, size, final = step.store, step.name, sliding.size, step.emit == "final"
+    first, add, event_time = aggregator.first, aggregator.add, sliding.timestamp
+    result = aggregator.result if aggregator.has_result else None
+
+    def slid(value: Any, states: Views) -> Emitted:
+        try:
+            state: SlidingState = states[store]  # type: ignore[index, assignment]
+            if event_time is not None:
+                state.timestamp = _event_time(event_time(value))
+            elif state.timestamp < 0:
+                raise ValueError("the message has no timestamp; give the windows a timestamp= function of the value")
+            updated, closed = state.update_sliding(value, first, add)
+            if updated is None:
+                return LATE
+            if final:
+                return window_results(closed, size, result)
+            key = state.message_key
+            return window_results([(key, start, aggregate) for start, aggregate in updated], size, result)
+        except StateStoreError:
+            raise
+        except Exception as error:
+            raise StepFailed(name, error) from error
+
+    return slid
+
+
 def _same(aggregate: Any) -> Any:
     return aggregate
 
@@ -209,6 +241,8 @@ def step_call(step: Step) -> StepCall:
     if isinstance(function, Aggregator):
         if isinstance(step.windows, Sessions):
             return _call_sessions(step, function, step.windows)
+        if isinstance(step.windows, SlidingWindows):
+            return _call_sliding(step, function, step.windows)
         if step.windows is not None:
             return _call_windowed(step, function, step.windows)
         return _call_fold(step, function)

@@ -1,7 +1,8 @@
-"""The window declarations of `StreamingDataFrame`: tumbling, hopping and session windows.
+"""The window declarations of `StreamingDataFrame`: tumbling, hopping, sliding and session windows.
 
 Owns `WindowDeclarations`, the mixin `StreamingDataFrame` takes them from: each makes a
-`windows.WindowedAggregation` of a `windows.Windows` or `sessions.Sessions` definition, which adds
+`windows.WindowedAggregation` of a `windows.Windows`, `sliding.SlidingWindows` or
+`sessions.Sessions` definition, which adds
 its step to the frame (`_add_windowed`) once told what it aggregates and when it emits.
 """
 
@@ -12,9 +13,13 @@ from typing import Any, Self
 
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.sessions import Sessions
+from dagster_stateful.core.processing.dsl.sliding import SlidingWindows
 from dagster_stateful.core.processing.dsl.windows import Duration, Emit, WindowedAggregation, Windows
 
-__all__ = ["WindowDeclarations"]
+__all__ = ["AnyWindows", "WindowDeclarations"]
+
+AnyWindows = Windows | SlidingWindows | Sessions
+"""A window step's definition: time windows, sliding windows or sessions."""
 
 
 class WindowDeclarations:
@@ -52,6 +57,24 @@ class WindowDeclarations:
         rest as `tumbling_window`."""
         return self._windows(Windows.define(size, step, grace, retention, timestamp), store)
 
+    def sliding_window(
+        self,
+        difference: Duration,
+        *,
+        grace: Duration = 0,
+        retention: Duration | None = None,
+        timestamp: Callable[[Any], int] | None = None,
+        store: str | None = None,
+    ) -> WindowedAggregation[Self]:
+        """Sliding windows (Kafka Streams' `SlidingWindows.ofTimeDifferenceAndGrace`, see
+        `sliding.SlidingWindows`): per key, a window [start, start + difference] (both ends
+        inclusive) for every distinct set of records no more than `difference` apart. A window closes
+        once stream time passes its end plus `grace`; a record is late once every window it could
+        fall in has closed. Windows are kept `retention` after their start (default and least:
+        difference + grace + 1 ms), with the records that new windows are folded from. Continue with
+        `.aggregate(Sum("amount")).current()` (say)."""
+        return self._windows(SlidingWindows.define(difference, grace, retention, timestamp), store)
+
     def session_window(
         self,
         gap: Duration,
@@ -67,7 +90,7 @@ class WindowDeclarations:
         least: gap + grace). Continue with `.aggregate(Count()).final()` (say)."""
         return self._windows(Sessions.define(gap, grace, retention, timestamp), store)
 
-    def _windows(self, windows: Windows | Sessions, store: str | None) -> WindowedAggregation[Self]:
+    def _windows(self, windows: AnyWindows, store: str | None) -> WindowedAggregation[Self]:
         self._refuse_after_windows("a windowed aggregation")
         self._refuse_after_per_commit("a windowed aggregation")
         return WindowedAggregation(self._add_windowed, windows, store)
@@ -79,6 +102,6 @@ class WindowDeclarations:
         raise NotImplementedError
 
     def _add_windowed(
-        self, windows: Windows | Sessions, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+        self, windows: AnyWindows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
     ) -> Self:
         raise NotImplementedError

@@ -278,22 +278,38 @@ public final class RunningTotals {
         }
     }
 
-    /** Every session of the session store, as "<key>\t<start>\t<end>\t<total>" lines; returns how many. */
+    /**
+     * Every session of the session store, as "<key>\t<start>\t<end>\t<total>" lines; returns how many. An
+     * interactive query is not isolated from the stream thread's commits: one that flushes the record cache while
+     * the store is iterated can show a session that the cache had already replaced (its end since grown). So the
+     * store is read until two reads in a row agree.
+     */
     static long dumpSessions(KafkaStreams streams, Path partial, Path path) throws IOException {
-        ReadOnlySessionStore<String, Long> store =
-            streams.store(StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.sessionStore()));
-        long sessions = 0;
-        try (KeyValueIterator<Windowed<String>, Long> all = store.fetch(null, null);
-             BufferedWriter out = Files.newBufferedWriter(partial)) {
-            while (all.hasNext()) {
-                KeyValue<Windowed<String>, Long> entry = all.next();
-                out.write(entry.key.key() + '\t' + entry.key.window().start() + '\t' + entry.key.window().end()
-                    + '\t' + entry.value + '\n');
-                sessions++;
+        List<String> lines = readSessions(streams);
+        for (List<String> again = readSessions(streams); !again.equals(lines); again = readSessions(streams)) {
+            lines = again;
+        }
+        try (BufferedWriter out = Files.newBufferedWriter(partial)) {
+            for (String line : lines) {
+                out.write(line);
             }
         }
         Files.move(partial, path, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-        return sessions;
+        return lines.size();
+    }
+
+    static List<String> readSessions(KafkaStreams streams) {
+        ReadOnlySessionStore<String, Long> store =
+            streams.store(StoreQueryParameters.fromNameAndType(STORE, QueryableStoreTypes.sessionStore()));
+        List<String> lines = new ArrayList<>();
+        try (KeyValueIterator<Windowed<String>, Long> all = store.fetch(null, null)) {
+            while (all.hasNext()) {
+                KeyValue<Windowed<String>, Long> entry = all.next();
+                lines.add(entry.key.key() + '\t' + entry.key.window().start() + '\t' + entry.key.window().end()
+                    + '\t' + entry.value + '\n');
+            }
+        }
+        return lines;
     }
 
     public static void main(String[] args) throws InterruptedException {
