@@ -86,6 +86,8 @@ class WorkerReport:
     """Messages that arrived after every window they belong to had closed (dead-lettered ones included)."""
     timers_fired: int = 0
     """Timers whose `on_timer` function ran (again after a roll-back, where a firing is redone)."""
+    windows_closed_idle: int = 0
+    """Windows (or sessions) closed because their partition was idle (`final(advance_when_idle=...)`)."""
     messages_in_columns: int = 0
     """Messages a columnar aggregation folded a batch at a time (the others went message by message)."""
     transactions_aborted: int = 0

@@ -104,7 +104,7 @@ class SessionState(WindowState):
     @property
     def expiries_due(self) -> bool:
         committed, ending = self._committed_stream_time, self._ending
-        return (
+        return self._idle_advanced or (
             self._sessions is not None
             and committed is not None
             and bool(ending)
@@ -123,6 +123,24 @@ class SessionState(WindowState):
             if stored is not None and stored[0] == end:
                 self._cache.delete_live(key, offset)
         self._cache.accept()
+
+    @property
+    def next_close(self) -> int | None:
+        """The stream time at which the open session ending first closes, or earlier (an entry may
+        stand for a session that has grown since); None: none is open."""
+        self._ensure_sessions()
+        return self._open[0][0] + self._closes_after + 1 if self._open else None
+
+    def advance_idle(self, stream_time: int) -> list[Any]:
+        self._ensure_sessions()
+        current = self._stream_time
+        assert current is not None
+        if stream_time <= current:
+            return []
+        self._stream_time = stream_time
+        self._idle_advanced = True
+        self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
+        return self._close_sessions(stream_time)
 
     def update_session(
         self,

@@ -126,6 +126,8 @@ class SlidingState(WindowState):
     @property
     def expiries_due(self) -> bool:
         committed = self._committed_stream_time
+        if self._idle_advanced:
+            return True
         if self._open_windows is None or committed is None:
             return False
         windows, records = self._window_expiry, self._record_expiry
@@ -153,6 +155,22 @@ class SlidingState(WindowState):
                     del kept[prefix]
             self._cache.delete_live(_record_key(prefix, timestamp, record_offset), offset)
         self._cache.accept()
+
+    @property
+    def next_close(self) -> int | None:
+        self._ensure_windows()
+        return self._sliding.closes_at(self._closing_windows[0][0]) if self._closing_windows else None
+
+    def advance_idle(self, stream_time: int) -> list[Any]:
+        self._ensure_windows()
+        current = self._stream_time
+        assert current is not None
+        if stream_time <= current:
+            return []
+        self._stream_time = stream_time
+        self._idle_advanced = True
+        self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
+        return self._close(stream_time)
 
     def update(self, starts: list[int], value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
         raise TypeError("a sliding store's windows are updated with update_sliding")

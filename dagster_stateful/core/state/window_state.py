@@ -73,7 +73,16 @@ class WindowState(LiveState, CommittedStreamTime):
     """The windows of one window store partition, for the current message key and event time (bound
     by the partition transaction)."""
 
-    __slots__ = ("_bounds", "_closing", "_committed_stream_time", "_expiring", "_index", "_stream_time", "timestamp")
+    __slots__ = (
+        "_bounds",
+        "_closing",
+        "_committed_stream_time",
+        "_expiring",
+        "_idle_advanced",
+        "_index",
+        "_stream_time",
+        "timestamp",
+    )
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds) -> None:
         """`cache` must be live (made with a `serialization.LiveSerializer`)."""
@@ -82,6 +91,8 @@ class WindowState(LiveState, CommittedStreamTime):
         self.timestamp = 0
         """The current message's event time in ms (set before each message)."""
         self._committed_stream_time: int | None = None
+        self._idle_advanced = False
+        """Stream time was moved by an idle advance since the last commit (which must then record it)."""
         self.forget()
 
     def forget(self) -> None:
@@ -111,13 +122,14 @@ class WindowState(LiveState, CommittedStreamTime):
         recorded = self.stream_time_to_commit
         if recorded is not None:
             self._committed_stream_time = recorded
+        self._idle_advanced = False
 
     @property
     def expiries_due(self) -> bool:
-        """Whether windows wait for the next commit to delete them (the last commit's stream time
-        reached their retention)."""
+        """Whether the next commit has work even without new messages: windows whose retention the
+        last commit's stream time reached, to delete, or an idle advance's stream time to record."""
         committed, expiring = self._committed_stream_time, self._expiring
-        return (
+        return self._idle_advanced or (
             self._index is not None
             and committed is not None
             and bool(expiring)
@@ -181,6 +193,25 @@ class WindowState(LiveState, CommittedStreamTime):
         self._stream_time = timestamp
         self._cache.put_live(STREAM_TIME_KEY, timestamp, self._offset)
         return updated, self._close(timestamp)
+
+    @property
+    def next_close(self) -> int | None:
+        """The stream time at which the next open window closes (None: none is open)."""
+        self._ensure_index()
+        return self._bounds.closes_at(self._closing[0]) if self._closing else None
+
+    def advance_idle(self, stream_time: int) -> list[Any]:
+        """Move stream time to `stream_time` without a record (the partition is idle: see
+        `paths.idle_windows`), as a change of the current message; returns the windows it closed."""
+        self._ensure_index()
+        current = self._stream_time
+        assert current is not None
+        if stream_time <= current:
+            return []
+        self._stream_time = stream_time
+        self._idle_advanced = True
+        self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
+        return self._close(stream_time)
 
     def merge_batch(
         self,

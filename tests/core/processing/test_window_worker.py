@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -364,3 +365,48 @@ def test_sliding_window_updates_end_with_the_recomputed_windows_and_the_store_re
         held = {(w.message_key, w.start): w.value for w in reader.windows()}
     assert held == expected
     assert app.store_profile("recent")["holds"] == "sliding windows"
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_the_last_windows_of_a_partition_that_went_quiet_close_by_the_wall_clock(
+    kafka_bootstrap, unique_name, tmp_path, guarantee
+):
+    """`final(advance_when_idle=1 s)`: no record comes after the orders, so only the wall clock can
+    close the last windows of each partition. Every window recomputed from the source is sent with
+    its count (exactly once under exactly-once, read_committed), none other, and a second run sends
+    nothing again."""
+    rng = random.Random(23)
+    source = unique_name("orders")
+    create_topic(kafka_bootstrap, source, PARTITIONS)
+    produce_timed(kafka_bootstrap, source, timed_orders(300, 0, rng, max_lag=1))  # none late
+    name = unique_name("quiet")
+    create_topic(kafka_bootstrap, f"{name}-windows", PARTITIONS)
+    app = App(
+        name=name,
+        source=source,
+        output=f"{name}-windows",
+        stores=["per_window"],
+        state_dir=tmp_path,
+        kafka=kafka_bootstrap,
+        processing_guarantee=guarantee,
+        consumer_config=FAST_GROUP,
+        changelog_config=AGGRESSIVE_COMPACTION,
+        **FAST_COMMITS,
+    )
+    size = 500  # the clock moves stream time 1 ms a ms: the last window closes within 0.6 s of idleness
+    windows = app.dataframe().tumbling_window(size, grace=100).aggregate(Count())
+    app.to_topic(windows.final(advance_when_idle=1_000))
+
+    first = app.run_worker(max_seconds=8, until_caught_up=False)
+    second = app.run_worker(max_seconds=4, until_caught_up=False)
+
+    expected: Counter[Window] = Counter()
+    for message in read_messages(kafka_bootstrap, source):
+        timestamp = message.timestamp()[1]
+        expected[(message.key().decode(), timestamp - timestamp % size)] += 1
+    sent = read_committed(kafka_bootstrap, f"{name}-windows")
+    counts = {(m.key().decode(), orjson.loads(m.value())["start"]): orjson.loads(m.value())["value"] for m in sent}
+    assert counts == dict(expected), "every window, the last ones closed by the clock"
+    assert first.windows_closed_idle > 0 and second.windows_closed_idle == 0
+    if guarantee == "exactly-once":
+        assert len(sent) == len(expected), "each window once"

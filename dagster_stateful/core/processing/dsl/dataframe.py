@@ -47,6 +47,7 @@ from dagster_stateful.core.processing.dsl.steps import (
     Chain,
     ColumnarAggregation,
     CommitEmission,
+    IdleWindowStep,
     Step,
     StepCall,
     StepFailed,
@@ -159,6 +160,16 @@ class StreamingDataFrame(WindowDeclarations):
         assert first.store is not None
         state_key = b"" if windows is not None else first.name.encode()
         return ColumnarAggregation(first.store, state_key, aggregator, windows, first.name, self._chain[1:])
+
+    @property
+    def idle_windows(self) -> list[IdleWindowStep]:
+        """The window steps whose stream time advances with the wall clock once their partition is idle
+        (`final(advance_when_idle=...)`)."""
+        return [
+            IdleWindowStep(step, self._chain[index + 1 :])
+            for index, step in enumerate(self.steps)
+            if step.idle_ms is not None
+        ]
 
     @property
     def is_windowed(self) -> bool:
@@ -297,7 +308,13 @@ class StreamingDataFrame(WindowDeclarations):
         return self._append(Step(StepKind.AGGREGATE, aggregator, resolved, name, per_commit=per_commit))
 
     def _add_windowed(
-        self, windows: AnyWindows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+        self,
+        windows: AnyWindows,
+        aggregator: Aggregator,
+        name: str,
+        store: str | None,
+        emit: Emit,
+        idle_ms: int | None = None,
     ) -> StreamingDataFrame:
         if isinstance(windows, Sessions):
             windows.check(aggregator)
@@ -314,7 +331,7 @@ class StreamingDataFrame(WindowDeclarations):
                 "store of its own: declare another store in the app's stores and name it with store=..."
             )
         self._refuse_after_windows("a windowed aggregation")
-        return self._append(Step(StepKind.WINDOW, aggregator, resolved, name, windows, emit))
+        return self._append(Step(StepKind.WINDOW, aggregator, resolved, name, windows, emit, idle_ms=idle_ms))
 
     def _refuse_expiring(self, store: str, what: str) -> None:
         """Refuse a store with a ttl (or, for an aggregation, the store of the app's timers) for `what`."""

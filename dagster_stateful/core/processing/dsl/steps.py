@@ -85,6 +85,9 @@ class Step:
     """A window step's results: each update ("current") or each window once it closes ("final")."""
     per_commit: bool = False
     """An aggregate step's results are passed on once per key and commit, not per message."""
+    idle_ms: int | None = None
+    """A `final()` window step's idleness: its partition's stream time follows the wall clock once it
+    has had no record for this long (None: only records move it)."""
 
     @property
     def name(self) -> str:
@@ -277,6 +280,40 @@ class CommitEmission:
         except Exception as error:
             raise StepFailed(self.state_key.decode(errors="replace"), error) from error
         return run_chain(self.after, value, {})
+
+
+@dataclass(frozen=True)
+class IdleWindowStep:
+    """A `final()` window step whose stream time advances with the wall clock once its partition is
+    idle, and what the windows that then close send (their results through the steps after it)."""
+
+    step: Step
+    after: Chain
+
+    @property
+    def store(self) -> str:
+        assert self.step.store is not None
+        return self.step.store
+
+    @property
+    def idle_ms(self) -> int:
+        assert self.step.idle_ms is not None
+        return self.step.idle_ms
+
+    def closed_results(self, closed: list[Any]) -> Emitted:
+        """What windows (message key, start, aggregate) or sessions (message key, start, end,
+        aggregate) closed by an idle advance send; raises `StepFailed` for what a step raises."""
+        step, aggregator = self.step, self.step.function
+        assert isinstance(aggregator, Aggregator) and step.windows is not None
+        result = aggregator.result if aggregator.has_result else _same
+        try:
+            if isinstance(step.windows, Sessions):
+                emitted = Emitted([session_result(key, start, end, result(agg)) for key, start, end, agg in closed])
+            else:
+                emitted = window_results(closed, step.windows.size, result)
+        except Exception as error:
+            raise StepFailed(step.name, error) from error
+        return through(emitted, self.after, {})
 
 
 @dataclass(frozen=True)

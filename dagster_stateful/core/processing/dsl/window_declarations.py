@@ -102,6 +102,12 @@ class WindowDeclarations:
         raise NotImplementedError
 
     def _add_windowed(
-        self, windows: AnyWindows, aggregator: Aggregator, name: str, store: str | None, emit: Emit
+        self,
+        windows: AnyWindows,
+        aggregator: Aggregator,
+        name: str,
+        store: str | None,
+        emit: Emit,
+        idle_ms: int | None = None,
     ) -> Self:
         raise NotImplementedError

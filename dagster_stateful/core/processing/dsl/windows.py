@@ -122,8 +122,9 @@ def window_changelog_config(retention: int) -> dict[str, str]:
     return {"cleanup.policy": "compact,delete", "retention.ms": str(retention + CHANGELOG_EXTRA_RETENTION_MS)}
 
 
-AddStep = Callable[[Any, Aggregator, str, str | None, Emit], Frame]
-"""(windows or sessions, aggregator, name, store, emit) -> the frame with the window step added."""
+AddStep = Callable[[Any, Aggregator, str, str | None, Emit, int | None], Frame]
+"""(windows or sessions, aggregator, name, store, emit, idleness in ms) -> the frame with the window
+step added."""
 
 
 class WindowedAggregation(Generic[Frame]):
@@ -147,16 +148,24 @@ class WindowedAggregation(Generic[Frame]):
 
     def current(self) -> Frame:
         """Pass on every window the message updated, with its aggregate so far."""
-        return self._add("current")
+        return self._add("current", None)
 
-    def final(self) -> Frame:
-        """Pass on each window once, when it closes."""
-        return self._add("final")
+    def final(self, *, advance_when_idle: Duration | None = None) -> Frame:
+        """Pass on each window once, when it closes. `advance_when_idle`: once a partition has had no
+        record for this long (wall-clock time), its stream time moves on with the wall clock from
+        the last one's, so its windows close and are sent although no record comes to move it
+        (see `paths.idle_windows`)."""
+        idle_ms = None
+        if advance_when_idle is not None:
+            idle_ms = as_ms(advance_when_idle, "advance_when_idle")
+            if idle_ms <= 0:
+                raise ConfigurationError(f"advance_when_idle must be a positive duration, got {advance_when_idle!r}")
+        return self._add("final", idle_ms)
 
-    def _add(self, emit: Emit) -> Frame:
+    def _add(self, emit: Emit, idle_ms: int | None) -> Frame:
         if self._aggregator is None or self._name is None:
             raise ConfigurationError("say what the windows aggregate first: .aggregate(Count()).final(), say")
-        return self._add_step(self._windows, self._aggregator, self._name, self._store, emit)
+        return self._add_step(self._windows, self._aggregator, self._name, self._store, emit, idle_ms)
 
 
 def window_result(key: bytes, start: int, size: int, value: Any) -> tuple[bytes, dict[str, Any]]:

@@ -72,7 +72,7 @@ class TimerFiring:
             return 0
         return self._fire(txn, timers.pop_due(False, timers.stream_time))
 
-    def fire_wall_clock(self, transactions: Iterable[PartitionTransaction]) -> int:
+    def on_wall_clock(self, transactions: Iterable[PartitionTransaction]) -> int:
         """Fire the wall-clock timers due now in every partition; how many fired."""
         now, fired = time.time_ns() // 1_000_000, 0
         for txn in transactions:

@@ -1,19 +1,19 @@
 """The bounded worker: consume, process, commit, and stop when the run's limits say so.
 
-Owns the worker's loop and lifetime: subscribing with the app's consumer group (cooperative-sticky,
-optional static membership), processing each consumed batch through the steps (`batch`, with the
-app's error policy), committing every `commit_interval` seconds or `commit_every` messages, and
-stopping when caught up (every assigned partition at its end), after `max_messages` or
-`max_seconds`, or on SIGTERM, with a final commit and a clean close. Rebalances are
-`rebalance.PartitionAssignments`'. Under exactly-once the producer is transactional (one
-transactional id per worker), the consumer reads `read_committed`, an aborted transaction rewinds
-every partition to its committed offset, and runs pinned to partitions are refused.
+Owns the worker's loop and lifetime: subscribing with the app's consumer group (cooperative-sticky, optional
+static membership), processing each consumed batch through the steps (`batch`, with the app's error policy),
+committing every `commit_interval` seconds or `commit_every` messages, and stopping when caught up (every
+assigned partition at its end), after `max_messages` or `max_seconds`, or on SIGTERM, with a final commit and
+a clean close. Rebalances are `rebalance.PartitionAssignments`'. Under exactly-once the producer is
+transactional (one transactional id per worker), the consumer reads `read_committed`, an aborted transaction
+rewinds every partition to its committed offset, and runs pinned to partitions are refused. On each turn of the
+loop the wall clock fires timers (`timer_firing`) and closes idle partitions' windows (`idle_windows`).
 
-A run with `max_seconds` ends within it plus its grace (`RunLimits.grace_seconds`), whatever the
-brokers do: commits and admin calls give up `lifecycle.CLOSE_RESERVE_SECONDS` before that end
-(`CommitTimeoutError` names what was not committed); closing the clients takes what is left, a
-close not done by then is left to the background (`kafka.bounded`). An authentication or TLS
-failure a client reports is raised at once (`KafkaClients.check_security`); nothing more is committed.
+A run with `max_seconds` ends within it plus its grace (`RunLimits.grace_seconds`), whatever the brokers
+do: commits and admin calls give up `lifecycle.CLOSE_RESERVE_SECONDS` before that end (`CommitTimeoutError`
+names what was not committed); closing the clients takes what is left, a close not done by then is left to
+the background (`kafka.bounded`). An authentication or TLS failure a client reports is raised at once
+(`KafkaClients.check_security`); nothing more is committed.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from dagster_stateful.core.processing.lifecycle import CLOSE_TIMEOUT_SECONDS, De
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.paths.batch import BatchProcessor
 from dagster_stateful.core.processing.paths.emission import commit_emitter
+from dagster_stateful.core.processing.paths.idle_windows import idle_windows
 from dagster_stateful.core.processing.paths.rekeying import Rekeying
 from dagster_stateful.core.processing.paths.timer_firing import timer_firing
 from dagster_stateful.core.processing.restores.background import background_restores
@@ -182,6 +183,7 @@ class Worker:
             report.messages_in_columns = self._batches.messages_in_columns
             report.table_records_applied = self._tables.applied + self._source_tables.applied
             report.timers_fired = self._firing.fired if self._firing else 0
+            report.windows_closed_idle = self._idle.closed if self._idle else 0
             try:
                 report.lag, *upstream = self._progress.lags()
                 report.upstream_lag = upstream[0] if upstream else {}
@@ -250,6 +252,8 @@ class Worker:
         )
         self._transactions = self._assignments.transactions
         self._firing = timer_firing(config, self._dataframe, self._committer.produce, self._bad_input)
+        self._idle = idle_windows(config, self._dataframe, self._committer.produce, self._bad_input)
+        self._clock_turns = [clocked.on_wall_clock for clocked in (self._firing, self._idle) if clocked is not None]
         per_message = partial(
             BatchProcessor,
             config,
@@ -317,8 +321,8 @@ class Worker:
                     self._pass_markers()
                     self._commit()
                     since_commit, last_commit = 0, time.monotonic()
-                if self._firing is not None:
-                    self._firing.fire_wall_clock(self._transactions.values())
+                for turn in self._clock_turns:  # wall-clock timers, idle partitions' windows
+                    turn(self._transactions.values())
             if self._standbys is not None:
                 self._standbys.advance(self._assignments.held)
             if limits.until_caught_up and not messages and not restoring and time.monotonic() >= next_check:
@@ -394,9 +398,8 @@ class Worker:
         self._progress.pass_markers()
 
     def _caught_up(self) -> bool:
-        """Every held partition processed up to its end; holding none, the whole group caught up.
-        Records re-keyed since the last commit are committed first: only then can the repartition
-        topic's end count them."""
+        """Every held partition processed up to its end; holding none, the whole group caught up. Records
+        re-keyed since the last commit are committed first: only then can the repartition topic's end count them."""
         if self._rekeying is not None and self._rekeying.unflushed:
             self._commit()
             return False
