@@ -105,10 +105,6 @@ class IdleWindows:
         self.closed += closed
         return closed
 
-    def forget(self, partition: int) -> None:
-        """The partition was revoked or rolled back: its idle time counts again from now."""
-        self._activity.pop(partition, None)
-
     def _advance(self, txn: PartitionTransaction, step: IdleWindowStep, activity: _Activity, idle_for: int) -> int:
         state = txn.windows[step.store]
         base = activity.stream_times.setdefault(step.store, state.stream_time)
