@@ -55,6 +55,7 @@ GROUP_SECONDS: dict[str, int] = {
     "dagster/test_example_deployment.py": 105,
     "faults/test_standbys.py": 105,
     "dagster/test_sensors.py": 80,
+    "core/processing/test_window_worker.py": 130,
     "core/kafka/security/test_least_privilege.py": 50,
     "core/processing/test_background_restores.py": 50,
     "core/recovery/test_at_least_once_promise.py": 50,
