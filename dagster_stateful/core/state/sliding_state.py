@@ -194,8 +194,9 @@ class SlidingState(WindowState):
         records = self._kept.setdefault(prefix, [])
         previous = self._previous(records, timestamp)
         record = (timestamp, self._offset)
-        if record not in records:
-            insort(records, record)
+        at = bisect_left(records, record)
+        if at == len(records) or records[at] != record:  # a message processed again keeps one record
+            records.insert(at, record)
             heapq.heappush(self._record_expiry, (timestamp, self._offset, prefix))
         self._cache.put_live(_record_key(prefix, timestamp, self._offset), value, self._offset)
         mine = open_windows.setdefault(prefix, [])

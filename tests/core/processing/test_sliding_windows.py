@@ -245,6 +245,21 @@ def test_any_aggregator_folds_sliding_windows(store):
         txn.roll_back()
 
 
+def test_a_record_without_the_event_time_the_windows_need_fails_as_its_own_step_and_changes_nothing(store):
+    frame = StreamingDataFrame(["sliding"])
+    windows = frame.sliding_window(DIFFERENCE, timestamp=lambda order: order["time"], store="sliding")
+    frame = windows.aggregate(Sum(amount)).current()
+    txn = transaction(store, frame)
+
+    txn.begin_message(b"a", 0)
+    with pytest.raises(StepFailed, match="'time'"):
+        frame.run({"customer": "a", "amount": 1}, txn.views)
+    txn.discard_message()
+
+    txn.begin_message(b"a", 1)
+    assert results([frame.run({"customer": "a", "amount": 2, "time": 1000}, txn.views)]) == [("a", 900, 1000, 2)]
+
+
 def test_sliding_windows_refuse_what_would_lose_windows_and_keep_the_per_message_path():
     with pytest.raises(ConfigurationError, match="more than the time difference plus grace"):
         StreamingDataFrame(["s"]).sliding_window(100, grace=50, retention=150)
