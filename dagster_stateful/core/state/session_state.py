@@ -131,15 +131,7 @@ class SessionState(WindowState):
         self._ensure_sessions()
         return self._open[0][0] + self._closes_after + 1 if self._open else None
 
-    def advance_idle(self, stream_time: int) -> list[Any]:
-        self._ensure_sessions()
-        current = self._stream_time
-        assert current is not None
-        if stream_time <= current:
-            return []
-        self._stream_time = stream_time
-        self._idle_advanced = True
-        self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
+    def _closed_by(self, stream_time: int) -> list[Any]:
         return self._close_sessions(stream_time)
 
     def update_session(

@@ -161,17 +161,6 @@ class SlidingState(WindowState):
         self._ensure_windows()
         return self._sliding.closes_at(self._closing_windows[0][0]) if self._closing_windows else None
 
-    def advance_idle(self, stream_time: int) -> list[Any]:
-        self._ensure_windows()
-        current = self._stream_time
-        assert current is not None
-        if stream_time <= current:
-            return []
-        self._stream_time = stream_time
-        self._idle_advanced = True
-        self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
-        return self._close(stream_time)
-
     def update(self, starts: list[int], value: Any, first: Callable[[Any], Any], add: Callable[[Any, Any], Any]) -> Any:
         raise TypeError("a sliding store's windows are updated with update_sliding")
 

@@ -203,14 +203,15 @@ class WindowState(LiveState, CommittedStreamTime):
     def advance_idle(self, stream_time: int) -> list[Any]:
         """Move stream time to `stream_time` without a record (the partition is idle: see
         `paths.idle_windows`), as a change of the current message; returns the windows it closed."""
-        self._ensure_index()
-        current = self._stream_time
-        assert current is not None
-        if stream_time <= current:
+        if stream_time <= self.stream_time:
             return []
         self._stream_time = stream_time
         self._idle_advanced = True
         self._cache.put_live(STREAM_TIME_KEY, stream_time, self._offset)
+        return self._closed_by(stream_time)
+
+    def _closed_by(self, stream_time: int) -> list[Any]:
+        """The open windows (or sessions) that `stream_time` closes, taken out of the index."""
         return self._close(stream_time)
 
     def merge_batch(

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 from support.core_helpers import opened_partition
+from support.window_feed import feed
 
 from dagster_stateful.core import AppConfig, ConfigurationError, JsonSerde, Sum
 from dagster_stateful.core.config import ErrorPolicy
@@ -68,17 +69,6 @@ def setup(store: StorePartition, kind: str) -> tuple[StreamingDataFrame, Partiti
     idle = idle_windows(config, frame, lambda topic, key, value: sent.append((topic, key, value)), bad_input, CLOCK)
     assert idle is not None
     return frame, txn, idle, sent
-
-
-def feed(frame: StreamingDataFrame, txn: PartitionTransaction, orders: list[tuple[str, int, int]], start: int = 0):
-    outputs = []
-    for offset, (customer, timestamp, value) in enumerate(orders, start):
-        txn.begin_message(customer.encode(), offset)
-        for window in txn.window_list:
-            window.timestamp = timestamp
-        outputs.append(frame.run({"customer": customer, "amount": value}, txn.views))
-        txn.accept_message(offset)
-    return outputs
 
 
 def results(sent: list[tuple[str, bytes | None, bytes]]) -> list[tuple[str, int, Any]]:

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from support.core_helpers import opened_partition
 from support.session_model import replay_sessions
+from support.window_feed import commit, feed
 
 from dagster_stateful.core import Aggregate, AppConfig, BytesSerde, Collect, ConfigurationError, Count, JsonSerde, Sum
 from dagster_stateful.core.processing.dsl.dataframe import StepFailed, StreamingDataFrame
@@ -52,28 +53,9 @@ def transaction(store: StorePartition, frame: StreamingDataFrame, committed: int
     return PartitionTransaction(0, {"sessions": store}, JsonSerde(), committed, live_stores=frame.live_stores)
 
 
-def feed(frame: StreamingDataFrame, txn: PartitionTransaction, orders: list[tuple[str, int, int]], start: int = 0):
-    """(customer, timestamp, amount) orders through the frame, as the worker does; what each passed on."""
-    outputs = []
-    for offset, (customer, timestamp, value) in enumerate(orders, start):
-        txn.begin_message(customer.encode(), offset)
-        for window in txn.window_list:
-            window.timestamp = timestamp
-        outputs.append(frame.run({"customer": customer, "amount": value}, txn.views))
-        txn.accept_message(offset)
-    return outputs
-
-
 def results(outputs: list[Any]) -> list[tuple[str, int, int, Any]]:
     """(customer, start, end, value) of every session result passed on, in order."""
     return [(key.decode(), item["start"], item["end"], item["value"]) for out in outputs for key, item in out]
-
-
-def commit(txn: PartitionTransaction, store: StorePartition) -> None:
-    txn.prepare_commit()
-    changes = txn.changes("sessions")
-    store.commit(((key, value) for key, value, _ in changes), None, txn.offset_to_commit)
-    txn.committed()
 
 
 def stored_sessions(store: StorePartition) -> dict[tuple[str, int], tuple[int, Any]]:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from support.core_helpers import opened_partition
+from support.window_feed import commit, feed
 
 from dagster_stateful.core import AppConfig, Collect, ConfigurationError, Count, JsonSerde, Sum
 from dagster_stateful.core.processing.dsl.dataframe import StepFailed, StreamingDataFrame
@@ -51,29 +52,9 @@ def transaction(store: StorePartition, frame: StreamingDataFrame, committed: int
     return PartitionTransaction(0, {"windows": store}, JsonSerde(), committed, live_stores=frame.live_stores)
 
 
-def feed(frame: StreamingDataFrame, txn: PartitionTransaction, orders: list[tuple[str, int, int]], start: int = 0):
-    """(customer, timestamp, amount) orders through the frame, as the worker does; what each passed on."""
-    outputs = []
-    for offset, (customer, timestamp, value) in enumerate(orders, start):
-        txn.begin_message(customer.encode(), offset)
-        for window in txn.window_list:
-            window.timestamp = timestamp
-        outputs.append(frame.run({"customer": customer, "amount": value}, txn.views))
-        txn.accept_message(offset)
-    return outputs
-
-
 def results(outputs: list[Any]) -> list[tuple[str, int, Any]]:
     """(customer, window start, value) of every window result passed on, in order."""
     return [(key.decode(), item["start"], item["value"]) for out in outputs for key, item in out]
-
-
-def commit(txn: PartitionTransaction, store: StorePartition) -> None:
-    """As the worker commits: expiries first, then the changes with the offset."""
-    txn.prepare_commit()
-    changes = txn.changes("windows")
-    store.commit(((key, value) for key, value, _ in changes), None, txn.offset_to_commit)
-    txn.committed()
 
 
 def stored_windows(store: StorePartition) -> dict[tuple[str, int], Any]:
