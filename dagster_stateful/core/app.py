@@ -39,6 +39,7 @@ from dagster_stateful.core.kafka.provisioning import (
 from dagster_stateful.core.monitoring.listeners import Listeners, RestoreListener, StateListener
 from dagster_stateful.core.monitoring.report import RestoreReport, WorkerReport
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.interval_joins import JoinedStream
 from dagster_stateful.core.processing.dsl.joins import GlobalTable, Table
 from dagster_stateful.core.processing.lifecycle import SHUTDOWN_GRACE_SECONDS
 from dagster_stateful.core.processing.worker.loop import RunLimits, Worker
@@ -313,6 +314,13 @@ class App(AppQueries):
         self.config = self.config.replace(tables={**self.config.tables, name: topic})
         self._tables = {**self._tables, name: table}
         return table
+
+    def stream(self, topic: str, name: str | None = None, value_serde: Serde | str = "json") -> JoinedStream:
+        """A stream to join with the app's own on the message key (`dataframe().join_interval(stream)`,
+        Kafka Streams' KStream-KStream join): `topic` must have as many partitions as the app's task
+        topic, keyed alike (the keys' bytes are compared). A worker reads partition N of it beside
+        its task partition N, in timestamp order, its position committed with the task's offset."""
+        return JoinedStream(name or topic, topic, resolve_serde(value_serde))
 
     def partitioned_table(self, name: str) -> Table:
         """The partitioned table named `name` (see `table`)."""

@@ -86,6 +86,8 @@ class WorkerReport:
     """Messages that arrived after every window they belong to had closed (dead-lettered ones included)."""
     timers_fired: int = 0
     """Timers whose `on_timer` function ran (again after a roll-back, where a firing is redone)."""
+    stream_records_joined: int = 0
+    """Records of an interval join's joined stream processed (again after a roll-back too)."""
     windows_closed_idle: int = 0
     """Windows (or sessions) closed because their partition was idle (`final(advance_when_idle=...)`)."""
     messages_in_columns: int = 0

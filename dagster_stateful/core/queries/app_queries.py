@@ -26,6 +26,7 @@ from dagster_stateful.core.queries.tables import TablePartitionDescription, desc
 from dagster_stateful.core.recovery.verification import Digest, replay_digest
 from dagster_stateful.core.state.decoding import RowDecoder, StoreShape
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.interval_join_state import IntervalJoinBounds
 from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.sliding_state import SlidingBounds
@@ -101,6 +102,8 @@ class AppQueries(ABC):
             if isinstance(bounds, SessionBounds)
             else "sliding windows"
             if isinstance(bounds, SlidingBounds)
+            else "interval join records"
+            if isinstance(bounds, IntervalJoinBounds)
             else "windows"
         )
         if spec.ttl_ms is not None:

@@ -70,6 +70,14 @@ JOIN_STREAM_TIME = "join:stream-time"
 """The metadata entry of the stream time the grace of a versioned table join is measured in."""
 
 
+STREAM_ENTRY_PREFIX = "stream:"
+
+
+def stream_entry(stream: str) -> str:
+    """The metadata entry of a joined stream's position (the next of its records to process)."""
+    return STREAM_ENTRY_PREFIX + stream
+
+
 def table_entry(table: str) -> str:
     """The metadata entry of `table`'s position (table names, as store names, hold no ':')."""
     return TABLE_ENTRY_PREFIX + table

@@ -19,6 +19,7 @@ from itertools import repeat
 
 from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
+from dagster_stateful.core.state.interval_join_state import IntervalJoinBounds, IntervalJoinState
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
@@ -43,6 +44,7 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     WindowState: timed_variant(WindowState, live.TIMED_OPERATIONS),
     SessionState: timed_variant(SessionState, live.TIMED_OPERATIONS),
     SlidingState: timed_variant(SlidingState, live.TIMED_OPERATIONS),
+    IntervalJoinState: timed_variant(IntervalJoinState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
 
@@ -50,11 +52,13 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
 def _window_view(
     partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds | SessionBounds
 ) -> WindowState:
-    """The view of a store of time windows, sliding windows or sessions."""
+    """The view of a store of time windows, sliding windows, sessions or an interval join's records."""
     if isinstance(bounds, SessionBounds):
         return SessionState(partition, cache, serde, bounds)
     if isinstance(bounds, SlidingBounds):
         return SlidingState(partition, cache, serde, bounds)
+    if isinstance(bounds, IntervalJoinBounds):
+        return IntervalJoinState(partition, cache, serde, bounds)
     return WindowState(partition, cache, serde, bounds)
 
 
@@ -150,6 +154,8 @@ class PartitionTransaction:
 
     @property
     def has_progress(self) -> bool:
+        if self.participant is not None and self.participant.needs_commit and self.next_offset is not None:
+            return True
         return self.next_offset is not None and self.next_offset != self.committed_offset
 
     @property

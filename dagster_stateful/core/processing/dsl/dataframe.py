@@ -30,14 +30,15 @@ from typing import Any
 from dagster_stateful.core.config import Repartition
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf, refuse_group_by
+from dagster_stateful.core.processing.dsl.interval_joins import (
+    IntervalJoin,
+    IntervalJoinDeclarations,
+    PairMerge,
+    StreamJoin,
+    interval_join_calls,
+)
 from dagster_stateful.core.processing.dsl.joins import (
-    GlobalTable,
-    JoinHow,
-    OnMerge,
     Table,
-    TableKeyOf,
-    join_function,
-    table_join_function,
 )
 from dagster_stateful.core.processing.dsl.sessions import Sessions
 from dagster_stateful.core.processing.dsl.steps import (
@@ -56,19 +57,19 @@ from dagster_stateful.core.processing.dsl.steps import (
     run_chain,
     step_call,
 )
+from dagster_stateful.core.processing.dsl.table_join_declarations import TableJoinDeclarations
 from dagster_stateful.core.processing.dsl.timers import OnTimer, Timer
 from dagster_stateful.core.processing.dsl.window_declarations import AnyWindows, WindowDeclarations
-from dagster_stateful.core.processing.dsl.windows import Duration, Emit, Windows
+from dagster_stateful.core.processing.dsl.windows import Emit, Windows
 from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.session_state import SessionBounds
-from dagster_stateful.core.state.stores import as_ms
 from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError
 
 __all__ = ["DROPPED", "CommitEmission", "Step", "StepFailed", "StreamingDataFrame", "Views"]
 
 
-class StreamingDataFrame(WindowDeclarations):
+class StreamingDataFrame(WindowDeclarations, IntervalJoinDeclarations, TableJoinDeclarations):
     """The app's steps, in order. Methods add a step and return the same frame."""
 
     def __init__(
@@ -96,6 +97,8 @@ class StreamingDataFrame(WindowDeclarations):
         """The global tables the steps join with, by name (those before `group_by` are in its
         `Repartition.joined_before`)."""
         self.timers: OnTimer | None = None
+        self.stream_join: StreamJoin | None = None
+        """The interval join with another stream (`join_interval`), whose records the worker runs through it."""
         """What the app calls when a timer fires (`on_timer`), and the store the timers are kept in."""
         self.source_table_joins: dict[str, tuple[Table, int]] = {}
         """The partitioned tables joined before `group_by`, on the source's message key: co-partitioned
@@ -172,6 +175,11 @@ class StreamingDataFrame(WindowDeclarations):
         ]
 
     @property
+    def stream_join_after(self) -> Chain:
+        """The steps after the interval join, which its results for the joined stream's records go through."""
+        return () if self.stream_join is None else self._chain[self.stream_join.after_index :]
+
+    @property
     def is_windowed(self) -> bool:
         return any(step.windows is not None for step in self.steps)
 
@@ -190,60 +198,6 @@ class StreamingDataFrame(WindowDeclarations):
     def filter(self, function: Callable[..., Any], *, stateful: bool = False, store: str | None = None):
         """Keep the value only when `function` returns true."""
         return self._add(StepKind.FILTER, function, stateful, store)
-
-    def join(
-        self,
-        table: GlobalTable | Table,
-        *,
-        on: str | TableKeyOf | None = None,
-        how: JoinHow = "inner",
-        on_merge: OnMerge = "raise",
-        grace: Duration = 0,
-    ):
-        """Join each record with `table`, merging the table's row into the record (`on_merge`: "raise"
-        on a field both have, "keep-left", "keep-right", or a function `(value, row) -> value`);
-        how="inner" drops a record the table has no row for, "left" passes it on unchanged.
-
-        With a global table (`App.global_table`, Kafka Streams' KStream-GlobalKTable join), `on` (a
-        field of the value, or a function of it) is the table key, looked up in the table's latest
-        values; the join keeps no state, so it may come before `group_by`.
-
-        With a partitioned table (`App.table`, a KStream-KTable join), the record's message key is the
-        table key: the source's key before `group_by` (the table co-partitioned with the source), the
-        new key after it (co-partitioned with the repartition topic). A plain table gives its value
-        when the record is processed, the partitions of both topics taken in timestamp order; a
-        versioned table its value as of the record's timestamp, after the record waited `grace`
-        (stream time, KIP-923; after `group_by` only) for table updates that arrive late."""
-        if isinstance(table, Table):
-            return self._join_table(table, on, how, on_merge, as_ms(grace, "join grace"))
-        if not isinstance(table, GlobalTable):
-            raise ConfigurationError(f"join needs a table from App.global_table(...) or App.table(...), got {table!r}")
-        if on is None:
-            raise ConfigurationError(f"a join with global table {table.name!r} needs on= a field or a function")
-        if grace:
-            raise ConfigurationError("grace= applies to a join with a versioned table (App.table(..., history=...))")
-        self.global_joins.append(table.name)
-        return self._append(Step(StepKind.JOIN, join_function(table, on, how, on_merge), None))
-
-    def _join_table(self, table: Table, on: object, how: JoinHow, on_merge: OnMerge, grace_ms: int):
-        if on is not None:
-            raise ConfigurationError(
-                f"table {table.name!r} is partitioned: it joins on the message key, not on={on!r}. Re-key the records "
-                "by that field with group_by first, or join a global table (App.global_table) on it."
-            )
-        if grace_ms and not table.versioned:
-            raise ConfigurationError(
-                f"grace= needs a versioned table (App.table(..., history=...)): table {table.name!r} keeps only "
-                "its latest values, which cannot answer for a record's timestamp once they changed"
-            )
-        if table.name in self.table_joins or table.name in self.source_table_joins:
-            raise ConfigurationError(f"the steps already join table {table.name!r}; join each table once")
-        if self.table_joins and grace_ms != next(iter(self.table_joins.values()))[1]:
-            raise ConfigurationError("joins with several tables need the same grace= (a record waits once)")
-        self._refuse_after_per_commit("a table join")
-        self._refuse_after_windows("a table join")
-        self.table_joins[table.name] = (table, grace_ms)
-        return self._append(Step(StepKind.JOIN, table_join_function(table, how, on_merge), None))
 
     def group_by(self, key: str | KeyOf, *, name: str | None = None, partitions: int | None = None):
         """Re-key each record by `key`, a field of its value or a function of it, as Kafka Streams'
@@ -332,6 +286,21 @@ class StreamingDataFrame(WindowDeclarations):
             )
         self._refuse_after_windows("a windowed aggregation")
         return self._append(Step(StepKind.WINDOW, aggregator, resolved, name, windows, emit, idle_ms=idle_ms))
+
+    def _add_interval_join(self, join: IntervalJoin, on_merge: PairMerge, store: str | None) -> StreamingDataFrame:
+        if self.stream_join is not None or self.table_joins:
+            raise ConfigurationError("an app's steps join one stream, and then no partitioned table")
+        resolved = self._resolve_store(store)
+        self._refuse_expiring(resolved, "an interval join")
+        if resolved in self._evicting or any(step.store == resolved for step in self.steps):
+            raise ConfigurationError(f"an interval join keeps its records in a store of its own, not {resolved!r}")
+        self._refuse_after_windows("an interval join")
+        self._refuse_after_per_commit("an interval join")
+        name = f"join {join.stream.name}"
+        left, right = interval_join_calls(resolved, name, on_merge)
+        self._append(Step(StepKind.WINDOW, left, resolved, name, join))
+        self.stream_join = StreamJoin(join, resolved, right, len(self._chain))
+        return self
 
     def _refuse_expiring(self, store: str, what: str) -> None:
         """Refuse a store with a ttl (or, for an aggregation, the store of the app's timers) for `what`."""

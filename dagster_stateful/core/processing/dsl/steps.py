@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.sessions import Sessions, session_result
@@ -25,7 +25,7 @@ from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.session_state import SessionState
 from dagster_stateful.core.state.sliding_state import SlidingState
-from dagster_stateful.core.state.window_state import WindowState
+from dagster_stateful.core.state.window_state import WindowBounds, WindowState
 from dagster_stateful.errors import StateStoreError
 
 DROPPED = object()
@@ -71,6 +71,20 @@ class StepFailed(Exception):
         self.error = error
 
 
+class OwnWindows(Protocol):
+    """The definition of a window step that makes its own call (an interval join's, `interval_joins`)."""
+
+    kind: str
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def bounds(self) -> WindowBounds: ...
+
+    def changelog_config(self) -> dict[str, str]: ...
+
+
 @dataclass(frozen=True)
 class Step:
     kind: StepKind
@@ -79,8 +93,8 @@ class Step:
     """The store a stateful step reads and writes; None for a stateless step."""
     aggregation: str | None = None
     """An aggregate step's name: the state key of its aggregates (of a window step: its name only)."""
-    windows: Windows | SlidingWindows | Sessions | None = None
-    """A window step's windows (or sliding windows, or sessions)."""
+    windows: Windows | SlidingWindows | Sessions | OwnWindows | None = None
+    """A window step's windows (or sliding windows, sessions, or an interval join's reach)."""
     emit: Emit = "current"
     """A window step's results: each update ("current") or each window once it closes ("final")."""
     per_commit: bool = False
@@ -241,12 +255,14 @@ def step_call(step: Step) -> StepCall:
     """The step as a function of (value, states): it raises `StepFailed` for what the step raises,
     except `StateStoreError`, which passes through."""
     function, store, name = step.function, step.store, step.name
+    if step.windows is not None and not isinstance(function, Aggregator):
+        return function  # an interval join's call of (value, states), made by `interval_joins`
     if isinstance(function, Aggregator):
         if isinstance(step.windows, Sessions):
             return _call_sessions(step, function, step.windows)
         if isinstance(step.windows, SlidingWindows):
             return _call_sliding(step, function, step.windows)
-        if step.windows is not None:
+        if isinstance(step.windows, Windows):
             return _call_windowed(step, function, step.windows)
         return _call_fold(step, function)
 

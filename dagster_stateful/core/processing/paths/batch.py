@@ -53,6 +53,14 @@ class RecordTables(Protocol):
         ...
 
 
+class JoinedRecords(Protocol):
+    """An interval join's joined stream (`worker.joined_streams.JoinedStreams`)."""
+
+    def before(self, txn: PartitionTransaction, timestamp: int) -> None:
+        """Process the joined stream's records up to `timestamp` in `txn`'s partition."""
+        ...
+
+
 class BatchProcessor:
     """Processes consumed messages into the worker's partition transactions."""
 
@@ -68,12 +76,15 @@ class BatchProcessor:
         on_damage: Callable[[int, StoreCorruptedError], None],
         tables: RecordTables | None = None,
         firing: TimerFiring | None = None,
+        streams: JoinedRecords | None = None,
     ) -> None:
         """transactions: the worker's, by source partition (kept up to date by its rebalance callbacks);
         produce: (topic, key, value), the commit path's; counts: messages processed per partition,
         updated in place; on_damage(partition, error): recover a store found damaged; tables: the
         partitioned tables the steps join with (None: none); firing: what fires the app's stream-time
-        timers between two messages (None: it has none)."""
+        timers between two messages (None: it has none); streams: an interval join's joined stream,
+        whose records up to each message's timestamp are processed before it (None: none)."""
+        self._streams = streams
         self._tables = tables
         self._firing = firing
         self._config = config
@@ -139,7 +150,7 @@ class BatchProcessor:
         key_check, value_loads, run_steps = self._key_check, self._value_loads, self._run_steps
         stateful, output, prefixes, tables = self._stateful, self._output, self._prefixes, self._tables
         states, begin, journals, windows = txn.views, txn.begin_scoped, txn.journals, txn.window_list
-        observing, firing = txn.observing, self._firing if txn.timers is not None else None
+        observing, firing, streams = txn.observing, self._firing if txn.timers is not None else None, self._streams
         timed = bool(windows or observing)
         done = 0
         try:
@@ -149,6 +160,8 @@ class BatchProcessor:
                 message = messages[index + done]
                 if message.partition() != partition or message.error() is not None:
                     break
+                if streams is not None:
+                    streams.before(txn, message.timestamp()[1])
                 offset: int = message.offset()  # type: ignore[assignment]  # set: same partition as the first
                 raw_key, raw_value = message.key(), message.value()
                 try:

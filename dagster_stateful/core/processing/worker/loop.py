@@ -7,7 +7,8 @@ assigned partition at its end), after `max_messages` or `max_seconds`, or on SIG
 a clean close. Rebalances are `rebalance.PartitionAssignments`'. Under exactly-once the producer is
 transactional (one transactional id per worker), the consumer reads `read_committed`, an aborted transaction
 rewinds every partition to its committed offset, and runs pinned to partitions are refused. On each turn of the
-loop the wall clock fires timers (`timer_firing`) and closes idle partitions' windows (`idle_windows`).
+loop the wall clock fires timers (`timer_firing`), closes idle partitions' windows (`idle_windows`), and a
+joined stream's records are processed where the task partition is at its end (`joined_streams`).
 
 A run with `max_seconds` ends within it plus its grace (`RunLimits.grace_seconds`), whatever the brokers
 do: commits and admin calls give up `lifecycle.CLOSE_RESERVE_SECONDS` before that end (`CommitTimeoutError`
@@ -52,6 +53,7 @@ from dagster_stateful.core.processing.standbys.replicas import standbys_for
 from dagster_stateful.core.processing.worker.batch_routing import partitioned_tables, worker_path
 from dagster_stateful.core.processing.worker.client_settings import worker_consumer_config, worker_producer_config
 from dagster_stateful.core.processing.worker.global_tables import GlobalTables
+from dagster_stateful.core.processing.worker.joined_streams import joined_streams
 from dagster_stateful.core.processing.worker.progress import Progress
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
 from dagster_stateful.core.recovery.restorer import Restorer
@@ -76,6 +78,7 @@ CONSUME_BATCH = 1000
 CAUGHT_UP_CHECK_INTERVAL = 0.5
 EMPTY_ASSIGNMENT_GRACE = 5.0
 """Seconds a worker must hold no partition, after joining, before a bounded run may stop idle."""
+_CONSUMERS = (("_consumer", "consumer"), ("_restore_consumer", "restore consumer"), ("_offset_reader", "offset reader"))
 
 
 class Worker:
@@ -183,6 +186,7 @@ class Worker:
             report.messages_in_columns = self._batches.messages_in_columns
             report.table_records_applied = self._tables.applied + self._source_tables.applied
             report.timers_fired = self._firing.fired if self._firing else 0
+            report.stream_records_joined = self._streams.processed if self._streams else 0
             report.windows_closed_idle = self._idle.closed if self._idle else 0
             try:
                 report.lag, *upstream = self._progress.lags()
@@ -227,6 +231,8 @@ class Worker:
             config, self._dataframe, self._bad_input, self._committer.produce, self.report.rekeyed, self._source_tables
         )
         self._purge = RepartitionPurge.of_app(config, kafka)
+        parts = (self._bad_input, self._committer.produce, self._commit_deadline, self._consumer)
+        self._streams = joined_streams(config, self._dataframe, kafka, *parts)
         self._assignments = PartitionAssignments(
             config,
             kafka,
@@ -244,16 +250,15 @@ class Worker:
             standbys=self._standbys,
             background=background_restores(config, kafka, self.listeners, self.state),
             rekeying=self._rekeying,
-            tables=self._tables or None,
+            tables=self._tables or self._streams,
         )
         waiting = self._tables.first_waiting if self._tables.grace_ms else None
-        self._progress = Progress(
-            kafka, self._consumer, config, self._assignments, self.partitions is not None, waiting
-        )
+        pinned = self.partitions is not None
+        self._progress = Progress(kafka, self._consumer, config, self._assignments, pinned, waiting, self._streams)
         self._transactions = self._assignments.transactions
         self._firing = timer_firing(config, self._dataframe, self._committer.produce, self._bad_input)
         self._idle = idle_windows(config, self._dataframe, self._committer.produce, self._bad_input)
-        self._clock_turns = [clocked.on_wall_clock for clocked in (self._firing, self._idle) if clocked is not None]
+        self._clock_turns = [t.on_wall_clock for t in (self._firing, self._idle, self._streams) if t is not None]
         per_message = partial(
             BatchProcessor,
             config,
@@ -265,6 +270,7 @@ class Worker:
             self.report.messages_processed,
             self._recover_damaged,
             firing=self._firing,
+            streams=self._streams,
         )
         self._batches, self._consume_batch = worker_path(
             config, self._dataframe, per_message, CONSUME_BATCH, self._tables, self._rekeying
@@ -427,18 +433,11 @@ class Worker:
                 assignments.close_all()
             except StateStoreError as error:
                 close_error = error
-        consumer = getattr(self, "_consumer", None)
-        if consumer is not None:
-            self._consumer_calls.close(
-                f"closing the consumer of {self.config.name!r}", consumer.close, self._close_time()
-            )
-        for name, what in (("_restore_consumer", "restore consumer"), ("_offset_reader", "offset reader")):
-            client = getattr(self, name, None)
-            if client is not None:
-                BoundedCalls(what).close(
-                    f"closing the {what} of {self.config.name!r}", client.close, self._close_time()
-                )
-        for tables in (getattr(self, name, None) for name in ("_globals", "_tables", "_source_tables")):
+        for name, what in _CONSUMERS:
+            if (client := getattr(self, name, None)) is not None:
+                calls = self._consumer_calls if name == "_consumer" else BoundedCalls(what)
+                calls.close(f"closing the {what} of {self.config.name!r}", client.close, self._close_time())
+        for tables in (getattr(self, name, None) for name in ("_globals", "_tables", "_source_tables", "_streams")):
             if tables is not None:
                 tables.close_all(self._close_time())
         committer = getattr(self, "_committer", None)

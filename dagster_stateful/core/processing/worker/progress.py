@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.lag import partition_lag
+from dagster_stateful.core.processing.worker.joined_streams import JoinedStreams
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
 
 
@@ -37,10 +38,13 @@ class Progress:
         assignments: PartitionAssignments,
         pinned: bool = False,
         waiting: Callable[[int], int | None] | None = None,
+        streams: JoinedStreams | None = None,
     ) -> None:
         """pinned: the run holds chosen partitions of the state's topic only (a re-keying app's
         source is then left to the group's runs). waiting: the offset of the first record of a task
-        partition that waits for a join's grace (read, not processed), or None."""
+        partition that waits for a join's grace (read, not processed), or None. streams: an interval
+        join's joined stream, whose partitions held here must be processed to their ends too."""
+        self._streams = streams
         self._waiting = waiting
         self._pinned = pinned
         self._kafka = kafka
@@ -114,6 +118,8 @@ class Progress:
         if self._assignments.holds_nothing:
             return idle and not any(any(lag.values()) for lag in self.lags())
         if any(any(self.held_lag(topic, held).values()) for topic, held in self._held()):
+            return False
+        if self._streams is not None and not self._streams.caught_up(self._assignments.transactions):
             return False
         rekeying = self._assignments.rekeying
         # The repartition topic's partitions held here are fed by every member's source partitions.

@@ -31,11 +31,11 @@ from dagster_stateful.core.processing.restores.state_updater import Restorations
 from dagster_stateful.core.processing.standbys.replicas import StandbyReplicas
 from dagster_stateful.core.processing.worker.starting_offsets import StartingOffsets, reset_position
 from dagster_stateful.core.processing.worker.store_opening import StoreOpener, damaged_store
-from dagster_stateful.core.processing.worker.tables import PartitionedTables
 from dagster_stateful.core.recovery.restorer import Restorer
 from dagster_stateful.core.recovery.snapshot_format import SnapshotStore
 from dagster_stateful.core.state.commit_metadata import decode_commit_metadata
 from dagster_stateful.core.state.directory import StateDirectory
+from dagster_stateful.core.state.participant import Partners
 from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.core.state.window_state import WindowBounds
@@ -63,7 +63,7 @@ class PartitionAssignments:
         background: BackgroundRestores | None = None,
         standbys: StandbyReplicas | None = None,
         rekeying: Rekeying | None = None,
-        tables: PartitionedTables | None = None,
+        tables: Partners | None = None,
     ) -> None:
         """live_stores: the stores of aggregations, with their windows' bounds, and timer_store the
         store of the app's timers (see `PartitionTransaction`). snapshots: the snapshots of a store,

@@ -67,6 +67,11 @@ class TaskTables:
         first = self.released or self.waiting
         return position_of(first[0]) if first else None
 
+    @property
+    def needs_commit(self) -> bool:
+        """Never on its own: tables are applied only before the task's records, which move its offset."""
+        return False
+
     def positions_to_commit(self) -> dict[str, int]:
         positions = {table_entry(held.table.name): held.applied for held in self.held}
         if self._owner.grace_ms:
