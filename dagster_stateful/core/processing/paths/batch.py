@@ -56,8 +56,9 @@ class RecordTables(Protocol):
 class JoinedRecords(Protocol):
     """An interval join's joined stream (`worker.joined_streams.JoinedStreams`)."""
 
-    def before(self, txn: PartitionTransaction, timestamp: int) -> None:
-        """Process the joined stream's records up to `timestamp` in `txn`'s partition."""
+    def before(self, txn: PartitionTransaction, timestamp: int, offset: int) -> None:
+        """Process the joined stream's records up to `timestamp` in `txn`'s partition, before its
+        record at `offset`."""
         ...
 
 
@@ -161,7 +162,7 @@ class BatchProcessor:
                 if message.partition() != partition or message.error() is not None:
                     break
                 if streams is not None:
-                    streams.before(txn, message.timestamp()[1])
+                    streams.before(txn, message.timestamp()[1], message.offset())  # type: ignore[arg-type]
                 offset: int = message.offset()  # type: ignore[assignment]  # set: same partition as the first
                 raw_key, raw_value = message.key(), message.value()
                 try:

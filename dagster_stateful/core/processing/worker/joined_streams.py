@@ -225,12 +225,14 @@ class JoinedStreams:
 
     # Processing.
 
-    def before(self, txn: PartitionTransaction, timestamp: int) -> None:
-        """A task record at `timestamp` comes next in `txn`'s partition: process the stream's records
-        up to it first."""
+    def before(self, txn: PartitionTransaction, timestamp: int, offset: int) -> None:
+        """The task record at `offset` and `timestamp` comes next in `txn`'s partition: process the
+        stream's records up to it first."""
         side = self.sides.get(txn.partition)
         if side is None:
             return
+        if txn.next_offset is None:
+            txn.next_offset = offset  # the partition's first record: where it is committed from
         if not _holds_later(side, timestamp):
             self._fetch_past(side, timestamp)
         pending = side.pending

@@ -1,0 +1,195 @@
+"""Interval joins under a real worker and broker: orders joined with their payments, two
+co-partitioned topics read in timestamp order, the state deleted between two runs (the second
+restores both sides from the aggressively compacted changelog and goes on from the stream position
+its commit recorded), judged against the join recomputed from the two topics alone: every pair
+once (exactly-once: exactly; at-least-once: none missing), every order without a payment and every
+payment without an order sent alone once stream time passed its reach and grace, none sent early.
+Also: topics that are not co-partitioned are refused, and bad payments go to the error policy."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+from support.core_helpers import FAST_COMMITS, FAST_GROUP
+from support.kafka_helpers import create_topic, read_committed, read_messages
+
+from dagster_stateful.core import App
+from dagster_stateful.errors import TopicMismatchError
+
+PARTITIONS = 2
+WITHIN, GRACE = 60_000, 5_000
+EPOCH = time.time_ns() // 1_000_000 - 36_000_000
+"""The first order's time: ten hours ago, so no retention by time deletes the records under test."""
+AGGRESSIVE_COMPACTION = {"segment.ms": "300", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}
+
+Result = tuple[str, int | None, int | None]
+"""(order key, order id or None, payment id or None)."""
+
+
+def orders_and_payments(rng: random.Random, count: int) -> tuple[list, list]:
+    """(key, value, timestamp) orders 500 ms apart, and payments for most of them 0-90 s later
+    (some past the join's minute), a few twice, and a few payments of no order; each topic in
+    timestamp order but for disorder within the grace."""
+    orders, payments = [], []
+    for i in range(count):
+        key, at = f"o{i}".encode(), EPOCH + i * 500
+        orders.append((key, orjson.dumps({"order": i}), at + rng.randrange(GRACE // 2)))
+        for n in range(rng.choice([0, 1, 1, 1, 1, 2])):
+            payments.append((key, orjson.dumps({"payment": i * 10 + n}), at + rng.randrange(90_000)))
+        if rng.random() < 0.05:
+            payments.append((f"x{i}".encode(), orjson.dumps({"payment": -i}), at + rng.randrange(10_000)))
+    return orders, sorted(payments, key=lambda payment: payment[2] + rng.randrange(GRACE // 2))
+
+
+def before_and_after(records: list, cut: int) -> tuple[list, list]:
+    """The records earlier than `cut`, and the others (as a source has them before and after a time)."""
+    return [r for r in records if r[2] < cut], [r for r in records if r[2] >= cut]
+
+
+def produce(bootstrap: str, topic: str, records: list) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for key, value, timestamp in records:
+        producer.produce(topic, key=key, value=value, timestamp=timestamp)
+    assert producer.flush(30) == 0
+
+
+def recomputed(bootstrap: str, orders: str, payments: str) -> Counter[Result]:
+    """The outer join of the two topics as Kafka has them, partition by partition: pairs within
+    [order time, order time + WITHIN], and each record of either side without a partner once its
+    partition's stream time passed its reach plus the grace."""
+    sides: dict[int, dict[str, list]] = {}
+    for side, topic in (("order", orders), ("payment", payments)):
+        for message in read_messages(bootstrap, topic):
+            value = orjson.loads(message.value())
+            record = (message.key().decode(), message.timestamp()[1], value[side])
+            sides.setdefault(message.partition(), {"order": [], "payment": []})[side].append(record)
+    results: Counter[Result] = Counter()
+    for held in sides.values():
+        stream_time = max(timestamp for records in held.values() for _, timestamp, _ in records)
+        paid, ordered = set(), set()
+        for key, at, order in held["order"]:
+            for payment_key, paid_at, payment in held["payment"]:
+                if payment_key == key and at <= paid_at <= at + WITHIN:
+                    results[(key, order, payment)] += 1
+                    paid.add(order)
+                    ordered.add(payment)
+        for key, at, order in held["order"]:
+            if order not in paid and at + WITHIN + GRACE < stream_time:
+                results[(key, order, None)] += 1
+        for key, at, payment in held["payment"]:
+            if payment not in ordered and at + GRACE < stream_time:
+                results[(key, None, payment)] += 1
+    return results
+
+
+def sent(bootstrap: str, topic: str) -> Counter[Result]:
+    results: Counter[Result] = Counter()
+    for message in read_committed(bootstrap, topic):
+        value = orjson.loads(message.value())
+        results[(message.key().decode(), value.get("order"), value.get("payment"))] += 1
+    return results
+
+
+def join_app(bootstrap: str, orders: str, payments: str, state_dir: Path, name: str, guarantee: str) -> App:
+    app = App(
+        name=name,
+        source=orders,
+        output=f"{name}-joined",
+        stores=["joined"],
+        state_dir=state_dir,
+        kafka=bootstrap,
+        processing_guarantee=guarantee,
+        on_error="dead-letter",
+        consumer_config=FAST_GROUP,
+        changelog_config=AGGRESSIVE_COMPACTION,
+        commit_every=50,
+        **FAST_COMMITS,
+    )
+    paid = app.stream(payments, name="payments")
+    app.to_topic(app.dataframe().join_interval(paid, before=0, after=WITHIN, grace=GRACE, how="outer"))
+    return app
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_an_outer_join_of_orders_and_payments_matches_the_join_recomputed_from_both_topics(
+    kafka_bootstrap, unique_name, tmp_path, guarantee
+):
+    rng = random.Random(29)
+    orders, payments = unique_name("orders"), unique_name("payments")
+    for topic in (orders, payments):
+        create_topic(kafka_bootstrap, topic, PARTITIONS)
+    name = unique_name("paid")
+    create_topic(kafka_bootstrap, f"{name}-joined", PARTITIONS)
+    all_orders, all_payments = orders_and_payments(rng, 600)
+    cut = EPOCH + 300 * 500
+    (first_orders, more_orders), (first_payments, more_payments) = (
+        before_and_after(all_orders, cut),
+        before_and_after(all_payments, cut),
+    )
+    produce(kafka_bootstrap, orders, first_orders)
+    produce(kafka_bootstrap, payments, first_payments)
+    app = join_app(kafka_bootstrap, orders, payments, tmp_path, name, guarantee)
+
+    first = app.run_worker(max_seconds=120)
+    shutil.rmtree(tmp_path / name)
+    produce(kafka_bootstrap, orders, more_orders)
+    produce(kafka_bootstrap, payments, more_payments)
+    second = app.run_worker(max_seconds=120)
+
+    assert first.stop_reason == second.stop_reason == "caught_up"
+    assert second.restores, "the second run restored the deleted state from the changelog"
+    assert first.late == second.late == 0
+    expected, got = recomputed(kafka_bootstrap, orders, payments), sent(kafka_bootstrap, f"{name}-joined")
+    kinds = Counter("pair" if o is not None and p is not None else "alone" for _, o, p in expected)
+    assert kinds["pair"] > 300 and kinds["alone"] > 50, kinds
+    if guarantee == "exactly-once":
+        assert got == expected
+    else:
+        assert set(got) == set(expected), (set(expected) - set(got), set(got) - set(expected))
+    assert first.stream_records_joined + second.stream_records_joined >= len(first_payments) + len(more_payments)
+
+
+def test_a_joined_stream_that_is_not_co_partitioned_is_refused_before_anything_is_processed(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    orders, payments = unique_name("orders"), unique_name("payments")
+    create_topic(kafka_bootstrap, orders, 2)
+    create_topic(kafka_bootstrap, payments, 3)
+    name = unique_name("paid")
+    produce(kafka_bootstrap, orders, [(b"o1", orjson.dumps({"order": 1}), EPOCH)])
+    app = join_app(kafka_bootstrap, orders, payments, tmp_path, name, "at-least-once")
+    with pytest.raises(TopicMismatchError, match=rf"co-partitioned.*{payments} has 3 partitions"):
+        app.run_worker(max_seconds=60)
+
+
+def test_a_payment_that_does_not_decode_is_dead_lettered_with_its_topic_partition_and_offset(
+    kafka_bootstrap, unique_name, tmp_path
+):
+    orders, payments = unique_name("orders"), unique_name("payments")
+    for topic in (orders, payments):
+        create_topic(kafka_bootstrap, topic, 1)
+    name = unique_name("paid")
+    produce(kafka_bootstrap, orders, [(b"o1", orjson.dumps({"order": 1}), EPOCH)])
+    produce(
+        kafka_bootstrap,
+        payments,
+        [(b"o1", b"not json", EPOCH + 1), (b"o1", orjson.dumps({"payment": 10}), EPOCH + 2)],
+    )
+    app = join_app(kafka_bootstrap, orders, payments, tmp_path, name, "at-least-once")
+    report = app.run_worker(max_seconds=60)
+    assert report.stop_reason == "caught_up" and report.dead_lettered == 1
+    (dead,) = read_messages(kafka_bootstrap, app.dead_letter_topic)
+    headers = dict(dead.headers() or [])
+    assert dead.value() == b"not json"
+    assert headers["x-dagster-stateful-source-topic"] == payments.encode()
+    assert headers["x-dagster-stateful-source-partition"] == b"0"
+    assert headers["x-dagster-stateful-source-offset"] == b"0"
+    assert b"joined stream" in headers["x-dagster-stateful-stage"]
+    assert sent(kafka_bootstrap, f"{name}-joined") == Counter({("o1", 1, 10): 1})
