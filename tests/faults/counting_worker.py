@@ -173,6 +173,12 @@ class WorkerSpec:
     customer, and keep only the orders that joined their customer's last profile: a table partition
     missing a customer or holding an older profile would drop its orders, which the judge counts as
     lost ("": no join)."""
+    joined_topic: str = ""
+    """Join every order (left) with the payments of this topic, co-partitioned with the source, in an
+    outer interval join of `join_within_ms` either way with `window_grace_ms` of grace, kept in the
+    store and sent to `output` (required): each pair merged, each record without a partner alone
+    once it closed ("": no join)."""
+    join_within_ms: int = 1_000
     regroup: bool = False
     """Re-key every order by its "customer" field first (`group_by`), through the app's repartition
     topic: the state then belongs to the repartition topic's partitions, under the same keys."""
@@ -228,7 +234,12 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         frame.join(table, on_merge="keep-left").filter(joined_its_latest_profile)
     if spec.regroup:
         frame.group_by("customer")
-    if spec.windowed:
+    if spec.joined_topic:
+        if observe is not None:
+            frame.update(observe)
+        payments = app.stream(spec.joined_topic, name="payments")
+        frame.join_interval(payments, within=spec.join_within_ms, grace=spec.window_grace_ms, how="outer", store=STORE)
+    elif spec.windowed:
         if not spec.output:
             raise ValueError("a windowed worker sends its closed windows to an output topic")
         if observe is not None and not spec.aggregate:
@@ -251,7 +262,7 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         frame.apply(count_order, stateful=True)
     if spec.output:
         app.to_topic(frame, spec.output)
-    if observe is not None and not spec.windowed and not spec.aggregate:
+    if observe is not None and not spec.windowed and not spec.aggregate and not spec.joined_topic:
         frame.update(observe)
     return app
 

@@ -110,6 +110,41 @@ class TimedOrders:
         return orders
 
 
+class PaidOrders:
+    """Orders with event times `step_ms` apart keyed by a random customer of `customers` (values
+    `{"id": i}`), and payments of most of them (`{"payment": j}`, the same key) up to `pay_within_ms`
+    after the order, some twice, produced a slice of event time at a time: each `next` gives the
+    orders it makes and the payments made so far no later than its last order, the others kept for
+    the next slice, so that neither topic ever goes back in time across slices. Within a slice
+    each topic is shuffled by up to `disorder_ms`."""
+
+    def __init__(
+        self, customers: int, rng: random.Random, start_ms: int, pay_within_ms: int = 1_500, disorder_ms: int = 400
+    ) -> None:
+        self.customers, self.rng, self.clock = customers, rng, start_ms
+        self.pay_within_ms, self.disorder_ms = pay_within_ms, disorder_ms
+        self.produced = self.payments = 0
+        self._waiting: list[TimedOrder] = []
+
+    def next(self, count: int) -> tuple[list[TimedOrder], list[TimedOrder]]:
+        orders = []
+        for i in range(self.produced, self.produced + count):
+            self.clock += self.rng.randint(20, 50)
+            customer = f"c{self.rng.randrange(self.customers)}".encode()
+            orders.append((customer, orjson.dumps({"id": i}), self.clock))
+            for _ in range(self.rng.choice([0, 1, 1, 1, 2])):
+                at = self.clock + self.rng.randrange(self.pay_within_ms)
+                self._waiting.append((customer, orjson.dumps({"payment": self.payments}), at))
+                self.payments += 1
+        self.produced += count
+        due = [payment for payment in self._waiting if payment[2] <= self.clock]
+        self._waiting = [payment for payment in self._waiting if payment[2] > self.clock]
+        return self._shuffled(orders), self._shuffled(due)
+
+    def _shuffled(self, records: list[TimedOrder]) -> list[TimedOrder]:
+        return sorted(records, key=lambda record: record[2] + self.rng.randrange(self.disorder_ms))
+
+
 def hours_ago(hours: float) -> int:
     """Now minus `hours`, in ms since the epoch: event times old enough to be clearly past, young
     enough that the broker's time retention (7 days) deletes none of their records."""

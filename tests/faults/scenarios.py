@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -46,7 +47,8 @@ from typing import Any
 import orjson
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
-from support.kafka_helpers import wait_for
+from support.interval_join_model import outer_join_of
+from support.kafka_helpers import read_committed, wait_for
 
 from faults.counting_worker import COMPACT_FAST, PROGRESS_EVERY, STORE, WorkerSpec, build_app
 from faults.harness import (
@@ -55,6 +57,7 @@ from faults.harness import (
     FaultResult,
     KillPoint,
     OrderFeeder,
+    PaidOrders,
     RestartableBroker,
     TimedOrders,
     WorkerProcess,
@@ -380,6 +383,104 @@ def windowed_sigkill_storm(
     result.doubled = len((set(check.wrong) | set(check.store_wrong)) - short)
     result.notes += check.examples()
     return result
+
+
+JOIN_WITHIN_MS = 1_000
+JOIN_MISMATCHES = ("join results missing", "join results never due", "join results doubled")
+"""What `joined_sigkill_storm` finds against the join recomputed from both topics: all 0 under
+exactly-once; under at-least-once only results sent again ("doubled") are allowed."""
+
+
+def joined_sigkill_storm(
+    lab: Lab,
+    orders: int = 3_000,
+    customers: int = 24,
+    partitions: int = 3,
+    kills: int = 10,
+    wipe_share: float = 0.25,
+    guarantee: str = EXACTLY_ONCE,
+) -> FaultResult:
+    """`sigkill_storm` for an outer interval join: orders (keyed by customer, 20-50 ms apart from
+    three hours ago on) joined with their customers' payments (a second topic, co-partitioned, up
+    to 1.5 s after their order: some past the join's second) within `JOIN_WITHIN_MS` either way,
+    with `WINDOW_GRACE_MS` of grace, both sides kept in the store and its changelog. More orders and
+    payments arrive between runs a slice of event time at a time (`PaidOrders`), so records close
+    all through the storm. Judged against the join recomputed from the two topics alone
+    (`outer_join_of`, counters `JOIN_MISMATCHES`): every pair in reach, and every record without a
+    partner once stream time passed its reach and grace, sent (read_committed) exactly once under
+    exactly-once, at least once under at-least-once; nothing else sent, so a record sent alone
+    before its partner came is "never due"."""
+    exactly_once = guarantee == EXACTLY_ONCE
+    result = FaultResult("1j SIGKILL at random points, interval join" + (" (exactly-once)" if exactly_once else ""))
+    paid = PaidOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3))
+    source, payments, output = lab.unique("orders"), lab.unique("payments"), lab.unique("joined")
+    for topic in (source, payments, output):
+        create_topic(lab.bootstrap, topic, partitions)
+
+    def more_orders(count: int) -> None:
+        new_orders, new_payments = paid.next(count)
+        produce_timed_orders(lab.bootstrap, source, new_orders)
+        produce_timed_orders(lab.bootstrap, payments, new_payments)
+
+    more_orders(orders)
+    spec = lab.spec(
+        source,
+        partitions,
+        step_delay=0.01,
+        restore_delay=0.03,
+        restore_batch_size=20,
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=guarantee,
+        output=output,
+        on_error="dead-letter",
+        joined_topic=payments,
+        join_within_ms=JOIN_WITHIN_MS,
+        window_grace_ms=WINDOW_GRACE_MS,
+    )
+    changelog = storm(lab, result, spec, kills, max(MIN_SHARE, orders // (kills + 2)), wipe_share, more_orders)
+    outcome = run_worker(spec, lab.log("final"))
+    result.runs.append(summarize("final", outcome, spec))
+    result.recovery_seconds = outcome.seconds
+    result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
+    count_uncommitted_applied(result, lab)
+    expected = recomputed_join(lab.bootstrap, source, payments)
+    sent: Counter[tuple[str, Any, Any]] = Counter()
+    for message in read_committed(lab.bootstrap, output):
+        value = orjson.loads(message.value() or b"null")
+        sent[(message.key().decode(), value.get("id"), value.get("payment"))] += 1
+    result.messages = sum(expected.values())
+    result.counters["join pairs (recomputed)"] = sum(
+        1 for _, left, right in expected if left is not None and right is not None
+    )
+    result.counters["join results sent alone (recomputed)"] = len(expected) - result.counters["join pairs (recomputed)"]
+    result.counters["join results missing"] = len(set(expected) - set(sent))
+    result.counters["join results never due"] = len(set(sent) - set(expected))
+    result.counters["join results doubled"] = sum(count - 1 for count in sent.values())
+    result.lost = result.counters["join results missing"]
+    result.doubled = result.counters["join results doubled"]
+    result.notes += [
+        f"missing: {sorted(set(expected) - set(sent), key=repr)[:5]}",
+        f"never due: {sorted(set(sent) - set(expected), key=repr)[:5]}",
+    ]
+    return result
+
+
+def recomputed_join(bootstrap: str, orders: str, payments: str) -> Counter[tuple[str, Any, Any]]:
+    """The storm's outer join recomputed from the two topics as Kafka has them, partition by partition."""
+    sides: dict[int, tuple[list, list]] = {}
+    for index, topic in enumerate((orders, payments)):
+        for message in source_messages(bootstrap, topic):
+            key, partition, value = (
+                message.key() or b"",
+                message.partition() or 0,
+                orjson.loads(message.value() or b"null"),
+            )
+            record = (key.decode(), message.timestamp()[1], value["id" if index == 0 else "payment"])
+            sides.setdefault(partition, ([], []))[index].append(record)
+    expected: Counter[tuple[str, Any, Any]] = Counter()
+    for lefts, rights in sides.values():
+        expected += outer_join_of(lefts, rights, JOIN_WITHIN_MS, JOIN_WITHIN_MS, WINDOW_GRACE_MS)
+    return expected
 
 
 def exactly_once_spec(lab: Lab, orders: int, customers: int, partitions: int, **settings: Any) -> WorkerSpec:

@@ -21,6 +21,7 @@ from faults.harness import FaultResult, KillPoint, RestartableBroker
 from faults.scenarios import (
     AT_LEAST_ONCE,
     EXACTLY_ONCE,
+    JOIN_MISMATCHES,
     UNCOMMITTED_APPLIED,
     Lab,
     ReadOnlyMoment,
@@ -28,6 +29,7 @@ from faults.scenarios import (
     broker_outage,
     corrupted_store,
     evicted_member_fenced,
+    joined_sigkill_storm,
     kill_schedule,
     read_only_state,
     recreated_changelog,
@@ -297,6 +299,31 @@ def test_a_windowed_aggregation_sigkilled_at_random_points_emits_every_closed_wi
         assert counters["final windows emitted"] == counters["windows closed (recomputed)"], explain(result)
     else:
         assert_doubles_only_where_compaction_left_gaps(result)
+
+
+@pytest.mark.parametrize("guarantee", [EXACTLY_ONCE, AT_LEAST_ONCE])
+def test_an_interval_join_sigkilled_at_random_points_sends_every_result_due_and_none_early(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    """An outer interval join of orders and payments under SIGKILL storms: under exactly-once each
+    result due (every pair in reach, every record without a partner once closed) appears exactly
+    once, read_committed; under at-least-once at least once; under either, nothing else (a record
+    sent alone before its partner came would be)."""
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    kills = WINDOWED_KILLS[guarantee]
+    result = joined_sigkill_storm(lab, orders=3_000, customers=24, partitions=3, kills=kills, guarantee=guarantee)
+    counters = result.counters
+
+    assert result.faults == kills, explain(result)
+    landed = " ".join(result.points)
+    for point in KillPoint:
+        assert point.value in landed, f"no kill aimed at {point.value}:\n{explain(result)}"
+    assert_caught_up(result, "final")
+    assert counters["join pairs (recomputed)"] >= 2_000, f"too few pairs to judge:\n{explain(result)}"
+    assert counters["join results sent alone (recomputed)"] >= 200, explain(result)
+    allowed = ("join results doubled",) if guarantee == AT_LEAST_ONCE else ()
+    found = {name: counters[name] for name in JOIN_MISMATCHES if name not in allowed and counters[name]}
+    assert not found, f"the join differs from the one recomputed from both topics: {found}\n{explain(result)}"
 
 
 def test_a_zombie_worker_is_fenced_and_none_of_its_writes_appear(kafka_bootstrap, tmp_path):

@@ -10,6 +10,7 @@ sent alone (left of a left join, both of an outer one) that joined nothing are t
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,3 +73,30 @@ def expected_results(records: list[Record], before: int, after: int, grace: int,
     """Every result the join sends for `records` in this order, late records sending nothing."""
     model = IntervalJoinModel(before, after, grace, how)
     return [result for record in records for result in model.process(record) or ()]
+
+
+Timed = tuple[str, int, Any]
+"""A record of one partition of one side: (key, timestamp, what identifies it)."""
+
+
+def outer_join_of(lefts: list[Timed], rights: list[Timed], before: int, after: int, grace: int) -> Counter[Result]:
+    """The outer join of one partition's records of both sides, in any order (valid when no record
+    was late: each in time joins every partner, whatever came first): each pair in reach once, and
+    each record without a partner once stream time, the largest timestamp of both, passed its
+    reach plus the grace."""
+    stream_time = max((timestamp for _, timestamp, _ in [*lefts, *rights]), default=-1)
+    results: Counter[Result] = Counter()
+    joined_left, joined_right = set(), set()
+    for key, at, left in lefts:
+        for right_key, right_at, right in rights:
+            if right_key == key and at - before <= right_at <= at + after:
+                results[(key, left, right)] += 1
+                joined_left.add(left)
+                joined_right.add(right)
+    for key, at, left in lefts:
+        if left not in joined_left and at + after + grace < stream_time:
+            results[(key, left, None)] += 1
+    for key, at, right in rights:
+        if right not in joined_right and at + before + grace < stream_time:
+            results[(key, None, right)] += 1
+    return results

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
+from support.interval_join_model import outer_join_of
 from support.kafka_helpers import create_topic, read_committed, read_messages
 
 from dagster_stateful.core import App
@@ -61,9 +62,7 @@ def produce(bootstrap: str, topic: str, records: list) -> None:
 
 
 def recomputed(bootstrap: str, orders: str, payments: str) -> Counter[Result]:
-    """The outer join of the two topics as Kafka has them, partition by partition: pairs within
-    [order time, order time + WITHIN], and each record of either side without a partner once its
-    partition's stream time passed its reach plus the grace."""
+    """The outer join of the two topics as Kafka has them, partition by partition."""
     sides: dict[int, dict[str, list]] = {}
     for side, topic in (("order", orders), ("payment", payments)):
         for message in read_messages(bootstrap, topic):
@@ -72,20 +71,7 @@ def recomputed(bootstrap: str, orders: str, payments: str) -> Counter[Result]:
             sides.setdefault(message.partition(), {"order": [], "payment": []})[side].append(record)
     results: Counter[Result] = Counter()
     for held in sides.values():
-        stream_time = max(timestamp for records in held.values() for _, timestamp, _ in records)
-        paid, ordered = set(), set()
-        for key, at, order in held["order"]:
-            for payment_key, paid_at, payment in held["payment"]:
-                if payment_key == key and at <= paid_at <= at + WITHIN:
-                    results[(key, order, payment)] += 1
-                    paid.add(order)
-                    ordered.add(payment)
-        for key, at, order in held["order"]:
-            if order not in paid and at + WITHIN + GRACE < stream_time:
-                results[(key, order, None)] += 1
-        for key, at, payment in held["payment"]:
-            if payment not in ordered and at + GRACE < stream_time:
-                results[(key, None, payment)] += 1
+        results += outer_join_of(held["order"], held["payment"], 0, WITHIN, GRACE)
     return results
 
 
