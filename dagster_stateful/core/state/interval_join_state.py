@@ -191,12 +191,12 @@ class IntervalJoinState(WindowState):
     def _keep(self, side: int, prefix: bytes, timestamp: int, offset: int, value: Any, joined: bool) -> None:
         assert self._kept is not None
         key = record_key(side, prefix, timestamp, offset)
-        previous = self._read(key)
-        if previous is not None:  # a record processed again: it keeps what it found before
-            joined = joined or bool(previous[1])
+        mine = self._kept.setdefault((side, prefix), [])
+        at = bisect_left(mine, (timestamp, offset))
+        if at < len(mine) and mine[at] == (timestamp, offset):  # a record processed again
+            previous = self._read(key)
+            joined = joined or (previous is not None and bool(previous[1]))  # it keeps what it found before
         else:
-            mine = self._kept.setdefault((side, prefix), [])
-            at = bisect_left(mine, (timestamp, offset))
             mine.insert(at, (timestamp, offset))
             entry = (self._join.closes_after(side, timestamp), side, prefix, timestamp, offset)
             heapq.heappush(self._record_expiry, entry)
