@@ -24,11 +24,13 @@ import time
 from pathlib import Path
 
 import orjson
+from bench_kafka_streams import build_app, run_java
 from bench_restore import bench_broker, print_machine
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dagster_stateful.core import App
+from dagster_stateful.local_kafka.broker import find_java
 
 EPOCH = time.time_ns() // 1_000_000 - 10 * 3_600_000
 """The first order's event time: ten hours ago, inside every topic's retention."""
@@ -80,11 +82,12 @@ def count_sent(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
     while len(done) < partitions:
         for message in consumer.consume(10_000, timeout=1.0):
             if message.error() is None:
-                value = orjson.loads(message.value())
+                value = orjson.loads(message.value() or b"{}")
                 pairs += "paid" in value
                 alone += "paid" not in value
-                if message.offset() + 1 >= ends[message.partition()]:
-                    done.add(message.partition())
+                partition, offset = message.partition() or 0, message.offset() or 0
+                if offset + 1 >= ends[partition]:
+                    done.add(partition)
     consumer.close()
     return pairs, alone
 
@@ -98,6 +101,9 @@ def main() -> None:
     parser.add_argument("--grace", type=int, default=1_000)
     parser.add_argument("--guarantee", default="at-least-once")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=1, help="runs of each system (the median is compared)")
+    parser.add_argument("--no-kafka-streams", action="store_true", help="run the engine only")
+    parser.add_argument("--java-heap", default="2g")
     args = parser.parse_args()
     print_machine()
     print(
@@ -110,37 +116,112 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, bootstrap: str, work: Path) -> None:
-    orders, payments, output = "bench-orders", "bench-payments", "bench-paid"
-    create(bootstrap, [orders, payments, output], args.partitions)
+    orders, payments = "bench-orders", "bench-payments"
+    create(bootstrap, [orders, payments], args.partitions)
     paid = produce(bootstrap, orders, payments, args.orders, args.pay_within, args.seed)
+    records = args.orders + paid
+    expected_pairs, expected_alone = expected(bootstrap, orders, payments, args)
+    print(f"recomputed: {expected_pairs:,} pairs, {expected_alone:,} orders alone, {records:,} records")
+    class_path = None if args.no_kafka_streams else build_app()
+    engine_rates, streams_rates = [], []
+    for index in range(args.runs):
+        engine_rates.append(run_engine(args, bootstrap, work, index, orders, payments, records, expected_pairs))
+        if class_path is not None:
+            streams_rates.append(run_streams(args, bootstrap, work, index, class_path, orders, payments, records))
+    engine = sorted(engine_rates)[len(engine_rates) // 2]
+    line = f"median: engine {engine:,.0f} records/s"
+    if streams_rates:
+        streams = sorted(streams_rates)[len(streams_rates) // 2]
+        line += f", Kafka Streams {streams:,.0f} records/s: {engine / streams:.2f}x"
+    print(line)
+
+
+def run_engine(
+    args: argparse.Namespace,
+    bootstrap: str,
+    work: Path,
+    index: int,
+    orders: str,
+    payments: str,
+    records: int,
+    expected_pairs: int,
+) -> float:
+    output = f"bench-paid-engine-{index}"
+    create(bootstrap, [output], args.partitions)
     app = App(
-        name="bench-paid",
+        name=f"bench-paid-{index}",
         source=orders,
         output=output,
         stores=["paid"],
-        state_dir=work / "state",
+        state_dir=work / f"state-{index}",
         kafka=bootstrap,
         processing_guarantee=args.guarantee,
     )
-    stream = app.stream(payments)
-    app.to_topic(app.dataframe().join_interval(stream, before=0, after=args.within, grace=args.grace, how="left"))
+    app.to_topic(
+        app.dataframe().join_interval(app.stream(payments), before=0, after=args.within, grace=args.grace, how="left")
+    )
     app.provision()
     started = time.monotonic()
     report = app.run_worker(max_seconds=3_600)
     seconds = time.monotonic() - started
-    records = args.orders + paid
     pairs, alone = count_sent(bootstrap, output, args.partitions)
-    expected_pairs, expected_alone = expected(bootstrap, orders, payments, args)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"engine: {records / seconds:,.0f} records/s ({records:,} records in {seconds:.1f} s, stop {report.stop_reason}); "
-        f"peak RSS {rss:,.0f} MiB; load {os.getloadavg()[0]:.1f}"
+        f"engine run {index + 1}: {records / seconds:,.0f} records/s ({records:,} in {seconds:.1f} s, "
+        f"{report.stop_reason}, {report.late} late, {report.stream_records_joined:,} joined-stream records, "
+        f"{report.rebalances} rebalances, {report.transactions_aborted} aborted); {pairs:,} pairs, {alone:,} alone; "
+        f"peak RSS {rss:,.0f} MiB; "
+        f"load {os.getloadavg()[0]:.1f}"
     )
-    print(f"results: {pairs:,} pairs, {alone:,} orders alone; recomputed {expected_pairs:,} and {expected_alone:,}")
-    if (pairs, alone) != (expected_pairs, expected_alone) and args.guarantee == "exactly-once":
-        raise SystemExit("the join's results differ from those recomputed from the two topics")
-    if pairs < expected_pairs or alone < expected_alone:
-        raise SystemExit("results are missing")
+    if pairs < expected_pairs or (args.guarantee == "exactly-once" and pairs != expected_pairs):
+        raise SystemExit(f"the engine sent {pairs:,} pairs, {expected_pairs:,} recomputed")
+    return records / seconds
+
+
+def run_streams(
+    args: argparse.Namespace,
+    bootstrap: str,
+    work: Path,
+    index: int,
+    class_path: str,
+    orders: str,
+    payments: str,
+    records: int,
+) -> float:
+    output = f"bench-paid-streams-{index}"
+    create(bootstrap, [output], args.partitions)
+    guarantee = "exactly_once_v2" if args.guarantee == "exactly-once" else "at_least_once"
+    command = [
+        find_java(),
+        f"-Xmx{args.java_heap}",
+        "-cp",
+        class_path,
+        "IntervalJoin",
+        bootstrap,
+        orders,
+        payments,
+        output,
+        f"bench-paid-streams-{index}",
+        guarantee,
+        "5000",
+        str(args.within),
+        str(args.grace),
+        str(records),
+        str(work / f"streams-{index}"),
+    ]
+    java = run_java(command)
+    found = [line for line in java.stdout.splitlines() if line.startswith("RESULT ")]
+    if java.returncode != 0 or not found:
+        raise SystemExit(f"the Kafka Streams app failed ({java.returncode}): {(java.stdout + java.stderr)[-2000:]}")
+    fields = dict(item.split("=") for item in found[0].split()[1:])
+    seconds = float(fields["seconds"])
+    pairs, alone = count_sent(bootstrap, output, args.partitions)
+    print(
+        f"Kafka Streams run {index + 1}: {records / seconds:,.0f} records/s ({records:,} in {seconds:.1f} s); "
+        f"{pairs:,} pairs, {alone:,} alone; peak RSS {java.peak_rss_mib or 0:,.0f} MiB; "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    return records / seconds
 
 
 def expected(bootstrap: str, orders: str, payments: str, args: argparse.Namespace) -> tuple[int, int]:
@@ -158,9 +239,9 @@ def expected(bootstrap: str, orders: str, payments: str, args: argparse.Namespac
         while left:
             for message in consumer.consume(10_000, timeout=1.0):
                 if message.error() is None:
-                    at, partition = message.timestamp()[1], message.partition()
-                    times[topic].setdefault(message.key(), []).append(at)
-                    partition_of[message.key()] = partition
+                    at, partition, key = message.timestamp()[1], message.partition() or 0, message.key() or b""
+                    times[topic].setdefault(key, []).append(at)
+                    partition_of[key] = partition
                     stream_time[partition] = max(stream_time.get(partition, -1), at)
                     left -= 1
         consumer.close()

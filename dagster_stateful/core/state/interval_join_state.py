@@ -42,8 +42,10 @@ _MISSING: Any = object()
 JoinedPair = tuple[bytes, Any, Any]
 """A join result: (message key, left value or None, right value or None)."""
 
-_Record = tuple[int, int]
-"""A kept record of one side and message key: (timestamp, offset in its topic)."""
+_Record = tuple[int, int, bytes]
+"""A kept record of one side and message key: (timestamp, offset in its topic, store key)."""
+_Entry = tuple[int, bytes, int, bytes, int, int]
+"""A kept record by when it closes: (closes after, store key, side, message prefix, timestamp, offset)."""
 
 
 def record_key(side: int, prefix: bytes, timestamp: int, offset: int) -> bytes:
@@ -106,9 +108,9 @@ class IntervalJoinState(WindowState):
     def forget(self) -> None:
         super().forget()
         self._kept: dict[tuple[int, bytes], list[_Record]] | None = None
-        self._closing_records: list[tuple[int, int, bytes, int, int]] = []
-        """(closes after, side, prefix, timestamp, offset) of records sent alone if unmatched (a heap)."""
-        self._record_expiry: list[tuple[int, int, bytes, int, int]] = []
+        self._closing_records: list[_Entry] = []
+        """The records sent alone if unmatched, by when they close (a heap)."""
+        self._record_expiry: list[_Entry] = []
         """The same, of every kept record (a heap), until a commit deletes it."""
 
     @property
@@ -136,16 +138,17 @@ class IntervalJoinState(WindowState):
         if self._kept is None or committed is None:
             return
         expiry, kept = self._record_expiry, self._kept
+        delete = self._cache.delete_live
         while expiry and expiry[0][0] < committed:
-            _, side, prefix, timestamp, record_offset = heapq.heappop(expiry)
+            _, key, side, prefix, timestamp, record_offset = heapq.heappop(expiry)
             mine = kept.get((side, prefix))
             if mine is not None:
                 at = bisect_left(mine, (timestamp, record_offset))
-                if at < len(mine) and mine[at] == (timestamp, record_offset):
+                if at < len(mine) and mine[at][2] == key:
                     del mine[at]
                 if not mine:
                     del kept[(side, prefix)]
-            self._cache.delete_live(record_key(side, prefix, timestamp, record_offset), offset)
+            delete(key, offset)
         self._cache.accept()
 
     def update(self, starts: list[int], value: Any, first: Any, add: Any) -> Any:
@@ -172,9 +175,11 @@ class IntervalJoinState(WindowState):
         other_sent_alone = bounds.emits_unmatched[other]
         low = bisect_left(theirs, (timestamp - lower, -(2**63)))
         high = bisect_right(theirs, (timestamp + upper, 2**63))
-        for their_time, their_offset in theirs[low:high]:
-            key = record_key(other, prefix, their_time, their_offset)
-            stored = self._read(key)
+        values = self._values
+        for _, _, key in theirs[low:high]:
+            stored = values.get(key, _MISSING)
+            if stored is _MISSING:
+                stored = self._load(key)
             if stored is None:
                 continue
             pairs.append((message_key, value, stored[0]) if side == LEFT else (message_key, stored[0], value))
@@ -193,12 +198,15 @@ class IntervalJoinState(WindowState):
         key = record_key(side, prefix, timestamp, offset)
         mine = self._kept.setdefault((side, prefix), [])
         at = bisect_left(mine, (timestamp, offset))
-        if at < len(mine) and mine[at] == (timestamp, offset):  # a record processed again
+        if at < len(mine) and mine[at][2] == key:  # a record processed again
             previous = self._read(key)
             joined = joined or (previous is not None and bool(previous[1]))  # it keeps what it found before
         else:
-            mine.insert(at, (timestamp, offset))
-            entry = (self._join.closes_after(side, timestamp), side, prefix, timestamp, offset)
+            if at == len(mine):
+                mine.append((timestamp, offset, key))
+            else:
+                mine.insert(at, (timestamp, offset, key))
+            entry = (self._join.closes_after(side, timestamp), key, side, prefix, timestamp, offset)
             heapq.heappush(self._record_expiry, entry)
             if self._join.emits_unmatched[side]:
                 heapq.heappush(self._closing_records, entry)
@@ -215,8 +223,8 @@ class IntervalJoinState(WindowState):
         """The records sent alone that stream time closed unmatched, taken out of the heap."""
         closing, alone = self._closing_records, []
         while closing and closing[0][0] < stream_time:
-            _, side, prefix, timestamp, offset = heapq.heappop(closing)
-            stored = self._read(record_key(side, prefix, timestamp, offset))
+            _, key, side, prefix, _, _ = heapq.heappop(closing)
+            stored = self._read(key)
             if stored is not None and not stored[1]:
                 alone.append((prefix[4:], stored[0], None) if side == LEFT else (prefix[4:], None, stored[0]))
         return alone
@@ -249,8 +257,8 @@ class IntervalJoinState(WindowState):
             if not here:
                 continue
             side, prefix, timestamp, offset = split_record_key(key)
-            kept.setdefault((side, prefix), []).append((timestamp, offset))
-            entry = (bounds.closes_after(side, timestamp), side, prefix, timestamp, offset)
+            kept.setdefault((side, prefix), []).append((timestamp, offset, key))
+            entry = (bounds.closes_after(side, timestamp), key, side, prefix, timestamp, offset)
             self._record_expiry.append(entry)
             if bounds.emits_unmatched[side] and entry[0] >= reached:
                 self._closing_records.append(entry)

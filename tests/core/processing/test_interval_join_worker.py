@@ -22,6 +22,7 @@ from support.interval_join_model import outer_join_of
 from support.kafka_helpers import create_topic, read_committed, read_messages
 
 from dagster_stateful.core import App
+from dagster_stateful.core.processing.worker import joined_streams
 from dagster_stateful.errors import TopicMismatchError
 
 PARTITIONS = 2
@@ -105,8 +106,10 @@ def join_app(bootstrap: str, orders: str, payments: str, state_dir: Path, name: 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
 def test_an_outer_join_of_orders_and_payments_matches_the_join_recomputed_from_both_topics(
-    kafka_bootstrap, unique_name, tmp_path, guarantee
+    kafka_bootstrap, unique_name, tmp_path, guarantee, monkeypatch
 ):
+    """With few payments fetched ahead, so that fetching them pauses and resumes all through the runs."""
+    monkeypatch.setattr(joined_streams, "PENDING_LIMIT", 40)
     rng = random.Random(29)
     orders, payments = unique_name("orders"), unique_name("payments")
     for topic in (orders, payments):

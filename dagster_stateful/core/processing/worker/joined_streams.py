@@ -202,8 +202,8 @@ class JoinedStreams:
             if failure is not None:
                 if failure.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(failure)
-                if side is not None and offset >= side.fetched:
-                    side.fetched, side.at_end = offset, True
+                if side is not None and offset == side.fetched:  # not one of a pause's purged fetches
+                    side.at_end = True
                 continue
             if side is None or offset < side.fetched:
                 continue
@@ -259,11 +259,13 @@ class JoinedStreams:
         return done
 
     def caught_up(self, transactions: Mapping[int, PartitionTransaction]) -> bool:
-        """Whether every held stream partition was processed up to its end."""
+        """Whether every held stream partition was processed up to its end, as the brokers say it now."""
         self._fetch(0.0)
-        return all(
-            side.at_end and not side.pending for partition, side in self.sides.items() if partition in transactions
-        )
+        held = {partition: side for partition, side in self.sides.items() if partition in transactions}
+        if not all(side.at_end and not side.pending for side in held.values()):
+            return False
+        ends = self._kafka.watermarks(self._topic, list(held), committed=True)
+        return all(side.position >= ends[partition][1] for partition, side in held.items())
 
     def _resume(self, side: StreamSide) -> None:
         if side.paused and len(side.pending) < PENDING_LIMIT // 2:
