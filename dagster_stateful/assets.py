@@ -82,6 +82,9 @@ def source_topic_spec(topic: str, readers: list[App], translator: StatefulTransl
     partitioned = [app.name for app in readers if topic in app.config.tables.values()]
     if partitioned:
         as_table += f" (as a partitioned table by {', '.join(f'`{name}`' for name in partitioned)})"
+    joined = [app.name for app in readers if topic in app.config.joined_streams.values()]
+    if joined:
+        as_table += f" (as a joined stream by {', '.join(f'`{name}`' for name in joined)})"
     return AssetSpec(
         translator.get_topic_key(topic),
         group_name=translator.get_topic_group_name(topic),
@@ -99,6 +102,8 @@ def table_keys(app: App, before_rekeying: bool, translator: StatefulTranslator =
     topics = dict.fromkeys(
         topic for name, topic in tables.items() if config.joined_before_rekeying(name) == before_rekeying
     )
+    if not before_rekeying:
+        topics.update(dict.fromkeys(config.joined_streams.values()))
     return [translator.get_topic_key(topic) for topic in topics]
 
 

@@ -86,7 +86,8 @@ def build_stateful_definitions(
     parts = _Parts(translator, pool_size)
     readers: dict[str, list[App]] = {}
     for app in apps:
-        for topic in dict.fromkeys((app.source, *app.config.global_tables.values(), *app.config.tables.values())):
+        inputs = (*app.config.global_tables.values(), *app.config.tables.values(), *app.config.joined_streams.values())
+        for topic in dict.fromkeys((app.source, *inputs)):
             readers.setdefault(topic, []).append(app)
         partitions = _partitions_of(app, source_partitions)
         target = parts.add_app(

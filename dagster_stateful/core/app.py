@@ -317,10 +317,11 @@ class App(AppQueries):
 
     def stream(self, topic: str, name: str | None = None, value_serde: Serde | str = "json") -> JoinedStream:
         """A stream to join with the app's own on the message key (`dataframe().join_interval(stream)`,
-        Kafka Streams' KStream-KStream join): `topic` must have as many partitions as the app's task
-        topic, keyed alike (the keys' bytes are compared). A worker reads partition N of it beside
-        its task partition N, in timestamp order, its position committed with the task's offset."""
-        return JoinedStream(name or topic, topic, resolve_serde(value_serde))
+        a KStream-KStream join): `topic` is co-partitioned with the app's task topic, keyed alike.
+        A worker reads its partition N beside task partition N, in timestamp order."""
+        stream = JoinedStream(name or topic, topic, resolve_serde(value_serde))
+        self.config = self.config.replace(joined_streams={**self.config.joined_streams, stream.name: topic})
+        return stream
 
     def partitioned_table(self, name: str) -> Table:
         """The partitioned table named `name` (see `table`)."""

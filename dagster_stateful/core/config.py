@@ -141,6 +141,9 @@ class AppConfig:
     tables: Mapping[str, str] = field(default_factory=dict)
     """The partitioned tables the steps join with: table name -> its compacted topic, co-partitioned
     with `table_stream_topic(name)` (a worker keeps the partitions of that topic's partitions it holds)."""
+    joined_streams: Mapping[str, str] = field(default_factory=dict)
+    """The streams an interval join reads beside the task topic: stream name -> its topic,
+    co-partitioned with `task_topic` (a worker reads the partitions of those it holds)."""
     repartition_purge_interval: float = 30.0
     """Seconds between purges of the repartition topic's consumed and committed records (Kafka
     Streams' `repartition.purge.interval.ms`)."""
@@ -170,6 +173,9 @@ class AppConfig:
         self._set("tables", dict(self.tables))
         for table in self.tables:
             _check_name(table, what="table name")
+        self._set("joined_streams", dict(self.joined_streams))
+        for stream in self.joined_streams:
+            _check_name(stream, what="joined stream name")
         if self.repartition_purge_interval < 0:
             raise ConfigurationError("repartition_purge_interval must be 0 or more")
         if self.restore_batch_size <= 0:

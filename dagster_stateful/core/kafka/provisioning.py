@@ -31,6 +31,7 @@ class TopicRole(StrEnum):
     SOURCE = "source"
     GLOBAL_TABLE = "global-table"
     TABLE = "table"
+    JOINED_STREAM = "joined-stream"
     REPARTITION = "repartition"
     CHANGELOG = "changelog"
     OUTPUT = "output"
@@ -58,7 +59,7 @@ class TopicSpec:
     @property
     def managed(self) -> bool:
         """Topics the app may create; the source and table topics belong to their producers."""
-        return self.role not in (TopicRole.SOURCE, TopicRole.GLOBAL_TABLE, TopicRole.TABLE)
+        return self.role not in (TopicRole.SOURCE, TopicRole.GLOBAL_TABLE, TopicRole.TABLE, TopicRole.JOINED_STREAM)
 
     @property
     def needs_source_partitions(self) -> bool:
@@ -167,6 +168,7 @@ def app_topic_specs(config: AppConfig, store_configs: StoreConfigs | None = None
         for store, topic in (config.changelog_topics() or {}).items()
     ]
     specs += _table_specs(config, before_rekeying=False)
+    specs += [TopicSpec(topic, TopicRole.JOINED_STREAM, None) for topic in config.joined_streams.values()]
     if config.emits_output and config.output:
         specs.append(TopicSpec(config.output, TopicRole.OUTPUT, None, replication))
     if config.on_error is ErrorPolicy.DEAD_LETTER:
@@ -212,7 +214,7 @@ def inspect(specs: list[TopicSpec], kafka: KafkaClients) -> ProvisioningPlan:
         layout = kafka.topic_layout(spec.name)
         if spec.role is TopicRole.SOURCE:
             source_partitions = task_partitions = None if layout is None else layout.partitions
-        if spec.role is TopicRole.TABLE:
+        if spec.role in (TopicRole.TABLE, TopicRole.JOINED_STREAM):
             expected = task_partitions
         elif not spec.managed:
             expected = None
@@ -240,12 +242,20 @@ def _check(spec: TopicSpec, layout: TopicLayout | None, kafka: KafkaClients, sta
             check.mismatches[TopicAspect.EXISTS] = (
                 f"{_table_kind(spec)} topic {spec.name} does not exist; create it (compacted) before running the app"
             )
+        elif spec.role is TopicRole.JOINED_STREAM:
+            check.mismatches[TopicAspect.EXISTS] = (
+                f"joined stream topic {spec.name} does not exist; create it, co-partitioned with the app's "
+                f"{state_topic} topic, before running the app"
+            )
         return check
     check = TopicCheck(spec, TopicStatus.OK, layout.partitions, layout.replication_factor)
     if spec.role is TopicRole.SOURCE:
         return check
     if spec.role in (TopicRole.GLOBAL_TABLE, TopicRole.TABLE):
         _check_table_topic(spec, kafka, check)
+        _check_co_partitioned(spec, layout.partitions, state_topic, check)
+        return check
+    if spec.role is TopicRole.JOINED_STREAM:
         _check_co_partitioned(spec, layout.partitions, state_topic, check)
         return check
     _check_replication(spec, layout.replication_factor, check)
@@ -286,7 +296,18 @@ def _table_kind(spec: TopicSpec) -> str:
 def _check_co_partitioned(spec: TopicSpec, found: int, state_topic: str, check: TopicCheck) -> None:
     """A partitioned table's partition N is joined with the records of task partition N: the topics
     must have as many partitions, and the same producers' partitioner (not checked: Kafka cannot tell)."""
-    if spec.role is not TopicRole.TABLE or spec.partitions is None or found == spec.partitions:
+    if spec.role not in (TopicRole.TABLE, TopicRole.JOINED_STREAM) or spec.partitions is None:
+        return
+    if found == spec.partitions:
+        return
+    if spec.role is TopicRole.JOINED_STREAM:
+        check.mismatches[TopicAspect.PARTITIONS] = (
+            f"joined stream topic {spec.name} has {found} partitions but the {state_topic} topic the app joins it "
+            f"with has {spec.partitions}: an interval join needs them co-partitioned (the same key in the same "
+            f"partition number of both). Re-key the stream with group_by(..., partitions={found}), or repartition "
+            f"{spec.name} to {spec.partitions} partitions."
+        )
+        check.status = TopicStatus.MISMATCH
         return
     check.mismatches[TopicAspect.PARTITIONS] = (
         f"table topic {spec.name} has {found} partitions but the {state_topic} topic the app joins it with has "
