@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,7 @@ class IntervalJoinState(WindowState):
     sent alone if they close unmatched, by the stream time past which they close; and a heap of
     every kept record by that time, for deletion by a commit."""
 
-    __slots__ = ("_closing_records", "_join", "_kept", "_record_expiry", "right_offset")
+    __slots__ = ("_closed", "_join", "_kept", "_open", "right_offset")
 
     def __init__(self, partition: StorePartition, cache: StoreCache, serde: Serde, bounds: IntervalJoinBounds) -> None:
         self._join = bounds
@@ -108,10 +109,10 @@ class IntervalJoinState(WindowState):
     def forget(self) -> None:
         super().forget()
         self._kept: dict[tuple[int, bytes], list[_Record]] | None = None
-        self._closing_records: list[_Entry] = []
-        """The records sent alone if unmatched, by when they close (a heap)."""
-        self._record_expiry: list[_Entry] = []
-        """The same, of every kept record (a heap), until a commit deletes it."""
+        self._open: list[_Entry] = []
+        """The kept records stream time has not closed yet, by when they close (a heap)."""
+        self._closed: deque[_Entry] = deque()
+        """The kept records stream time has closed, in the order they closed, until a commit deletes them."""
 
     @property
     def stream_time(self) -> int:
@@ -122,7 +123,7 @@ class IntervalJoinState(WindowState):
     @property
     def next_close(self) -> int | None:
         self._ensure_records()
-        return self._closing_records[0][0] + 1 if self._closing_records else None
+        return self._open[0][0] + 1 if self._open else None
 
     @property
     def expiries_due(self) -> bool:
@@ -131,16 +132,16 @@ class IntervalJoinState(WindowState):
             return True
         if self._kept is None or committed is None:
             return False
-        return bool(self._record_expiry) and self._record_expiry[0][0] < committed
+        return bool(self._closed) and self._closed[0][0] < committed
 
     def expire_committed(self, offset: int) -> None:
         committed = self._committed_stream_time
         if self._kept is None or committed is None:
             return
-        expiry, kept = self._record_expiry, self._kept
+        closed, kept = self._closed, self._kept
         delete = self._cache.delete_live
-        while expiry and expiry[0][0] < committed:
-            _, key, side, prefix, timestamp, record_offset = heapq.heappop(expiry)
+        while closed and closed[0][0] < committed:
+            _, key, side, prefix, timestamp, record_offset = closed.popleft()
             mine = kept.get((side, prefix))
             if mine is not None:
                 at = bisect_left(mine, (timestamp, record_offset))
@@ -206,10 +207,7 @@ class IntervalJoinState(WindowState):
                 mine.append((timestamp, offset, key))
             else:
                 mine.insert(at, (timestamp, offset, key))
-            entry = (self._join.closes_after(side, timestamp), key, side, prefix, timestamp, offset)
-            heapq.heappush(self._record_expiry, entry)
-            if self._join.emits_unmatched[side]:
-                heapq.heappush(self._closing_records, entry)
+            heapq.heappush(self._open, (self._join.closes_after(side, timestamp), key, side, prefix, timestamp, offset))
         stored = [value, joined]
         if not self._checked:
             self._serialize(key, stored)  # a partition's first record: refused here, not at every commit
@@ -220,11 +218,16 @@ class IntervalJoinState(WindowState):
         return self._close(stream_time)
 
     def _close(self, stream_time: int) -> list[JoinedPair]:
-        """The records sent alone that stream time closed unmatched, taken out of the heap."""
-        closing, alone = self._closing_records, []
-        while closing and closing[0][0] < stream_time:
-            _, key, side, prefix, _, _ = heapq.heappop(closing)
-            stored = self._read(key)
+        """The records of the sides sent alone that stream time closed unmatched; every record it
+        closed moves to those a commit deletes."""
+        opened, closed, alone, unmatched = self._open, self._closed, [], self._join.emits_unmatched
+        while opened and opened[0][0] < stream_time:
+            entry = heapq.heappop(opened)
+            closed.append(entry)
+            side, prefix = entry[2], entry[3]
+            if not unmatched[side]:
+                continue
+            stored = self._read(entry[1])
             if stored is not None and not stored[1]:
                 alone.append((prefix[4:], stored[0], None) if side == LEFT else (prefix[4:], None, stored[0]))
         return alone
@@ -252,6 +255,7 @@ class IntervalJoinState(WindowState):
                 present[key] = value is not None
         reached = self._stream_time = self._reconcile_stream_time(stream_time)
         kept: dict[tuple[int, bytes], list[_Record]] = {}
+        closing: list[_Entry] = []
         bounds = self._join
         for key, here in sorted(present.items()):
             if not here:
@@ -259,13 +263,11 @@ class IntervalJoinState(WindowState):
             side, prefix, timestamp, offset = split_record_key(key)
             kept.setdefault((side, prefix), []).append((timestamp, offset, key))
             entry = (bounds.closes_after(side, timestamp), key, side, prefix, timestamp, offset)
-            self._record_expiry.append(entry)
-            if bounds.emits_unmatched[side] and entry[0] >= reached:
-                self._closing_records.append(entry)
+            (self._open if entry[0] >= reached else closing).append(entry)
         for records in kept.values():
             records.sort()
-        heapq.heapify(self._record_expiry)
-        heapq.heapify(self._closing_records)
+        heapq.heapify(self._open)
+        self._closed = deque(sorted(closing))
         self._kept = kept
         return kept
 

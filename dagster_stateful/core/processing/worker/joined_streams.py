@@ -72,6 +72,8 @@ class StreamSide:
     at_end: bool = False
     """Fetching met the partition's end (for a `read_committed` reader) and nothing after it since."""
     paused: bool = False
+    last_timestamp: int = -1
+    """The timestamp of the last record fetched (-1: none since the partition was last positioned)."""
 
     @property
     def needs_commit(self) -> bool:
@@ -207,7 +209,7 @@ class JoinedStreams:
                 continue
             if side is None or offset < side.fetched:
                 continue
-            side.fetched, side.at_end = offset + 1, False
+            side.fetched, side.at_end, side.last_timestamp = offset + 1, False, message.timestamp()[1]
             side.pending.append(message)
             if len(side.pending) >= PENDING_LIMIT and not side.paused:
                 consumer.pause([side.topic_partition])
@@ -311,7 +313,7 @@ class JoinedStreams:
 
 def _holds_later(side: StreamSide, timestamp: int) -> bool:
     """Whether `side` has fetched a record later than `timestamp` (its records come in offset order)."""
-    return bool(side.pending) and side.pending[-1].timestamp()[1] > timestamp
+    return bool(side.pending) and side.last_timestamp > timestamp
 
 
 def task_at_end(consumer: Consumer, topic: str) -> Callable[[int, int], bool]:
