@@ -21,6 +21,7 @@ import os
 import random
 import resource
 import time
+import uuid
 from pathlib import Path
 
 import orjson
@@ -71,23 +72,21 @@ def create(bootstrap: str, topics: list[str], partitions: int) -> None:
 
 
 def count_sent(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
-    """(pairs, orders sent alone) in the output topic."""
+    """(pairs, orders sent alone) in the output topic, read_committed up to its end (past the last
+    transaction's marker)."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "bench-reader", "isolation.level": "read_committed"}
     )
+    assigned = [TopicPartition(topic, p, 0) for p in range(partitions)]
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    consumer.assign(assigned)
     pairs = alone = 0
-    done = {p for p, end in ends.items() if end == 0}
-    while len(done) < partitions:
+    while any(0 < ends[at.partition] and at.offset < ends[at.partition] for at in consumer.position(assigned)):
         for message in consumer.consume(10_000, timeout=1.0):
             if message.error() is None:
                 value = orjson.loads(message.value() or b"{}")
                 pairs += "paid" in value
                 alone += "paid" not in value
-                partition, offset = message.partition() or 0, message.offset() or 0
-                if offset + 1 >= ends[partition]:
-                    done.add(partition)
     consumer.close()
     return pairs, alone
 
@@ -116,7 +115,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, bootstrap: str, work: Path) -> None:
-    orders, payments = "bench-orders", "bench-payments"
+    run_id = uuid.uuid4().hex[:6]
+    orders, payments = f"bench-orders-{run_id}", f"bench-payments-{run_id}"
     create(bootstrap, [orders, payments], args.partitions)
     paid = produce(bootstrap, orders, payments, args.orders, args.pay_within, args.seed)
     records = args.orders + paid
@@ -146,10 +146,10 @@ def run_engine(
     records: int,
     expected_pairs: int,
 ) -> float:
-    output = f"bench-paid-engine-{index}"
+    output = f"{orders}-paid-engine-{index}"
     create(bootstrap, [output], args.partitions)
     app = App(
-        name=f"bench-paid-{index}",
+        name=f"{orders}-paid-{index}",
         source=orders,
         output=output,
         stores=["paid"],
@@ -188,7 +188,7 @@ def run_streams(
     payments: str,
     records: int,
 ) -> float:
-    output = f"bench-paid-streams-{index}"
+    output = f"{orders}-paid-streams-{index}"
     create(bootstrap, [output], args.partitions)
     guarantee = "exactly_once_v2" if args.guarantee == "exactly-once" else "at_least_once"
     command = [
@@ -201,7 +201,7 @@ def run_streams(
         orders,
         payments,
         output,
-        f"bench-paid-streams-{index}",
+        f"{orders}-paid-streams-{index}",
         guarantee,
         "5000",
         str(args.within),
