@@ -81,7 +81,7 @@ def count_sent(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
     consumer.assign(assigned)
     pairs = alone = 0
-    while any(0 < ends[at.partition] and at.offset < ends[at.partition] for at in consumer.position(assigned)):
+    while any(ends[at.partition] > 0 and at.offset < ends[at.partition] for at in consumer.position(assigned)):
         for message in consumer.consume(10_000, timeout=1.0):
             if message.error() is None:
                 value = orjson.loads(message.value() or b"{}")
