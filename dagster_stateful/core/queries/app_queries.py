@@ -31,6 +31,7 @@ from dagster_stateful.core.state.query import StoreReader
 from dagster_stateful.core.state.session_state import SessionBounds
 from dagster_stateful.core.state.sliding_state import SlidingBounds
 from dagster_stateful.core.state.stores import Store
+from dagster_stateful.core.state.table_join_state import TableJoinBounds
 from dagster_stateful.core.state.window_state import WindowBounds
 from dagster_stateful.errors import ConfigurationError
 
@@ -104,6 +105,8 @@ class AppQueries(ABC):
             if isinstance(bounds, SlidingBounds)
             else "interval join records"
             if isinstance(bounds, IntervalJoinBounds)
+            else "table join rows"
+            if isinstance(bounds, TableJoinBounds)
             else "windows"
         )
         if spec.ttl_ms is not None:

@@ -29,6 +29,7 @@ from dagster_stateful.core.state.partition import StorePartition
 from dagster_stateful.core.state.serialization import LiveSerializer, Serde
 from dagster_stateful.core.state.session_state import SessionBounds, SessionState
 from dagster_stateful.core.state.sliding_state import SlidingBounds, SlidingState
+from dagster_stateful.core.state.table_join_state import TableJoinBounds, TableJoinState
 from dagster_stateful.core.state.timers import TimerQueue
 from dagster_stateful.core.state.ttl import TtlState
 from dagster_stateful.core.state.view import KeyView, timed_variant
@@ -45,6 +46,7 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     SessionState: timed_variant(SessionState, live.TIMED_OPERATIONS),
     SlidingState: timed_variant(SlidingState, live.TIMED_OPERATIONS),
     IntervalJoinState: timed_variant(IntervalJoinState, live.TIMED_OPERATIONS),
+    TableJoinState: timed_variant(TableJoinState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
 
@@ -52,13 +54,15 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
 def _window_view(
     partition: StorePartition, cache: StoreCache, serde: Serde, bounds: WindowBounds | SessionBounds
 ) -> WindowState:
-    """The view of a store of time windows, sliding windows, sessions or an interval join's records."""
+    """The view of a store of time windows, sliding windows, sessions, or a join's records."""
     if isinstance(bounds, SessionBounds):
         return SessionState(partition, cache, serde, bounds)
     if isinstance(bounds, SlidingBounds):
         return SlidingState(partition, cache, serde, bounds)
     if isinstance(bounds, IntervalJoinBounds):
         return IntervalJoinState(partition, cache, serde, bounds)
+    if isinstance(bounds, TableJoinBounds):
+        return TableJoinState(partition, cache, serde, bounds)
     return WindowState(partition, cache, serde, bounds)
 
 

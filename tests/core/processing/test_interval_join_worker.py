@@ -13,6 +13,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -182,3 +183,70 @@ def test_a_payment_that_does_not_decode_is_dead_lettered_with_its_topic_partitio
     assert headers["x-dagster-stateful-source-offset"] == b"0"
     assert b"joined stream" in headers["x-dagster-stateful-stage"]
     assert sent(kafka_bootstrap, f"{name}-joined") == Counter({("o1", 1, 10): 1})
+
+
+def latest_of(bootstrap: str, topic: str) -> dict[str, Any]:
+    """Each key's latest value in `topic` (None: deleted), read_committed."""
+    latest: dict[str, Any] = {}
+    for message in read_committed(bootstrap, topic):
+        raw = message.value()
+        latest[message.key().decode()] = None if raw is None else orjson.loads(raw)
+    return latest
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_a_table_join_of_two_compacted_topics_ends_with_the_join_of_their_latest_values(
+    kafka_bootstrap, unique_name, tmp_path, guarantee
+):
+    """Customers and their profiles, both compacted tables updated and deleted over two runs (the
+    state deleted between them): the output's latest value of each key is the outer join of the two
+    tables' latest values, a tombstone where neither side has a value left."""
+    rng = random.Random(31)
+    compacted = {"cleanup.policy": "compact", **AGGRESSIVE_COMPACTION}
+    customers, profiles = unique_name("customers"), unique_name("profiles")
+    for topic in (customers, profiles):
+        create_topic(kafka_bootstrap, topic, PARTITIONS, compacted)
+    name = unique_name("profiled")
+    create_topic(kafka_bootstrap, f"{name}-joined", PARTITIONS)
+    app = App(
+        name=name,
+        source=customers,
+        output=f"{name}-joined",
+        stores=["rows"],
+        state_dir=tmp_path,
+        kafka=kafka_bootstrap,
+        processing_guarantee=guarantee,
+        consumer_config=FAST_GROUP,
+        changelog_config=AGGRESSIVE_COMPACTION,
+        commit_every=30,
+        **FAST_COMMITS,
+    )
+    app.to_topic(app.dataframe().table_join(app.stream(profiles), how="outer", on_merge="keep-left"))
+
+    def updates(count: int, side: str) -> list:
+        return [
+            (f"c{rng.randrange(40)}".encode(), None if rng.random() < 0.2 else orjson.dumps({side: i}), EPOCH + i)
+            for i in range(count)
+        ]
+
+    for run in range(2):
+        produce(kafka_bootstrap, customers, updates(200, "name"))
+        produce(kafka_bootstrap, profiles, updates(200, "tier"))
+        report = app.run_worker(max_seconds=120)
+        assert report.stop_reason == "caught_up", report
+        if run == 0:
+            shutil.rmtree(tmp_path / name)
+    assert report.restores, "the second run restored the deleted state from the changelog"
+
+    left, right = latest_of(kafka_bootstrap, customers), latest_of(kafka_bootstrap, profiles)
+    expected = {
+        key: None
+        if left.get(key) is None and right.get(key) is None
+        else {**(right.get(key) or {}), **(left.get(key) or {})}
+        for key in set(left) | set(right)
+    }
+    got = latest_of(kafka_bootstrap, f"{name}-joined")
+    assert {key: value for key, value in got.items() if value is not None} == {
+        key: value for key, value in expected.items() if value is not None
+    }
+    assert set(got) <= set(expected)

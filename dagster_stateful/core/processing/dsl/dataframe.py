@@ -30,13 +30,7 @@ from typing import Any
 from dagster_stateful.core.config import Repartition
 from dagster_stateful.core.processing.dsl.aggregations import Aggregator
 from dagster_stateful.core.processing.dsl.group_by import GroupBy, KeyOf, refuse_group_by
-from dagster_stateful.core.processing.dsl.interval_joins import (
-    IntervalJoin,
-    IntervalJoinDeclarations,
-    PairMerge,
-    StreamJoin,
-    interval_join_calls,
-)
+from dagster_stateful.core.processing.dsl.interval_joins import IntervalJoinDeclarations, StreamJoin
 from dagster_stateful.core.processing.dsl.joins import (
     Table,
 )
@@ -58,6 +52,7 @@ from dagster_stateful.core.processing.dsl.steps import (
     step_call,
 )
 from dagster_stateful.core.processing.dsl.table_join_declarations import TableJoinDeclarations
+from dagster_stateful.core.processing.dsl.table_table_joins import TableTableJoinDeclarations
 from dagster_stateful.core.processing.dsl.timers import OnTimer, Timer
 from dagster_stateful.core.processing.dsl.window_declarations import AnyWindows, WindowDeclarations
 from dagster_stateful.core.processing.dsl.windows import Emit, Windows
@@ -69,7 +64,9 @@ from dagster_stateful.errors import ConfigurationError
 __all__ = ["DROPPED", "CommitEmission", "Step", "StepFailed", "StreamingDataFrame", "Views"]
 
 
-class StreamingDataFrame(WindowDeclarations, IntervalJoinDeclarations, TableJoinDeclarations):
+class StreamingDataFrame(
+    WindowDeclarations, IntervalJoinDeclarations, TableTableJoinDeclarations, TableJoinDeclarations
+):
     """The app's steps, in order. Methods add a step and return the same frame."""
 
     def __init__(
@@ -287,17 +284,20 @@ class StreamingDataFrame(WindowDeclarations, IntervalJoinDeclarations, TableJoin
         self._refuse_after_windows("a windowed aggregation")
         return self._append(Step(StepKind.WINDOW, aggregator, resolved, name, windows, emit, idle_ms=idle_ms))
 
-    def _add_interval_join(self, join: IntervalJoin, on_merge: PairMerge, store: str | None) -> StreamingDataFrame:
+    def _join_store(self, store: str | None) -> str:
+        return self._resolve_store(store)
+
+    def _add_stream_join(
+        self, join: Any, left: StepCall, right: StepCall, name: str, store: str | None
+    ) -> StreamingDataFrame:
         if self.stream_join is not None or self.table_joins:
             raise ConfigurationError("an app's steps join one stream, and then no partitioned table")
         resolved = self._resolve_store(store)
-        self._refuse_expiring(resolved, "an interval join")
+        self._refuse_expiring(resolved, f"a {join.kind}")
         if resolved in self._evicting or any(step.store == resolved for step in self.steps):
-            raise ConfigurationError(f"an interval join keeps its records in a store of its own, not {resolved!r}")
-        self._refuse_after_windows("an interval join")
-        self._refuse_after_per_commit("an interval join")
-        name = f"join {join.stream.name}"
-        left, right = interval_join_calls(resolved, name, on_merge)
+            raise ConfigurationError(f"a {join.kind} keeps its records in a store of its own, not {resolved!r}")
+        self._refuse_after_windows(f"a {join.kind}")
+        self._refuse_after_per_commit(f"a {join.kind}")
         self._append(Step(StepKind.WINDOW, left, resolved, name, join))
         self.stream_join = StreamJoin(join, resolved, right, len(self._chain))
         return self

@@ -111,7 +111,7 @@ class IntervalJoin:
 def interval_join_calls(store: str, name: str, on_merge: PairMerge) -> tuple[SideCall, SideCall]:
     """The join's calls for a left record (the app's) and a right one (the joined stream's). What
     they raise, but a damaged store, is the record's failure (`StepFailed`)."""
-    merge = _pair_merge(on_merge)
+    merge = pair_merge(on_merge)
 
     def side_call(side: int) -> SideCall:
         def joined(value: Any, states: Any) -> Emitted:
@@ -134,7 +134,8 @@ def interval_join_calls(store: str, name: str, on_merge: PairMerge) -> tuple[Sid
     return side_call(LEFT), side_call(RIGHT)
 
 
-def _pair_merge(on_merge: PairMerge) -> Callable[[Any, Any], Any]:
+def pair_merge(on_merge: PairMerge) -> Callable[[Any, Any], Any]:
+    """What merges a join's two values (either may be None: a side without a partner)."""
     if callable(on_merge):
         return on_merge
     if on_merge not in ("raise", "keep-left", "keep-right"):
@@ -166,10 +167,11 @@ def _pair_merge(on_merge: PairMerge) -> Callable[[Any, Any], Any]:
 
 @dataclass(frozen=True)
 class StreamJoin:
-    """An app's interval join as its worker runs it: the definition, the store of both sides, the
-    call for the joined stream's records, and where the steps after the join start in the chain."""
+    """An app's join with another stream (an interval join, or a table join) as its worker runs it:
+    the definition, the store of both sides, the call for the joined stream's records, and where the
+    steps after the join start in the chain."""
 
-    join: IntervalJoin
+    join: Any
     store: str
     right: SideCall
     after_index: int
@@ -206,7 +208,12 @@ class IntervalJoinDeclarations:
         step may use it) until they can join nothing more; its changelog is compacted and deleted
         past that retention. The two topics must be co-partitioned; only stateless steps may follow."""
         join = IntervalJoin.define(other, within, before, after, grace, how)
-        return self._add_interval_join(join, on_merge, store)
+        name = f"join {other.name}"
+        left, right = interval_join_calls(self._join_store(store), name, on_merge)
+        return self._add_stream_join(join, left, right, name, store)
 
-    def _add_interval_join(self, join: IntervalJoin, on_merge: PairMerge, store: str | None) -> Self:
+    def _join_store(self, store: str | None) -> str:
+        raise NotImplementedError
+
+    def _add_stream_join(self, join: Any, left: SideCall, right: SideCall, name: str, store: str | None) -> Self:
         raise NotImplementedError

@@ -25,6 +25,7 @@ from dagster_stateful.core.state.kv import State
 from dagster_stateful.core.state.live import LiveState
 from dagster_stateful.core.state.session_state import SessionState
 from dagster_stateful.core.state.sliding_state import SlidingState
+from dagster_stateful.core.state.table_join_state import ENDED
 from dagster_stateful.core.state.window_state import WindowBounds, WindowState
 from dagster_stateful.errors import StateStoreError
 
@@ -400,7 +401,8 @@ def through(emitted: Emitted, chain: Chain, states: Views) -> Emitted:
         return emitted
     out = Emitted()
     for key, value in emitted:
-        value = run_chain(chain, value, states)
+        if value is not ENDED:  # a table join's tombstone passes the steps by
+            value = run_chain(chain, value, states)
         if value is not DROPPED:
             out.append((key, value))
     return out

@@ -30,6 +30,7 @@ from dagster_stateful.core.processing.paths.timer_firing import TimerFiring
 from dagster_stateful.core.processing.restores.state_updater import Restorations
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.serialization import BytesSerde, fast_loads
+from dagster_stateful.core.state.table_join_state import ENDED
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import StoreCorruptedError
 
@@ -72,7 +73,7 @@ class BatchProcessor:
         transactions: Mapping[int, PartitionTransaction],
         restorations: Restorations,
         bad_input: BadInputHandler,
-        produce: Callable[[str, bytes | None, bytes], None],
+        produce: Callable[[str, bytes | None, bytes | None], None],
         counts: dict[int, int],
         on_damage: Callable[[int, StoreCorruptedError], None],
         tables: RecordTables | None = None,
@@ -232,7 +233,7 @@ class BatchProcessor:
         output, dumps = self._output, self._output_dumps
         if output is not None:
             for key, value in emitted:
-                self._produce(output, key, dumps(value))
+                self._produce(output, key, None if value is ENDED else dumps(value))
 
     def _remember_prefix(self, message_key: bytes) -> bytes:
         prefixes = self._prefixes

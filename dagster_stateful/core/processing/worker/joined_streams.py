@@ -42,6 +42,7 @@ from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.state.commit_metadata import stream_entry
 from dagster_stateful.core.state.interval_join_state import IntervalJoinState
 from dagster_stateful.core.state.serialization import fast_loads
+from dagster_stateful.core.state.table_join_state import ENDED, TableJoinState
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import RecoveryError, TopicMismatchError
 
@@ -53,7 +54,7 @@ PENDING_LIMIT = 50_000
 FETCH_WAIT_SECONDS = 0.2
 NO_KEY = "a record of a joined stream needs a message key (the join's key)"
 
-Produce = Callable[[str, bytes | None, bytes], None]
+Produce = Callable[[str, bytes | None, bytes | None], None]
 
 
 @dataclass(eq=False)
@@ -290,7 +291,7 @@ class JoinedStreams:
             self._reject(side, message, f"deserializing the value of joined stream {self._join.stream.name!r}", error)
             return
         txn.begin_message(key, tag)
-        state: IntervalJoinState = txn.windows[self._join.store]  # type: ignore[assignment]
+        state: IntervalJoinState | TableJoinState = txn.windows[self._join.store]  # type: ignore[assignment]
         state.timestamp, state.right_offset = message.timestamp()[1], offset
         try:
             emitted = through(self._join.right(value, txn.views), self._after, txn.views)
@@ -304,7 +305,7 @@ class JoinedStreams:
             self._bad_input.handle_late(message, state.stream_time)
         elif self._output is not None:
             for result_key, result in emitted:
-                self._produce(self._output, result_key, self._dumps(result))
+                self._produce(self._output, result_key, None if result is ENDED else self._dumps(result))
 
     def _reject(self, side: StreamSide, message: Message, stage: str, error: BaseException) -> None:
         self._bad_input.handle(message, stage, error)
