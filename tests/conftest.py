@@ -46,7 +46,7 @@ one after the other on one worker (`WAITS_GROUP`) while the other worker compute
 
 
 GROUP_SECONDS: dict[str, int] = {
-    "faults/test_faults.py": 730,
+    "faults/test_faults.py": 790,
     "spark": 430,
     "waits": 395,
     "dagster/test_pool_job.py": 130,

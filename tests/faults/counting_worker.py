@@ -179,6 +179,9 @@ class WorkerSpec:
     store and sent to `output` (required): each pair merged, each record without a partner alone
     once it closed ("": no join)."""
     join_within_ms: int = 1_000
+    join_tables: bool = False
+    """With `joined_topic`: an outer table-table join instead (both topics read as tables, each
+    update sending its key's joined latest values)."""
     regroup: bool = False
     """Re-key every order by its "customer" field first (`group_by`), through the app's repartition
     topic: the state then belongs to the repartition topic's partitions, under the same keys."""
@@ -238,7 +241,12 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         if observe is not None:
             frame.update(observe)
         payments = app.stream(spec.joined_topic, name="payments")
-        frame.join_interval(payments, within=spec.join_within_ms, grace=spec.window_grace_ms, how="outer", store=STORE)
+        if spec.join_tables:
+            frame.table_join(payments, how="outer", store=STORE)
+        else:
+            frame.join_interval(
+                payments, within=spec.join_within_ms, grace=spec.window_grace_ms, how="outer", store=STORE
+            )
     elif spec.windowed:
         if not spec.output:
             raise ValueError("a windowed worker sends its closed windows to an output topic")

@@ -399,6 +399,7 @@ def joined_sigkill_storm(
     kills: int = 10,
     wipe_share: float = 0.25,
     guarantee: str = EXACTLY_ONCE,
+    tables: bool = False,
 ) -> FaultResult:
     """`sigkill_storm` for an outer interval join: orders (keyed by customer, 20-50 ms apart from
     three hours ago on) joined with their customers' payments (a second topic, co-partitioned, up
@@ -409,9 +410,12 @@ def joined_sigkill_storm(
     (`outer_join_of`, counters `JOIN_MISMATCHES`): every pair in reach, and every record without a
     partner once stream time passed its reach and grace, sent (read_committed) exactly once under
     exactly-once, at least once under at-least-once; nothing else sent, so a record sent alone
-    before its partner came is "never due"."""
+    before its partner came is "never due". `tables`: an outer table-table join of the two topics
+    instead, judged by the output's last value of each key against the join of the two topics'
+    last values (`join_tables_judged`)."""
     exactly_once = guarantee == EXACTLY_ONCE
-    result = FaultResult("1j SIGKILL at random points, interval join" + (" (exactly-once)" if exactly_once else ""))
+    kind = "table join" if tables else "interval join"
+    result = FaultResult(f"1j SIGKILL at random points, {kind}" + (" (exactly-once)" if exactly_once else ""))
     paid = PaidOrders(customers, random.Random(lab.seed), start_ms=hours_ago(3))
     source, payments, output = lab.unique("orders"), lab.unique("payments"), lab.unique("joined")
     for topic in (source, payments, output):
@@ -434,6 +438,7 @@ def joined_sigkill_storm(
         output=output,
         on_error="dead-letter",
         joined_topic=payments,
+        join_tables=tables,
         join_within_ms=JOIN_WITHIN_MS,
         window_grace_ms=WINDOW_GRACE_MS,
     )
@@ -443,6 +448,8 @@ def joined_sigkill_storm(
     result.recovery_seconds = outcome.seconds
     result.counters["changelog records compacted away"] = compacted_away(lab.bootstrap, changelog, partitions)
     count_uncommitted_applied(result, lab)
+    if tables:
+        return join_tables_judged(result, lab.bootstrap, source, payments, output)
     expected = recomputed_join(lab.bootstrap, source, payments)
     sent: Counter[tuple[str, Any, Any]] = Counter()
     for message in read_committed(lab.bootstrap, output):
@@ -462,6 +469,34 @@ def joined_sigkill_storm(
         f"missing: {sorted(set(expected) - set(sent), key=repr)[:5]}",
         f"never due: {sorted(set(sent) - set(expected), key=repr)[:5]}",
     ]
+    return result
+
+
+def join_tables_judged(result: FaultResult, bootstrap: str, orders: str, payments: str, output: str) -> FaultResult:
+    """The table join's output against the two topics read as tables: each key's last output value
+    is the outer join of its last order and last payment (counters `JOIN_MISMATCHES`: "missing" a
+    key whose last value differs or is absent, "never due" a key output that neither table has)."""
+    latest: list[dict[str, Any]] = [{}, {}]
+    for index, topic in enumerate((orders, payments)):
+        for message in source_messages(bootstrap, topic):
+            latest[index][(message.key() or b"").decode()] = orjson.loads(message.value() or b"null")
+    expected = {key: {**latest[1].get(key, {}), **latest[0].get(key, {})} for key in set(latest[0]) | set(latest[1])}
+    sent: dict[str, Any] = {}
+    counts: Counter[str] = Counter()
+    for message in read_committed(bootstrap, output):
+        key = (message.key() or b"").decode()
+        sent[key] = orjson.loads(message.value() or b"null")
+        counts[key] += 1
+    result.messages = sum(counts.values())
+    result.counters["join pairs (recomputed)"] = sum(1 for key in expected if key in latest[0] and key in latest[1])
+    result.counters["join results sent alone (recomputed)"] = len(expected) - result.counters["join pairs (recomputed)"]
+    result.counters["join results missing"] = sum(1 for key, value in expected.items() if sent.get(key) != value)
+    result.counters["join results never due"] = len(set(sent) - set(expected))
+    result.counters["join results doubled"] = 0  # an update sent again is no error in a table's output
+    result.lost = result.counters["join results missing"]
+    result.doubled = 0
+    wrong = sorted(key for key, value in expected.items() if sent.get(key) != value)[:5]
+    result.notes += [f"keys whose last output is not the join of the last values: {wrong}"]
     return result
 
 

@@ -326,6 +326,23 @@ def test_an_interval_join_sigkilled_at_random_points_sends_every_result_due_and_
     assert not found, f"the join differs from the one recomputed from both topics: {found}\n{explain(result)}"
 
 
+@pytest.mark.parametrize("guarantee", [EXACTLY_ONCE, AT_LEAST_ONCE])
+def test_a_table_join_sigkilled_at_random_points_ends_with_the_join_of_both_tables_last_values(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    """An outer table-table join of two topics read as tables (keyed by customer) under SIGKILL
+    storms: each key's last output value is the join of its last values in both topics."""
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    kills = len(KillPoint)
+    result = joined_sigkill_storm(lab, orders=2_000, partitions=3, kills=kills, guarantee=guarantee, tables=True)
+
+    assert result.faults == kills, explain(result)
+    assert_caught_up(result, "final")
+    assert result.counters["join pairs (recomputed)"] >= 20, explain(result)
+    found = {name: result.counters[name] for name in JOIN_MISMATCHES if result.counters[name]}
+    assert not found, f"the join differs from the one of both tables' last values: {found}\n{explain(result)}"
+
+
 def test_a_zombie_worker_is_fenced_and_none_of_its_writes_appear(kafka_bootstrap, tmp_path):
     result = zombie_fenced(Lab(kafka_bootstrap, tmp_path, SEED))
 
