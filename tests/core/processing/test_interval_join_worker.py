@@ -159,7 +159,7 @@ def test_a_joined_stream_that_is_not_co_partitioned_is_refused_before_anything_i
         app.run_worker(max_seconds=60)
 
 
-def test_a_payment_that_does_not_decode_is_dead_lettered_with_its_topic_partition_and_offset(
+def test_payments_whose_value_or_key_does_not_decode_are_dead_lettered_with_their_topic_partition_and_offset(
     kafka_bootstrap, unique_name, tmp_path
 ):
     orders, payments = unique_name("orders"), unique_name("payments")
@@ -170,12 +170,18 @@ def test_a_payment_that_does_not_decode_is_dead_lettered_with_its_topic_partitio
     produce(
         kafka_bootstrap,
         payments,
-        [(b"o1", b"not json", EPOCH + 1), (b"o1", orjson.dumps({"payment": 10}), EPOCH + 2)],
+        [
+            (b"o1", b"not json", EPOCH + 1),
+            (b"\xff\xfe", orjson.dumps({"payment": 11}), EPOCH + 2),
+            (b"o1", orjson.dumps({"payment": 10}), EPOCH + 3),
+        ],
     )
     app = join_app(kafka_bootstrap, orders, payments, tmp_path, name, "at-least-once")
     report = app.run_worker(max_seconds=60)
-    assert report.stop_reason == "caught_up" and report.dead_lettered == 1
-    (dead,) = read_messages(kafka_bootstrap, app.dead_letter_topic)
+    assert report.stop_reason == "caught_up" and report.dead_lettered == 2
+    dead, bad_key = sorted(read_messages(kafka_bootstrap, app.dead_letter_topic), key=lambda m: m.offset())
+    assert bad_key.key() == b"\xff\xfe"
+    assert dict(bad_key.headers() or [])["x-dagster-stateful-source-offset"] == b"1"
     headers = dict(dead.headers() or [])
     assert dead.value() == b"not json"
     assert headers["x-dagster-stateful-source-topic"] == payments.encode()

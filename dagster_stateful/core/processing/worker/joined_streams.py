@@ -41,7 +41,7 @@ from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.state.commit_metadata import stream_entry
 from dagster_stateful.core.state.interval_join_state import IntervalJoinState
-from dagster_stateful.core.state.serialization import fast_loads
+from dagster_stateful.core.state.serialization import BytesSerde, fast_loads
 from dagster_stateful.core.state.table_join_state import ENDED, TableJoinState
 from dagster_stateful.core.state.transaction import PartitionTransaction
 from dagster_stateful.errors import RecoveryError, TopicMismatchError
@@ -116,6 +116,8 @@ class JoinedStreams:
         self._topic = stream_join.stream.topic
         self._entry = stream_entry(stream_join.stream.name)
         self._loads = fast_loads(stream_join.stream.value_serde)
+        self._key_check = None if type(config.key_serde) is BytesSerde else fast_loads(config.key_serde)
+        """Decodes a record's key as the app's own keys are (the join compares the keys' bytes)."""
         self._config = config
         self._kafka = kafka
         self._bad_input = bad_input
@@ -286,9 +288,12 @@ class JoinedStreams:
             self._reject(side, message, "interval join", ValueError(NO_KEY))
             return
         try:
+            if self._key_check is not None:
+                self._key_check(key)
             value = self._loads(raw) if raw is not None else None
         except Exception as error:  # noqa: BLE001 - any codec failure is bad input
-            self._reject(side, message, f"deserializing the value of joined stream {self._join.stream.name!r}", error)
+            stage = f"deserializing the key or value of joined stream {self._join.stream.name!r}"
+            self._reject(side, message, stage, self._described(key, raw, error))
             return
         txn.begin_message(key, tag)
         state: IntervalJoinState | TableJoinState = txn.windows[self._join.store]  # type: ignore[assignment]
@@ -306,6 +311,16 @@ class JoinedStreams:
         elif self._output is not None:
             for result_key, result in emitted:
                 self._produce(self._output, result_key, None if result is ENDED else self._dumps(result))
+
+    def _described(self, key: bytes, raw: bytes | None, error: Exception) -> Exception:
+        """The serdes' own error for a record the fast decoders refused (theirs are terser)."""
+        try:
+            self._config.key_serde.loads(key)
+            if raw is not None:
+                self._join.stream.value_serde.loads(raw)
+        except Exception as described:  # noqa: BLE001 - reported as the record's failure
+            return described
+        return error
 
     def _reject(self, side: StreamSide, message: Message, stage: str, error: BaseException) -> None:
         self._bad_input.handle(message, stage, error)
