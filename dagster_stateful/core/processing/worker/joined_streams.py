@@ -1,10 +1,11 @@
-"""The joined stream of an interval join in a worker: its partition N read beside task partition N.
+"""The joined stream of a join with another stream in a worker: its partition N read beside task partition N.
 
 Owns `JoinedStreams`. For each task partition a worker holds, the joined stream's partition of the
 same number is a `StreamSide`: fetched by a consumer of its own (assigned, outside the group,
 `read_committed`), from the offset the task's last commit recorded for it (the metadata entry
 `stream:<name>`), or, the first time, from where `auto.offset.reset` says. Its records are units
-of work of the task partition, as timer firings are: each runs through the join's right call and
+of work of the task partition, as timer firings are: each runs through the join's right call (an
+interval join's, `dsl.interval_joins`, or a table join's, `dsl.table_table_joins`) and
 the steps after the join in the partition's transaction (its state writes tagged with the offset
 of the task's last message), and its results go to the output topic, so that under exactly-once
 they commit, with the stream's position, in the task's transaction; at-least-once the position is
@@ -18,7 +19,7 @@ end (its position at the end the consumer last heard of), the stream's fetched r
 processed from the worker's loop (`on_wall_clock`). A bounded run is caught up only once every
 held stream partition was processed to its end too.
 
-A record without a key, or whose value does not decode, goes to the error policy with the stream's
+A record without a key, or whose key or value does not decode, goes to the error policy with the stream's
 topic, partition and offset; so does one late for the join (`handle_late`).
 """
 
@@ -157,7 +158,7 @@ class JoinedStreams:
         ours = self._kafka.partition_count(self._config.task_topic)
         if theirs != ours:
             raise TopicMismatchError(
-                f"the interval join of {self._config.task_topic} with {self._topic} needs co-partitioned topics, but "
+                f"the join of {self._config.task_topic} with {self._topic} needs co-partitioned topics, but "
                 f"{self._topic} has {theirs if theirs is not None else 'no'} partitions and "
                 f"{self._config.task_topic} {ours}: give both the same partition count and key them alike "
                 "(or re-key one with group_by)"
