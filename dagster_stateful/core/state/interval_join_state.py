@@ -115,12 +115,6 @@ class IntervalJoinState(WindowState):
         """The kept records stream time has closed, in the order they closed, until a commit deletes them."""
 
     @property
-    def stream_time(self) -> int:
-        self._ensure_records()
-        assert self._stream_time is not None
-        return self._stream_time
-
-    @property
     def next_close(self) -> int | None:
         self._ensure_records()
         return self._open[0][0] + 1 if self._open else None
@@ -231,10 +225,6 @@ class IntervalJoinState(WindowState):
             if stored is not None and not stored[1]:
                 alone.append((prefix[4:], stored[0], None) if side == LEFT else (prefix[4:], None, stored[0]))
         return alone
-
-    def _read(self, key: bytes) -> Any:
-        current = self._values.get(key, _MISSING)
-        return self._load(key) if current is _MISSING else current
 
     def _ensure_records(self) -> dict[tuple[int, bytes], list[_Record]]:
         """The kept records by side and message prefix, when not known: those in RocksDB, as the

@@ -98,10 +98,6 @@ class TableJoinState(WindowState):
             return [(message_key, ENDED, None)]
         return []
 
-    def _read(self, key: bytes) -> Any:
-        current = self._values.get(key, _MISSING)
-        return self._load(key) if current is _MISSING else current
-
     def _ensure_index(self) -> dict[int, set[bytes]]:
         if self._index is None:
             self._index = {}
@@ -109,9 +105,6 @@ class TableJoinState(WindowState):
             found = -1 if data is None else self._decode(data)
             self._stream_time = self._reconcile_stream_time(found)
         return self._index
-
-
-_MISSING: Any = object()
 
 
 def _row_key(side: int, prefix: bytes) -> bytes:

@@ -58,8 +58,6 @@ class IntervalJoin:
     after: int
     grace: int
     how: IntervalJoinHow
-    timestamp: None = None
-    """Interval joins use the message timestamps (as window steps without `timestamp=`)."""
 
     kind = "interval join"
 
@@ -108,21 +106,15 @@ class IntervalJoin:
         return window_changelog_config(self.retention)
 
 
-def interval_join_calls(store: str, name: str, on_merge: PairMerge) -> tuple[SideCall, SideCall]:
-    """The join's calls for a left record (the app's) and a right one (the joined stream's). What
-    they raise, but a damaged store, is the record's failure (`StepFailed`)."""
-    merge = pair_merge(on_merge)
+def join_side_calls(store: str, name: str, results: Callable[[Any, int, Any], Emitted]) -> tuple[SideCall, SideCall]:
+    """A join with another stream's calls for a left record (the app's) and a right one (the joined
+    stream's): `results(state of store, side, value)`. What they raise, but a damaged store, is the
+    record's failure (`StepFailed`)."""
 
     def side_call(side: int) -> SideCall:
         def joined(value: Any, states: Any) -> Emitted:
             try:
-                state: IntervalJoinState = states[store]
-                if state.timestamp < 0:
-                    raise ValueError("the record has no timestamp, which an interval join needs")
-                pairs, closed = state.join_record(side, value)
-                if pairs is None:
-                    return LATE
-                return Emitted([(key, merge(left, right)) for key, left, right in closed + pairs])
+                return results(states[store], side, value)
             except StateStoreError:
                 raise
             except Exception as error:
@@ -132,6 +124,22 @@ def interval_join_calls(store: str, name: str, on_merge: PairMerge) -> tuple[Sid
         return joined
 
     return side_call(LEFT), side_call(RIGHT)
+
+
+def interval_join_calls(store: str, name: str, on_merge: PairMerge) -> tuple[SideCall, SideCall]:
+    """The interval join's calls (`join_side_calls`): the pairs a record made and the records stream
+    time closed unmatched, or `LATE`."""
+    merge = pair_merge(on_merge)
+
+    def results(state: IntervalJoinState, side: int, value: Any) -> Emitted:
+        if state.timestamp < 0:
+            raise ValueError("the record has no timestamp, which an interval join needs")
+        pairs, closed = state.join_record(side, value)
+        if pairs is None:
+            return LATE
+        return Emitted([(key, merge(left, right)) for key, left, right in closed + pairs])
+
+    return join_side_calls(store, name, results)
 
 
 def pair_merge(on_merge: PairMerge) -> Callable[[Any, Any], Any]:

@@ -15,12 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
-from dagster_stateful.core.processing.dsl.interval_joins import JoinedStream, PairMerge, SideCall, pair_merge
-from dagster_stateful.core.processing.dsl.steps import StepFailed
+from dagster_stateful.core.processing.dsl.interval_joins import (
+    JoinedStream,
+    PairMerge,
+    SideCall,
+    join_side_calls,
+    pair_merge,
+)
 from dagster_stateful.core.processing.dsl.windows import Emitted
-from dagster_stateful.core.state.interval_join_state import LEFT, RIGHT
 from dagster_stateful.core.state.table_join_state import ENDED, NEVER, TableJoinBounds, TableJoinState
-from dagster_stateful.errors import ConfigurationError, StateStoreError
+from dagster_stateful.errors import ConfigurationError
 
 __all__ = ["TableTableJoin", "TableTableJoinDeclarations", "TableTableJoinHow", "table_join_calls"]
 
@@ -33,7 +37,6 @@ class TableTableJoin:
 
     stream: JoinedStream
     how: TableTableJoinHow
-    timestamp: None = None
 
     kind = "table join"
     size = 0
@@ -55,25 +58,15 @@ class TableTableJoin:
 
 
 def table_join_calls(store: str, name: str, on_merge: PairMerge) -> tuple[SideCall, SideCall]:
-    """The join's calls for an update of the left table (the app's) and of the right one. What they
-    raise, but a damaged store, is the record's failure (`StepFailed`)."""
+    """The table join's calls for an update of the left table (the app's) and of the right one
+    (`join_side_calls`): the key's new joined value, or `ENDED`."""
     merge = pair_merge(on_merge)
 
-    def side_call(side: int) -> SideCall:
-        def joined(value: Any, states: Any) -> Emitted:
-            try:
-                state: TableJoinState = states[store]
-                results = state.update_row(side, value)
-                return Emitted([(key, left if left is ENDED else merge(left, right)) for key, left, right in results])
-            except StateStoreError:
-                raise
-            except Exception as error:
-                raise StepFailed(name, error) from error
+    def results(state: TableJoinState, side: int, value: Any) -> Emitted:
+        updated = state.update_row(side, value)
+        return Emitted([(key, left if left is ENDED else merge(left, right)) for key, left, right in updated])
 
-        joined.__name__ = name
-        return joined
-
-    return side_call(LEFT), side_call(RIGHT)
+    return join_side_calls(store, name, results)
 
 
 class TableTableJoinDeclarations:

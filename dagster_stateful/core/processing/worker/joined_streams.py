@@ -45,7 +45,7 @@ from dagster_stateful.core.state.interval_join_state import IntervalJoinState
 from dagster_stateful.core.state.serialization import BytesSerde, fast_loads
 from dagster_stateful.core.state.table_join_state import ENDED, TableJoinState
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.errors import RecoveryError, TopicMismatchError
+from dagster_stateful.errors import RecoveryError
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,6 @@ class JoinedStreams:
         self._deadline = deadline
         self._task_ends = task_ends
         self._consumer: Consumer | None = None
-        self._checked = False
         self.sides: dict[int, StreamSide] = {}
         self.processed = 0
         """Records of the joined stream processed in this run (again after a roll-back too)."""
@@ -137,8 +136,7 @@ class JoinedStreams:
 
     def open(self, partition: int, recorded: dict[str, int]) -> StreamSide:
         """Take the stream's partition beside task `partition`, from where its last commit recorded."""
-        self.close(partition)
-        self._check_co_partitioned()
+        self.close(partition)  # provisioning checked that the topics are co-partitioned
         committed = recorded.get(self._entry)
         if committed is None:
             low, high = self._kafka.watermarks(self._topic, [partition], committed=True)[partition]
@@ -150,20 +148,6 @@ class JoinedStreams:
         self.sides[partition] = side
         self._assign(side)
         return side
-
-    def _check_co_partitioned(self) -> None:
-        if self._checked:
-            return
-        theirs = self._kafka.partition_count(self._topic)
-        ours = self._kafka.partition_count(self._config.task_topic)
-        if theirs != ours:
-            raise TopicMismatchError(
-                f"the join of {self._config.task_topic} with {self._topic} needs co-partitioned topics, but "
-                f"{self._topic} has {theirs if theirs is not None else 'no'} partitions and "
-                f"{self._config.task_topic} {ours}: give both the same partition count and key them alike "
-                "(or re-key one with group_by)"
-            )
-        self._checked = True
 
     def _consumer_of(self) -> Consumer:
         if self._consumer is None:
