@@ -21,7 +21,10 @@ Owns the format of the commit's metadata string. Two things ride in it, per stor
 - **Table positions** (partitioned tables, `processing.worker.tables`). Entries named `table:<name>`
   beside the stream times hold the offset of the next record of table `<name>`'s partition that
   the commit had not yet applied; the entry `join:stream-time` the stream time of the records
-  joining a versioned table with a grace. Store names cannot hold ':', so no store takes these.
+  joining a versioned table with a grace; `stream:<name>` the position of a joined stream's
+  partition (`processing.worker.joined_streams`); `fk:<table>:<partition>` how far a foreign-key
+  join has taken in that partition of its right table (`processing.worker.foreign_key_joins`).
+  Store names cannot hold ':', so no store takes these.
 
 Format: `"ds1:"` and a JSON object, store name to stream time in ms, when no changelog end is
 known; otherwise `"ds2:"` and a JSON object `{"v": 3, "o": <the committed offset>, "t": {store:
@@ -71,11 +74,17 @@ JOIN_STREAM_TIME = "join:stream-time"
 
 
 STREAM_ENTRY_PREFIX = "stream:"
+FOREIGN_KEY_ENTRY_PREFIX = "fk:"
 
 
 def stream_entry(stream: str) -> str:
     """The metadata entry of a joined stream's position (the next of its records to process)."""
     return STREAM_ENTRY_PREFIX + stream
+
+
+def foreign_key_entry(table: str, partition: int) -> str:
+    """The metadata entry of how far a foreign-key join has taken in partition `partition` of right table `table`."""
+    return f"{FOREIGN_KEY_ENTRY_PREFIX}{table}:{partition}"
 
 
 def table_entry(table: str) -> str:

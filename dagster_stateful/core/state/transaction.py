@@ -19,6 +19,7 @@ from itertools import repeat
 
 from dagster_stateful.core.state import kv, live
 from dagster_stateful.core.state.cache import Change, StoreCache
+from dagster_stateful.core.state.foreign_key_join_state import ForeignKeyJoinBounds, ForeignKeyJoinState
 from dagster_stateful.core.state.interval_join_state import IntervalJoinBounds, IntervalJoinState
 from dagster_stateful.core.state.keys import message_prefix
 from dagster_stateful.core.state.kv import State
@@ -47,6 +48,7 @@ _TIMED: dict[type[KeyView], type[KeyView]] = {
     SlidingState: timed_variant(SlidingState, live.TIMED_OPERATIONS),
     IntervalJoinState: timed_variant(IntervalJoinState, live.TIMED_OPERATIONS),
     TableJoinState: timed_variant(TableJoinState, live.TIMED_OPERATIONS),
+    ForeignKeyJoinState: timed_variant(ForeignKeyJoinState, live.TIMED_OPERATIONS),
 }
 """The views a sampled message's operations are timed in, by class."""
 
@@ -61,6 +63,8 @@ def _window_view(
         return SlidingState(partition, cache, serde, bounds)
     if isinstance(bounds, IntervalJoinBounds):
         return IntervalJoinState(partition, cache, serde, bounds)
+    if isinstance(bounds, ForeignKeyJoinBounds):
+        return ForeignKeyJoinState(partition, cache, serde, bounds)
     if isinstance(bounds, TableJoinBounds):
         return TableJoinState(partition, cache, serde, bounds)
     return WindowState(partition, cache, serde, bounds)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
+from dagster_stateful.core.processing.dsl.foreign_key_joins import ForeignKeyJoin, foreign_key_join_calls
 from dagster_stateful.core.processing.dsl.interval_joins import (
     JoinedStream,
     PairMerge,
@@ -22,6 +23,7 @@ from dagster_stateful.core.processing.dsl.interval_joins import (
     join_side_calls,
     pair_merge,
 )
+from dagster_stateful.core.processing.dsl.joins import GlobalTable, TableKeyOf
 from dagster_stateful.core.processing.dsl.windows import Emitted
 from dagster_stateful.core.state.table_join_state import ENDED, NEVER, TableJoinBounds, TableJoinState
 from dagster_stateful.errors import ConfigurationError
@@ -74,8 +76,9 @@ class TableTableJoinDeclarations:
 
     def table_join(
         self,
-        other: JoinedStream,
+        other: JoinedStream | GlobalTable,
         *,
+        on: str | TableKeyOf | None = None,
         how: TableTableJoinHow = "inner",
         on_merge: PairMerge = "raise",
         store: str | None = None,
@@ -88,7 +91,23 @@ class TableTableJoinDeclarations:
         value; left: the left side has; outer: either has). A record without a value deletes its
         key's side. Both sides' latest values are kept in `store` (the app's only store unless named;
         no other step may use it), compacted in its changelog. Only stateless steps may follow; a
-        tombstone passes them by."""
+        tombstone passes them by.
+
+        With a global table (`App.global_table`) and `on` (a field of the left value, or a function of
+        it), the join is Kafka Streams' foreign-key join (`KTable.join(other, foreignKeyExtractor,
+        joiner)`, how "inner" or "left"): each left value names the right key it joins, the topics
+        need no co-partitioning, and an update of a right key passes on the new joined value of every
+        left key that references it (see `dsl.foreign_key_joins`)."""
+        if isinstance(other, GlobalTable):
+            foreign = ForeignKeyJoin.define(other, on, how)
+            name = f"join table {other.name}"
+            left, right = foreign_key_join_calls(self._join_store(store), name, foreign, on_merge)
+            return self._add_stream_join(foreign, left, right, name, store)
+        if on is not None:
+            raise ConfigurationError(
+                f"table_join with stream {getattr(other, 'name', other)!r} joins on the message key, not on={on!r}: "
+                "a foreign-key join needs the right table as App.global_table(...)"
+            )
         join = TableTableJoin.define(other, how)
         name = f"join table {other.name}"
         left, right = table_join_calls(self._join_store(store), name, on_merge)

@@ -7,7 +7,9 @@ joins its group (as Kafka Streams bootstraps its global stores before its stream
 copy reads its topic from where it stopped up to the end the topic had then; while processing,
 what has arrived is applied between consumed batches, so a record sees the table as of then. A
 tombstone deletes its key. A record whose key or value does not decode goes to the error policy,
-named by the table's topic, partition and offset. A copy whose offsets lie past the topic's end
+named by the table's topic, partition and offset. A foreign-key join (`worker.foreign_key_joins`)
+subscribes to its table: it is told of each batch of records applied to the copy, and can read
+the copy up to a position. A copy whose offsets lie past the topic's end
 (the topic was recreated) is read again from the beginning. The table consumer is assigned its
 partitions and never joins a group.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import orjson
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 
 OFFSETS_KEY = b"offsets"
 BATCH = 10_000
+
+Applied = Callable[[list[Message], dict[int, int]], None]
+"""Told of records applied to a table's copy: the records, and the copy's position after them."""
 
 
 class TableCopy:
@@ -82,6 +87,8 @@ class GlobalTables:
         self._bad_input = bad_input
         self._copies: dict[str, TableCopy] = {}
         self._consumer: Consumer | None = None
+        self._partitions: dict[str, int] = {}
+        self._subscribers: dict[str, Applied] = {}
         self.applied = 0
         """Table records applied in this run."""
 
@@ -99,7 +106,7 @@ class GlobalTables:
             copy = TableCopy(table, self._app_dir / GLOBAL_TABLES_DIR / table.name / self._member)
             self._copies[topic] = copy
             table.bind_reader(copy.database.get)
-            count = self._kafka.partition_count(topic) or 0
+            count = self._partitions[topic] = self._kafka.partition_count(topic) or 0
             marks = self._kafka.watermarks(topic, range(count))
             if any(copy.offsets.get(p, 0) > high for p, (_, high) in marks.items()):
                 log.warning(
@@ -133,6 +140,26 @@ class GlobalTables:
             time.monotonic() - started,
         )
 
+    def subscribe(self, topic: str, applied: Applied) -> None:
+        """Call `applied` with each batch of records of `topic` applied to its copy from now on."""
+        self._subscribers[topic] = applied
+
+    def position(self, topic: str) -> dict[int, int]:
+        """Where the copy of `topic`'s table stands: partition -> the offset of the next record to read."""
+        offsets = self._copies[topic].offsets
+        return {partition: offsets.get(partition, 0) for partition in range(self._partitions[topic])}
+
+    def read_to(self, topic: str, wanted: dict[int, int], deadline: Deadline) -> None:
+        """Read `topic`'s table until its copy stands at `wanted` or past it, in every partition."""
+        while any(self.position(topic).get(partition, 0) < offset for partition, offset in wanted.items()):
+            if deadline.passed():
+                raise RecoveryError(
+                    f"global table {self._tables[topic].name!r} was not read to {wanted} of {topic} in time (at "
+                    f"{self.position(topic)}); check that the brokers answer, or give the run more time"
+                )
+            assert self._consumer is not None
+            self._apply(self._consumer.consume(BATCH, timeout=0.2))
+
     def poll(self) -> None:
         """Apply what has arrived on the tables' topics (without waiting)."""
         if self._consumer is not None:
@@ -144,6 +171,7 @@ class GlobalTables:
         reached: list[TopicPartition] = []
         changes: dict[str, list[tuple[bytes, bytes | None]]] = {}
         offsets: dict[str, dict[int, int]] = {}
+        good: dict[str, list[Message]] = {}
         for message in messages:
             failure = message.error()
             if failure is not None:
@@ -161,9 +189,13 @@ class GlobalTables:
                 self._bad_input.handle(message, f"reading global table {table.name!r}", fault or ValueError("no key"))
                 continue
             changes.setdefault(topic, []).append((key, value))
+            good.setdefault(topic, []).append(message)
         for topic, read in offsets.items():
             self._copies[topic].apply(changes.get(topic, []), read)
             self.applied += len(changes.get(topic, []))
+            subscriber = self._subscribers.get(topic)
+            if subscriber is not None:
+                subscriber(good.get(topic, []), self.position(topic))
         return reached
 
     def close_all(self, seconds: float) -> None:

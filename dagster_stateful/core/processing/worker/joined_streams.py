@@ -36,10 +36,13 @@ from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
 from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
+from dagster_stateful.core.processing.dsl.foreign_key_joins import ForeignKeyJoin
 from dagster_stateful.core.processing.dsl.interval_joins import StreamJoin
 from dagster_stateful.core.processing.dsl.steps import Chain, StepFailed, through
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
+from dagster_stateful.core.processing.worker.foreign_key_joins import ForeignKeyJoins
+from dagster_stateful.core.processing.worker.global_tables import GlobalTables
 from dagster_stateful.core.state.commit_metadata import stream_entry
 from dagster_stateful.core.state.interval_join_state import IntervalJoinState
 from dagster_stateful.core.state.serialization import BytesSerde, fast_loads
@@ -335,11 +338,15 @@ def joined_streams(
     produce: Produce,
     deadline: Deadline,
     consumer: Consumer,
-) -> JoinedStreams | None:
-    """The joined stream's partitions of an app with an interval join (None: it has none)."""
-    if dataframe.stream_join is None:
+    global_tables: GlobalTables,
+) -> JoinedStreams | ForeignKeyJoins | None:
+    """What feeds the other side of an app's join with a stream or a table beside the task
+    partitions: the joined stream's partitions, or a foreign-key join's right table (None: neither)."""
+    stream_join = dataframe.stream_join
+    if stream_join is None:
         return None
+    after = dataframe.stream_join_after
+    if isinstance(stream_join.join, ForeignKeyJoin):
+        return ForeignKeyJoins(stream_join, after, config, kafka, bad_input, produce, deadline, global_tables)
     ends = task_at_end(consumer, config.task_topic)
-    return JoinedStreams(
-        dataframe.stream_join, dataframe.stream_join_after, config, kafka, bad_input, produce, deadline, ends
-    )
+    return JoinedStreams(stream_join, after, config, kafka, bad_input, produce, deadline, ends)

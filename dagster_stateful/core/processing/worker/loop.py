@@ -231,7 +231,8 @@ class Worker:
             config, self._dataframe, self._bad_input, self._committer.produce, self.report.rekeyed, self._source_tables
         )
         self._purge = RepartitionPurge.of_app(config, kafka)
-        parts = (self._bad_input, self._committer.produce, self._commit_deadline, self._consumer)
+        self._globals = GlobalTables(self._global_tables, config, kafka, self.state.app_dir, self._bad_input)
+        parts = (self._bad_input, self._committer.produce, self._commit_deadline, self._consumer, self._globals)
         self._streams = joined_streams(config, self._dataframe, kafka, *parts)
         self._assignments = PartitionAssignments(
             config,
@@ -276,7 +277,6 @@ class Worker:
             config, self._dataframe, per_message, CONSUME_BATCH, self._tables, self._rekeying
         )
         self._emitter = commit_emitter(config, self._dataframe, self._committer.produce, self._bad_input)
-        self._globals = GlobalTables(self._global_tables, config, kafka, self.state.app_dir, self._bad_input)
 
     def _loop(self, started: float) -> StopReason:
         limits, config = self.limits, self.config

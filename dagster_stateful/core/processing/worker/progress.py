@@ -19,8 +19,16 @@ from confluent_kafka import Consumer, TopicPartition
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.clients import KafkaClients
 from dagster_stateful.core.monitoring.lag import partition_lag
-from dagster_stateful.core.processing.worker.joined_streams import JoinedStreams
 from dagster_stateful.core.processing.worker.rebalance import PartitionAssignments
+from dagster_stateful.core.state.transaction import PartitionTransaction
+
+
+class OtherSide(Protocol):
+    """The other side of a join with a stream or a table (`worker.joined_streams`, `worker.foreign_key_joins`)."""
+
+    def caught_up(self, transactions: Mapping[int, PartitionTransaction]) -> bool:
+        """Whether every held task partition has taken in the other side up to its end."""
+        ...
 
 
 class Processed(Protocol):
@@ -38,7 +46,7 @@ class Progress:
         assignments: PartitionAssignments,
         pinned: bool = False,
         waiting: Callable[[int], int | None] | None = None,
-        streams: JoinedStreams | None = None,
+        streams: OtherSide | None = None,
     ) -> None:
         """pinned: the run holds chosen partitions of the state's topic only (a re-keying app's
         source is then left to the group's runs). waiting: the offset of the first record of a task
