@@ -180,6 +180,10 @@ class WorkerSpec:
     once it closed ("": no join)."""
     join_within_ms: int = 1_000
     join_tables: bool = False
+    foreign_key_table: str = ""
+    """Read the source as a table of orders, each naming its customer, and inner-join it on that
+    field with this compacted topic's customers, kept as a global table (a foreign-key join, kept in
+    the store and sent to `output`) ("": no such join)."""
     """With `joined_topic`: an outer table-table join instead (both topics read as tables, each
     update sending its key's joined latest values)."""
     regroup: bool = False
@@ -237,7 +241,12 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         frame.join(table, on_merge="keep-left").filter(joined_its_latest_profile)
     if spec.regroup:
         frame.group_by("customer")
-    if spec.joined_topic:
+    if spec.foreign_key_table:
+        if observe is not None:
+            frame.update(observe)
+        customers = app.global_table(spec.foreign_key_table, name="customers")
+        frame.table_join(customers, on="customer", on_merge="keep-left", store=STORE)
+    elif spec.joined_topic:
         if observe is not None:
             frame.update(observe)
         payments = app.stream(spec.joined_topic, name="payments")
@@ -270,7 +279,8 @@ def build_app(spec: WorkerSpec, observe: Callable[[dict], None] | None = None) -
         frame.apply(count_order, stateful=True)
     if spec.output:
         app.to_topic(frame, spec.output)
-    if observe is not None and not spec.windowed and not spec.aggregate and not spec.joined_topic:
+    joins = spec.joined_topic or spec.foreign_key_table
+    if observe is not None and not spec.windowed and not spec.aggregate and not joins:
         frame.update(observe)
     return app
 

@@ -500,6 +500,93 @@ def join_tables_judged(result: FaultResult, bootstrap: str, orders: str, payment
     return result
 
 
+def foreign_key_sigkill_storm(
+    lab: Lab, updates: int = 2_000, partitions: int = 3, kills: int = 10, guarantee: str = EXACTLY_ONCE
+) -> FaultResult:
+    """`sigkill_storm` for a foreign-key join: orders read as a table (300 keys, each update naming
+    one of 30 customers, a tenth of them deletes) inner-joined on their customer with a global table
+    of customers (a compacted topic of 2 partitions, so not co-partitioned; a tenth of its updates
+    deletes), both compacted aggressively and updated between runs. Judged by the output's last
+    value of each order against its last value merged with its customer's last value
+    (`foreign_key_judged`)."""
+    exactly_once = guarantee == EXACTLY_ONCE
+    result = FaultResult("1k SIGKILL at random points, foreign-key join" + (" (exactly-once)" if exactly_once else ""))
+    rng = random.Random(lab.seed)
+    source, customers, output = lab.unique("orders"), lab.unique("customers"), lab.unique("joined")
+    create_topic(lab.bootstrap, source, partitions, {"cleanup.policy": "compact", **COMPACT_FAST})
+    create_topic(lab.bootstrap, customers, 2, {"cleanup.policy": "compact", **COMPACT_FAST})
+    create_topic(lab.bootstrap, output, partitions)
+    produced = [0]
+
+    def more_orders(count: int) -> None:
+        start = produced[0]
+        produced[0] += count
+        orders, tiers = [], []
+        for i in range(start, start + count):
+            customer = f"c{rng.randrange(30)}"
+            value = None if rng.random() < 0.1 else orjson.dumps({"id": i, "customer": customer})
+            orders.append((f"o{rng.randrange(300)}".encode(), value, 0))
+            if i % 5 == 0:
+                tier = None if rng.random() < 0.1 else orjson.dumps({"tier": i, "cid": customer})
+                tiers.append((customer.encode(), tier, 0))
+        produce_timed_orders(lab.bootstrap, customers, tiers)  # type: ignore[arg-type]  # None: a delete
+        produce_timed_orders(lab.bootstrap, source, orders)  # type: ignore[arg-type]
+
+    more_orders(updates)
+    spec = lab.spec(
+        source,
+        partitions,
+        step_delay=0.01,
+        restore_delay=0.03,
+        restore_batch_size=20,
+        session_timeout_ms=KILL_SESSION_TIMEOUT_MS,
+        processing_guarantee=guarantee,
+        output=output,
+        on_error="dead-letter",
+        foreign_key_table=customers,
+    )
+    storm(lab, result, spec, kills, max(MIN_SHARE, updates // (kills + 2)), 0.25, more_orders)
+    outcome = run_worker(spec, lab.log("final"))
+    result.runs.append(summarize("final", outcome, spec))
+    result.recovery_seconds = outcome.seconds
+    count_uncommitted_applied(result, lab)
+    return foreign_key_judged(result, lab.bootstrap, source, customers, output)
+
+
+def foreign_key_judged(result: FaultResult, bootstrap: str, orders: str, customers: str, output: str) -> FaultResult:
+    """The foreign-key join's output against the two topics read as tables (counters
+    `JOIN_MISMATCHES`: "missing" an order whose last output differs from its last value merged with
+    its customer's, "never due" an order output that the inner join does not hold)."""
+    latest: list[dict[str, Any]] = [{}, {}]
+    for index, topic in enumerate((orders, customers)):
+        for message in source_messages(bootstrap, topic):
+            raw = message.value()
+            latest[index][(message.key() or b"").decode()] = None if raw is None else orjson.loads(raw)
+    expected = {}
+    for key, order in latest[0].items():
+        customer = None if order is None else latest[1].get(order["customer"])
+        if order is not None and customer is not None:
+            expected[key] = {**customer, **order}
+    sent: dict[str, Any] = {}
+    for message in read_committed(bootstrap, output):
+        raw = message.value()
+        sent[(message.key() or b"").decode()] = None if raw is None else orjson.loads(raw)
+    held = {key: value for key, value in sent.items() if value is not None}
+    result.messages = len(sent)
+    result.counters["join pairs (recomputed)"] = len(expected)
+    result.counters["join results sent alone (recomputed)"] = 0
+    result.counters["join results missing"] = sum(1 for key, value in expected.items() if held.get(key) != value)
+    result.counters["join results never due"] = len(set(held) - set(expected))
+    result.counters["join results doubled"] = 0  # an update sent again is no error in a table's output
+    result.lost = result.counters["join results missing"]
+    wrong = [(key, held.get(key), expected[key]) for key in sorted(expected) if held.get(key) != expected[key]]
+    result.notes += [
+        f"orders whose last output is not the join of the last values (sent, expected): {wrong[:5]}",
+        f"orders sent that the join does not hold: {sorted(set(held) - set(expected))[:5]}",
+    ]
+    return result
+
+
 def recomputed_join(bootstrap: str, orders: str, payments: str) -> Counter[tuple[str, Any, Any]]:
     """The storm's outer join recomputed from the two topics as Kafka has them, partition by partition."""
     sides: dict[int, tuple[list, list]] = {}

@@ -29,6 +29,7 @@ from faults.scenarios import (
     broker_outage,
     corrupted_store,
     evicted_member_fenced,
+    foreign_key_sigkill_storm,
     joined_sigkill_storm,
     kill_schedule,
     read_only_state,
@@ -494,3 +495,21 @@ def test_a_read_only_state_directory_stops_the_worker_with_a_clear_state_store_e
     error = read_only.run("read-only").error
     assert error is not None and error.is_a("StateStoreError"), explain(read_only)
     assert "fault-read-only-" in error.message, f"the message does not name the path: {error.message}"
+
+
+@pytest.mark.parametrize("guarantee", [EXACTLY_ONCE, AT_LEAST_ONCE])
+def test_a_foreign_key_join_sigkilled_at_random_points_ends_with_each_orders_join_with_its_customer(
+    kafka_bootstrap, tmp_path, guarantee
+):
+    """A foreign-key join of orders (a table) with a global table of customers under SIGKILL storms,
+    both tables updated and deleted between runs: each order's last output value is its last value
+    merged with its customer's last value, and no order the join does not hold has a value."""
+    lab = Lab(kafka_bootstrap, tmp_path, SEED)
+    kills = len(KillPoint)
+    result = foreign_key_sigkill_storm(lab, updates=2_000, partitions=3, kills=kills, guarantee=guarantee)
+
+    assert result.faults == kills, explain(result)
+    assert_caught_up(result, "final")
+    assert result.counters["join pairs (recomputed)"] >= 100, explain(result)
+    found = {name: result.counters[name] for name in JOIN_MISMATCHES if result.counters[name]}
+    assert not found, f"the join differs from the one of both tables' last values: {found}\n{explain(result)}"

@@ -36,11 +36,11 @@ from dagster_stateful.core.processing.dsl.steps import Chain, StepFailed, throug
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
 from dagster_stateful.core.processing.worker.global_tables import GlobalTables
-from dagster_stateful.core.state.commit_metadata import foreign_key_entry
+from dagster_stateful.core.state.commit_metadata import check_metadata_fits, foreign_key_entry
 from dagster_stateful.core.state.foreign_key_join_state import ForeignKeyJoinState
 from dagster_stateful.core.state.table_join_state import ENDED
 from dagster_stateful.core.state.transaction import PartitionTransaction
-from dagster_stateful.errors import RecoveryError
+from dagster_stateful.errors import ConfigurationError, RecoveryError
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ class ForeignKeyJoins:
         """Take up task `partition` at the position in the right table its last commit recorded."""
         copy = self._globals.position(self._topic)
         entries = {right: foreign_key_entry(self._table.name, right) for right in copy}
+        if not self.sides:
+            self._check_fits(entries)
         committed = None
         if any(entry in recorded for entry in entries.values()):
             committed = {right: recorded.get(entry, 0) for right, entry in entries.items()}
@@ -146,6 +148,15 @@ class ForeignKeyJoins:
         side.known = not side.behind
         self.sides[partition] = side
         return side
+
+    def _check_fits(self, entries: dict[int, str]) -> None:
+        try:
+            check_metadata_fits([self._join.store, *entries.values()])
+        except ConfigurationError as error:
+            raise ConfigurationError(
+                f"the foreign-key join's positions in the {len(entries)} partitions of {self._topic} do not fit in "
+                f"a commit's metadata ({error})"
+            ) from error
 
     def close(self, partition: int) -> None:
         self.sides.pop(partition, None)
