@@ -46,7 +46,7 @@ one after the other on one worker (`WAITS_GROUP`) while the other worker compute
 
 
 GROUP_SECONDS: dict[str, int] = {
-    "faults/test_faults.py": 790,
+    "faults/test_faults.py": 840,
     "spark": 430,
     "waits": 395,
     "dagster/test_pool_job.py": 130,
@@ -65,6 +65,7 @@ GROUP_SECONDS: dict[str, int] = {
     "local_kafka/test_cli.py": 40,
     "bench/test_bench_standbys.py": 30,
     "core/processing/test_pool.py": 30,
+    "core/processing/test_foreign_key_join_worker.py": 40,
 }
 """What each long group of the integration tier took on this 2-core machine (seconds, measured
 with `--durations=0`; a group that starts the worker's secured broker counts that too): the groups
