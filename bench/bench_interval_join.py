@@ -43,6 +43,7 @@ def produce(bootstrap: str, orders: str, payments: str, count: int, pay_within: 
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,  # a retried batch never lands after a later one (its orders would be late)
             "linger.ms": 20,
             "batch.size": 1_000_000,
             "queue.buffering.max.messages": 2_000_000,
