@@ -220,7 +220,7 @@ class ForeignKeyJoins:
 
     def _take_in(self, txn: PartitionTransaction, side: RightTablePosition) -> int:
         if not side.known:
-            side.pending = self._read_again(side.position, side.target)
+            side.pending = self.updated_between(side.position, side.target)
             side.known = True
         records = list(side.pending.values())
         side.pending.clear()
@@ -252,7 +252,7 @@ class ForeignKeyJoins:
             for result_key, result in emitted:
                 self._produce(self._output, result_key, None if result is ENDED else self._dumps(result))
 
-    def _read_again(self, start: dict[int, int], end: dict[int, int]) -> dict[bytes, Message]:
+    def updated_between(self, start: dict[int, int], end: dict[int, int]) -> dict[bytes, Message]:
         """The latest record of each right key the right topic holds from `start` up to `end` (the
         records the copy applied; those it refused are passed by again)."""
         wanted = {right: offset for right, offset in end.items() if offset > start.get(right, 0)}
