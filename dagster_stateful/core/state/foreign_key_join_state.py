@@ -70,7 +70,7 @@ class ForeignKeyJoinState(TableJoinState):
         prefix = self._prefix
         row_key = FOREIGN_KEY_ROW + prefix
         old = self._read(row_key)
-        if old is not None:
+        if old is not None and old[1] is not None:
             previous = referenced.get(self._foreign.right_key_bytes(old[1]))
             if previous is not None:
                 previous.discard(prefix)
@@ -80,7 +80,8 @@ class ForeignKeyJoinState(TableJoinState):
                 self._cache.delete_live(row_key, self._offset)
             return [(prefix[4:], ENDED, None)] if old is not None and old[2] else []
         right = right_of(foreign_key)
-        referenced.setdefault(self._foreign.right_key_bytes(foreign_key), set()).add(prefix)
+        if foreign_key is not None:  # a left join's row without a foreign key references nothing
+            referenced.setdefault(self._foreign.right_key_bytes(foreign_key), set()).add(prefix)
         return self._set_row(prefix, value, foreign_key, right, old is not None and bool(old[2]))
 
     def update_right(self, right_key: bytes, right: Any) -> list[JoinedPair]:
@@ -125,6 +126,8 @@ class ForeignKeyJoinState(TableJoinState):
             if stored is None:
                 continue
             row = self._decode(stored) if isinstance(stored, bytes) else stored
+            if row[1] is None:
+                continue
             referenced.setdefault(encode(row[1]), set()).add(key[len(FOREIGN_KEY_ROW) :])
         self._referenced = referenced
         return referenced

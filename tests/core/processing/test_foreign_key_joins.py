@@ -4,7 +4,8 @@ references it; a left row that moves to another foreign key leaves the old one's
 tombstone where the join no longer holds and nothing where it neither held nor holds, inner and
 left; the references known again after a commit and a reopen; and a randomized run of updates,
 deletes and moves judged against the join recomputed plainly from the latest values
-(FOREIGN_KEY_JOIN_SEED)."""
+(FOREIGN_KEY_JOIN_SEED). A left join's value without a foreign key joins no right value; an inner
+join's is the record's failure."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def recomputed(updates: list[Update], how: str) -> list[list[Sent]]:
 
     def resend(key: str) -> list[Sent]:
         value = left.get(key)
-        found = None if value is None else right.get(value["fk"])
+        found = None if value is None or value["fk"] is None else right.get(value["fk"])
         holds = value is not None and (found is not None or how == "left")
         was, held[key] = held.get(key, False), holds
         if holds:
@@ -190,7 +191,19 @@ def test_the_references_are_known_again_after_a_commit_and_a_reopen(store):
     ]
 
 
-def test_a_left_value_without_its_foreign_key_is_the_records_failure_and_changes_nothing(store):
+def test_a_left_joins_value_without_a_foreign_key_joins_no_right_value(store):
+    copy = Copy()
+    frame = frame_of(copy, how="left")
+    sent = feed(
+        frame,
+        copy,
+        transaction(store, frame),
+        [("R", "c1", {"t": 1}), ("L", "o1", {"fk": None}), ("R", "c1", {"t": 2}), ("L", "o1", {"fk": "c1"})],
+    )
+    assert sent == [[], [("o1", ({"fk": None}, None))], [], [("o1", ({"fk": "c1"}, {"t": 2}))]]
+
+
+def test_an_inner_joins_value_without_its_foreign_key_is_the_records_failure_and_changes_nothing(store):
     copy = Copy()
     frame = frame_of(copy)
     txn = transaction(store, frame)
@@ -218,7 +231,8 @@ def test_random_updates_deletes_and_moves_with_commits_and_reopens_match_the_joi
     updates: list[Update] = []
     for _ in range(600):
         if rng.random() < 0.5:
-            value = None if rng.random() < 0.2 else {"fk": rng.choice("pqrs"), "n": rng.randrange(100)}
+            foreign_key = None if how == "left" and rng.random() < 0.1 else rng.choice("pqrs")
+            value = None if rng.random() < 0.2 else {"fk": foreign_key, "n": rng.randrange(100)}
             updates.append(("L", rng.choice("abcdefgh"), value))
         else:
             updates.append(("R", rng.choice("pqrs"), None if rng.random() < 0.25 else rng.randrange(100)))

@@ -6,7 +6,8 @@ joiner)`: the app's source is read as a table (the left one, a tombstone deletin
 value naming by `on` (a field, or a function of the value) a key of the right table, a global table
 (`App.global_table`) every worker keeps whole, so that the two topics need no co-partitioning. An
 update of a left key passes on its new joined value (merged by `on_merge`, a function given None for
-a missing right value) or `ENDED` (a tombstone) when its join no longer holds; an update of a right
+a missing right value; a left join's value without a foreign key joins no right value, as in Kafka
+Streams since KIP-962) or `ENDED` (a tombstone) when its join no longer holds; an update of a right
 key does the same for every left key that references it (`worker.foreign_key_joins` runs those,
 then the steps after the join). See `state.foreign_key_join_state` for when the join holds.
 """
@@ -69,7 +70,10 @@ def foreign_key_join_calls(
     """The calls for an update of the left table (a record of the app's source) and of the right one
     (a `RightUpdate`): what each left key it changes sends (`join_side_calls`)."""
     merge = pair_merge(on_merge)
-    key_of, lookup = join.on, join.table.lookup
+    key_of, lookup, left_join = join.on, join.table.lookup, join.how == "left"
+
+    def right_of(foreign_key: Any) -> Any:
+        return None if foreign_key is None else lookup(foreign_key)
 
     def merged(updated: list[JoinedPair]) -> Emitted:
         return Emitted([(key, left if left is ENDED else merge(left, right)) for key, left, right in updated])
@@ -79,8 +83,10 @@ def foreign_key_join_calls(
             right_key, right = value
             return merged(state.update_right(right_key, right))
         foreign_key = None if value is None else key_of(value)
-        if value is not None and foreign_key is None:
-            raise ValueError("the foreign key is None: a left value must name a key of the right table")
-        return merged(state.update_left(value, foreign_key, lookup))
+        if value is not None and foreign_key is None and not left_join:
+            raise ValueError(
+                "the foreign key is None: a left value of an inner join must name a key of the right table"
+            )
+        return merged(state.update_left(value, foreign_key, right_of))
 
     return join_side_calls(store, name, results)
