@@ -28,6 +28,10 @@ class BrokerStartError(LocalKafkaError):
     """The broker process exited or did not answer in time."""
 
 
+class RegistryStartError(LocalKafkaError):
+    """The development Schema Registry's process exited or did not answer in time."""
+
+
 class LocalSparkError(StatefulError):
     """The local Spark standalone cluster could not be started or reached."""
 

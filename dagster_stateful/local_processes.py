@@ -136,6 +136,24 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def launch(
+    command: list[str], log_file: Path, tie_to_parent: bool = True, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `command` in a session of its own, its output (both streams) to `log_file`; with
+    `tie_to_parent`, it is sent SIGTERM when this process dies."""
+    with open(log_file, "wb") as output:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent if tie_to_parent else None,
+        )
+
+
 def read_state_file(path: Path) -> dict | None:
     """The JSON state file at `path`; None when there is none or it cannot be read."""
     try:

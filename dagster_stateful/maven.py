@@ -54,7 +54,7 @@ def bundle_jars(bundle: JarBundle, cache: Path | None = None) -> list[Path]:
     """Return the bundle's jar paths, fetching them from Maven Central first if they are not cached."""
     lib = (cache or cache_root()) / bundle.name / "lib"
     if not (lib / _COMPLETE_MARKER).exists():
-        with _locked(lib.parent):
+        with locked(lib.parent):
             if not (lib / _COMPLETE_MARKER).exists():
                 _fetch(bundle, lib)
     jars = sorted(lib.glob("*.jar"))
@@ -66,7 +66,8 @@ def bundle_jars(bundle: JarBundle, cache: Path | None = None) -> list[Path]:
 
 
 @contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def locked(directory: Path) -> Iterator[None]:
+    """Hold `directory`'s lock file (made with the directory if needed) for the block: one builder at a time."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -66,6 +66,7 @@ GROUP_SECONDS: dict[str, int] = {
     "bench/test_bench_standbys.py": 30,
     "core/processing/test_pool.py": 30,
     "core/processing/test_foreign_key_join_worker.py": 40,
+    "local_kafka/test_registry.py": 50,
 }
 """What each long group of the integration tier took on this 2-core machine (seconds, measured
 with `--durations=0`; a group that starts the worker's secured broker counts that too): the groups

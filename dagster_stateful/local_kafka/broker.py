@@ -35,9 +35,9 @@ from dagster_stateful.local_kafka.secured import (
 from dagster_stateful.local_kafka.tls import TlsMaterial
 from dagster_stateful.local_processes import (
     check_port_free,
-    die_with_parent,
     find_java,
     free_port,
+    launch,
     port_open,
     read_state_file,
     send_signal,
@@ -333,15 +333,7 @@ class LocalKafkaBroker:
             str(self.home / "server.properties"),
         ]
         self.log_file.unlink(missing_ok=True)
-        with open(self.home / "logs" / "stdout.log", "wb") as output:
-            self._process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent if tie_to_parent else None,
-            )
+        self._process = launch(command, self.home / "logs" / "stdout.log", tie_to_parent)
 
     def _wait_until_ready(self, bootstrap: str, port: int, timeout: float) -> None:
         assert self._process is not None
