@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import orjson
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
@@ -181,3 +182,12 @@ def answers_http(url: str) -> bool:
 
 def free_port() -> int:
     return local_processes.free_port()
+
+
+def latest_of(bootstrap: str, topic: str) -> dict[str, Any]:
+    """Each key's latest JSON value in `topic` (None: deleted), read_committed: the topic read as a table."""
+    latest: dict[str, Any] = {}
+    for message in read_committed(bootstrap, topic):
+        raw = message.value()
+        latest[message.key().decode()] = None if raw is None else orjson.loads(raw)
+    return latest

@@ -82,6 +82,9 @@ RESTORE_CONSUMER_CONFIG = {
     "max.partition.fetch.bytes": 1024 * 1024,
     "fetch.max.bytes": 64 * 1024 * 1024,
 }
+SIDE_READER_CONFIG = {**RESTORE_CONSUMER_CONFIG, "enable.partition.eof": True}
+"""A worker's reader of topics beside its task partitions (tables, a joined stream, a foreign-key
+join's right table): assigned, outside the group, told when it reaches a partition's end."""
 REBOOTSTRAP_AFTER_MS = 10_000
 """How long a client may go without metadata from any broker before it bootstraps again (librdkafka's
 `metadata.recovery.rebootstrap.trigger.ms`, 5 min by default). Measured with librdkafka 2.16 while a

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
-from support.kafka_helpers import create_topic, read_committed
+from support.kafka_helpers import create_topic, latest_of, read_committed
 
 from dagster_stateful.core import App
 
@@ -33,15 +33,6 @@ def produce(bootstrap: str, topic: str, records: list[tuple[str, Any]]) -> None:
     for index, (key, value) in enumerate(records):
         producer.produce(topic, key=key, value=None if value is None else orjson.dumps(value), timestamp=EPOCH + index)
     assert producer.flush(30) == 0
-
-
-def latest_of(bootstrap: str, topic: str) -> dict[str, Any]:
-    """Each key's latest value in `topic` (None: deleted), read_committed."""
-    latest: dict[str, Any] = {}
-    for message in read_committed(bootstrap, topic):
-        raw = message.value()
-        latest[message.key().decode()] = None if raw is None else orjson.loads(raw)
-    return latest
 
 
 def order_updates(rng: random.Random, count: int, start: int) -> list[tuple[str, Any]]:

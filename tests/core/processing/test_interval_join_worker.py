@@ -13,14 +13,13 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 from confluent_kafka import Producer
 from support.core_helpers import FAST_COMMITS, FAST_GROUP
 from support.interval_join_model import outer_join_of
-from support.kafka_helpers import create_topic, read_committed, read_messages
+from support.kafka_helpers import create_topic, latest_of, read_committed, read_messages
 
 from dagster_stateful.core import App
 from dagster_stateful.core.processing.worker import joined_streams
@@ -189,15 +188,6 @@ def test_payments_whose_value_or_key_does_not_decode_are_dead_lettered_with_thei
     assert headers["x-dagster-stateful-source-offset"] == b"0"
     assert b"joined stream" in headers["x-dagster-stateful-stage"]
     assert sent(kafka_bootstrap, f"{name}-joined") == Counter({("o1", 1, 10): 1})
-
-
-def latest_of(bootstrap: str, topic: str) -> dict[str, Any]:
-    """Each key's latest value in `topic` (None: deleted), read_committed."""
-    latest: dict[str, Any] = {}
-    for message in read_committed(bootstrap, topic):
-        raw = message.value()
-        latest[message.key().decode()] = None if raw is None else orjson.loads(raw)
-    return latest
 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])

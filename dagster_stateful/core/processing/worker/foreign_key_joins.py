@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
-from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.kafka.clients import SIDE_READER_CONFIG, KafkaClients
 from dagster_stateful.core.processing.dsl.foreign_key_joins import ForeignKeyJoin
 from dagster_stateful.core.processing.dsl.interval_joins import StreamJoin
 from dagster_stateful.core.processing.dsl.joins import record_fault
@@ -296,7 +296,5 @@ class ForeignKeyJoins:
 
     def _consumer_of(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = self._kafka.consumer(
-                {"group.id": self._config.restore_group, **RESTORE_CONSUMER_CONFIG, "enable.partition.eof": True}
-            )
+            self._consumer = self._kafka.consumer({"group.id": self._config.restore_group, **SIDE_READER_CONFIG})
         return self._consumer

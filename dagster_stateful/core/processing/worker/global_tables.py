@@ -27,7 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
-from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.kafka.clients import SIDE_READER_CONFIG, KafkaClients
 from dagster_stateful.core.kafka.records import position
 from dagster_stateful.core.processing.dsl.joins import GlobalTable, record_fault
 from dagster_stateful.core.processing.lifecycle import Deadline
@@ -118,9 +118,7 @@ class GlobalTables:
                 starts.append(TopicPartition(topic, partition, OFFSET_BEGINNING if at is None else at))
                 if high > (at or 0):
                     ends[(topic, partition)] = high
-        self._consumer = self._kafka.consumer(
-            {"group.id": self._config.restore_group, **RESTORE_CONSUMER_CONFIG, "enable.partition.eof": True}
-        )
+        self._consumer = self._kafka.consumer({"group.id": self._config.restore_group, **SIDE_READER_CONFIG})
         self._consumer.assign(starts)
         while ends:
             if deadline.passed():

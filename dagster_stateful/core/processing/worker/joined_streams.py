@@ -34,7 +34,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Me
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
-from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.kafka.clients import SIDE_READER_CONFIG, KafkaClients
 from dagster_stateful.core.processing.dsl.dataframe import StreamingDataFrame
 from dagster_stateful.core.processing.dsl.foreign_key_joins import ForeignKeyJoin
 from dagster_stateful.core.processing.dsl.interval_joins import StreamJoin
@@ -154,9 +154,7 @@ class JoinedStreams:
 
     def _consumer_of(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = self._kafka.consumer(
-                {"group.id": self._config.restore_group, **RESTORE_CONSUMER_CONFIG, "enable.partition.eof": True}
-            )
+            self._consumer = self._kafka.consumer({"group.id": self._config.restore_group, **SIDE_READER_CONFIG})
         return self._consumer
 
     def _assign(self, side: StreamSide) -> None:

@@ -56,7 +56,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from dagster_stateful.core.config import AppConfig
 from dagster_stateful.core.kafka.bounded import BoundedCalls
-from dagster_stateful.core.kafka.clients import RESTORE_CONSUMER_CONFIG, KafkaClients
+from dagster_stateful.core.kafka.clients import SIDE_READER_CONFIG, KafkaClients
 from dagster_stateful.core.processing.dsl.joins import Table, record_fault
 from dagster_stateful.core.processing.lifecycle import Deadline
 from dagster_stateful.core.processing.paths.bad_input import BadInputHandler
@@ -210,9 +210,7 @@ class PartitionedTables:
 
     def _consumer_of(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = self._kafka.consumer(
-                {"group.id": self._config.restore_group, **RESTORE_CONSUMER_CONFIG, "enable.partition.eof": True}
-            )
+            self._consumer = self._kafka.consumer({"group.id": self._config.restore_group, **SIDE_READER_CONFIG})
         return self._consumer
 
     def _assign(self, held: TablePartition) -> None:
